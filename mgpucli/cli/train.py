@@ -1,0 +1,39 @@
+"""``mgpu train``: the worker. Runs alone, under torchrun, or under ``mgpu launch``."""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+from mgpucli.errors import MgpuError
+
+
+def train(
+    recipe: str = typer.Argument(..., help="Path to a recipe YAML file."),
+    overrides: list[str] | None = typer.Argument(
+        None, help="Hydra overrides: key=value, +key=value (add), ~key (remove).", show_default=False
+    ),
+    resume: str | None = typer.Option(
+        None, "--resume", help="Checkpoint to resume from, or 'auto' (the run dir's last.pt if any)."
+    ),
+    overwrite: bool = typer.Option(
+        False, "--overwrite", help="Start afresh in a run dir that already holds checkpoints (deletes them)."
+    ),
+) -> None:
+    """Train from a recipe on this process (one worker of a job when RANK/WORLD_SIZE are set)."""
+    from mgpucli.console import print_error
+    from mgpucli.dist.env import read_rank_env
+
+    rank = None
+    try:
+        env = read_rank_env()
+        rank = env.rank if env.distributed else None
+        from mgpucli.engine.run import run_training
+
+        run_training(recipe, list(overrides or []), resume=resume, overwrite=overwrite, env=env)
+    except MgpuError as err:
+        # Bad input is the same on every rank: let rank 0 alone say it. A failure names its rank.
+        if rank in (None, 0) or err.exit_code != 2:
+            print_error(str(err), rank=rank)
+        sys.exit(err.exit_code)

@@ -1,0 +1,53 @@
+"""The one error family mgpu raises for problems a user can fix.
+
+Each error carries a user-facing message (what is wrong, and how to fix it) and an exit code. The CLI prints
+it without a traceback. Anything else that escapes is a bug and keeps its traceback.
+Exit codes: 0 success, 1 the job failed, 2 bad usage / bad input.
+"""
+
+from __future__ import annotations
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+
+
+class MgpuError(Exception):
+    """A problem with a message meant for the user."""
+
+    exit_code = EXIT_FAILED
+
+    def __init__(self, message: str, hint: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def __str__(self) -> str:
+        return self.message if not self.hint else f"{self.message}\n{self.hint}"
+
+
+class UsageError(MgpuError):
+    """Bad input: a recipe, an option, a path. Nothing was started, nothing was lost."""
+
+    exit_code = EXIT_USAGE
+
+
+class RecipeError(UsageError):
+    """One or more problems in a recipe, all reported together."""
+
+    def __init__(self, source: str, problems: list[str], hint: str | None = None):
+        self.source = source
+        self.problems = list(problems)
+        lines = [f"{len(self.problems)} problem(s) in recipe {source}:"]
+        lines += [f"  - {p}" for p in self.problems]
+        super().__init__("\n".join(lines), hint)
+
+
+class CheckpointError(UsageError):
+    """A checkpoint that cannot be used: missing, not mgpu's, unsafe, or not fitting the model."""
+
+
+class JobFailed(MgpuError):
+    """The job started and then failed (NaN loss, a failed rank, a collective timeout...)."""
+
+    exit_code = EXIT_FAILED
