@@ -71,8 +71,8 @@ def select_devices(
         )
     wanted = parse_gpus(gpus) if gpus is not None else "all"
     if visible_count == 0:
-        asked = "" if gpus is None else f"--gpus {gpus} asks for CUDA GPUs, but "
-        raise UsageError(f"{asked}no CUDA GPU is visible to this process.".capitalize(), _cpu_hint(0))
+        asked = "No" if gpus is None else f"--gpus {gpus} asks for CUDA GPUs, but no"
+        raise UsageError(f"{asked} CUDA GPU is visible to this process.", _cpu_hint(0))
     if wanted == "all":
         indices = tuple(range(visible_count))
     elif isinstance(wanted, int):
