@@ -1,0 +1,97 @@
+"""Load a recipe through hydra-core's Compose API, with overrides in Hydra's grammar.
+
+Hydra composes the YAML (any directory), interpolation and ``key=value`` / ``+key=value`` / ``~key`` overrides.
+For keys of the typed sections (``trainer.*``, ``data.batch_size``...) a plain ``key=value`` becomes Hydra's
+``++key=value`` (set or add), so a user can override a schema key the recipe leaves at its default; a typo is
+then reported by the schema check with a did-you-mean instead of Hydra's "use +key" hint.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+from mgpucli.config.schema import COMPONENT_PATHS
+from mgpucli.errors import RecipeError
+
+
+def _under_component(key: str) -> bool:
+    return any(key == p or key.startswith(p + ".") for p in COMPONENT_PATHS)
+
+
+def prepare_overrides(overrides: list[str], source: str) -> list[str]:
+    """Parse overrides with Hydra's own grammar; raise one RecipeError listing every malformed one."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.core.override_parser.types import OverrideType
+    from hydra.errors import OverrideParseException
+
+    parser = OverridesParser.create()
+    problems: list[str] = []
+    prepared: list[str] = []
+    for text in overrides:
+        try:
+            (parsed,) = parser.parse_overrides([text])
+        except OverrideParseException as err:
+            first = str(err).splitlines()[1:2] or [str(err)]
+            problems.append(
+                f"override {text!r} is malformed ({first[0].strip()}); use key=value, +key=value to add a key, "
+                "or ~key to remove one"
+            )
+            continue
+        key = parsed.key_or_group
+        if parsed.type == OverrideType.CHANGE and parsed.package is None and not _under_component(key):
+            prepared.append("++" + text)
+        else:
+            prepared.append(text)
+    if problems:
+        raise RecipeError(source, problems)
+    return prepared
+
+
+def _yaml_problem(err: Exception) -> str:
+    mark = getattr(err, "problem_mark", None)
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+    context = getattr(err, "context", None)
+    detail = f"{context}: {problem}" if context else problem
+    return f"YAML syntax error{where}: {detail}"
+
+
+def compose_recipe(path: str | Path, overrides: list[str]) -> DictConfig:
+    """Compose the recipe file with overrides (no schema check yet)."""
+    import yaml
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    recipe = Path(path)
+    source = str(path)
+    if not recipe.exists():
+        raise RecipeError(source, [f"recipe file {source} does not exist"], "Check the path (relative to the "
+                          f"current directory {Path.cwd()}).")
+    if not recipe.is_file():
+        raise RecipeError(source, [f"{source} is not a file"], "Pass the path of a recipe .yaml file.")
+    prepared = prepare_overrides(overrides, source)
+    tmp = None
+    config_dir = recipe.resolve().parent
+    if recipe.suffix != ".yaml":  # Hydra only reads *.yaml: compose a copy under that suffix
+        tmp = Path(tempfile.mkdtemp(prefix="mgpu-recipe-"))
+        shutil.copy(recipe, tmp / (recipe.stem + ".yaml"))
+        config_dir = tmp
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(config_dir), version_base=None, job_name="mgpu"):
+            return compose(config_name=recipe.stem, overrides=prepared)
+    except yaml.YAMLError as err:
+        raise RecipeError(source, [_yaml_problem(err)]) from None
+    except (HydraException, OmegaConfBaseException) as err:
+        text = " ".join(line.strip() for line in str(err).splitlines() if line.strip())
+        raise RecipeError(source, [text]) from None
+    finally:
+        GlobalHydra.instance().clear()
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)

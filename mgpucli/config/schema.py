@@ -1,0 +1,87 @@
+"""The typed schema of a recipe's non-component sections (OmegaConf structured configs).
+
+Components (``model``, ``optim``, ``scheduler``, ``data.train``, ``data.val``, a custom ``task``) are free-form
+``_target_`` nodes typed ``Any``: their arguments are checked against the target's signature instead.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from omegaconf import MISSING
+
+# Choices are validated by mgpu (with a message that lists them) rather than by Enum types.
+CHOICES: dict[str, tuple[str, ...]] = {
+    "trainer.device": ("auto", "cpu", "cuda"),
+    "trainer.strategy": ("auto", "single", "ddp", "dp"),
+    "trainer.precision": ("fp32", "bf16", "fp16"),
+    "trainer.scheduler_interval": ("step", "epoch"),
+    "trainer.best_mode": ("auto", "min", "max"),
+}
+BUILTIN_TASKS = ("classification", "regression", "language_model")
+
+
+@dataclass
+class DDPOptions:
+    find_unused_parameters: bool = False
+    gradient_as_bucket_view: bool = True
+    static_graph: bool = False
+    broadcast_buffers: bool = True
+
+
+@dataclass
+class TrainerSchema:
+    epochs: int = 1
+    max_steps: Optional[int] = None  # stop after this many optimizer steps (overrides epochs when reached)
+    device: str = "auto"
+    strategy: str = "auto"
+    cpu_threads: Optional[int] = None  # intra-op threads per CPU worker (default: cores / local processes)
+    grad_accum: int = 1
+    clip_grad_norm: Optional[float] = None
+    precision: str = "fp32"
+    channels_last: bool = False
+    compile: bool = False
+    sync_batchnorm: bool = False
+    ddp: DDPOptions = field(default_factory=DDPOptions)
+    scheduler_interval: str = "step"
+    log_every: int = 10  # optimizer steps between train-metric reductions (the only per-step host sync)
+    val_every: int = 1  # epochs between validations (0: never)
+    checkpoint_every: int = 1  # epochs between last.pt writes (0: only at the end)
+    checkpoint_every_steps: Optional[int] = None
+    keep_checkpoints: int = 0  # numbered copies to keep beside last.pt
+    best_metric: Optional[str] = None  # e.g. "accuracy" (a validation metric) for best.pt
+    best_mode: str = "auto"  # auto: min for loss-like names, max otherwise
+    timeout_s: int = 600  # collective timeout
+    progress: bool = True
+
+
+@dataclass
+class DataSchema:
+    train: Any = MISSING
+    val: Any = None
+    batch_size: int = MISSING  # per process
+    val_batch_size: Optional[int] = None  # default: batch_size
+    num_workers: Any = "auto"  # int or "auto"
+    shuffle: bool = True
+    drop_last: bool = False
+    pin_memory: Any = "auto"  # bool or "auto" (on for CUDA)
+
+
+@dataclass
+class RecipeSchema:
+    name: str = MISSING
+    description: Optional[str] = None
+    requires: Any = None  # list of extras/packages the recipe needs (informational)
+    seed: int = 0
+    run_dir: str = "runs/${name}"
+    model: Any = MISSING
+    data: DataSchema = field(default_factory=DataSchema)
+    task: Any = "classification"
+    optim: Any = MISSING
+    scheduler: Any = None
+    trainer: TrainerSchema = field(default_factory=TrainerSchema)
+
+
+# Sections whose contents are components (free-form, checked against signatures, not the schema).
+COMPONENT_PATHS = ("model", "optim", "scheduler", "data.train", "data.val", "task", "requires")
