@@ -1,0 +1,129 @@
+"""Process-group lifetime, device and backend choice, and the few collectives mgpu uses.
+
+The one place that turns a RankEnv into a device and an initialised process group.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from mgpucli.dist.env import RankEnv
+from mgpucli.errors import UsageError
+
+
+@dataclass
+class Runtime:
+    """This process's place in the job, once the process group exists."""
+
+    env: RankEnv
+    device: torch.device
+    backend: str | None  # None for a single process without a process group
+    cpu_threads: int | None = None
+
+    @property
+    def rank(self) -> int:
+        return self.env.rank
+
+    @property
+    def world_size(self) -> int:
+        return self.env.world_size
+
+    @property
+    def is_main(self) -> bool:
+        return self.env.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.backend is not None
+
+
+def available_cores() -> int:
+    """Cores this process may run on (respects taskset/cgroup affinity)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS
+        return os.cpu_count() or 1
+
+
+def choose_device(preference: str, env: RankEnv, cuda_count: int | None = None) -> torch.device:
+    """cuda:LOCAL_RANK when CUDA is there (or asked for), CPU otherwise."""
+    count = torch.cuda.device_count() if cuda_count is None else cuda_count
+    if preference == "cpu" or (preference == "auto" and count == 0):
+        return torch.device("cpu")
+    if count == 0:
+        raise UsageError(
+            "trainer.device=cuda, but no CUDA GPU is visible.",
+            "Use trainer.device=cpu (or auto), or run on a machine with a GPU.",
+        )
+    if env.local_rank >= count:
+        raise UsageError(
+            f"LOCAL_RANK={env.local_rank}, but only {count} GPU(s) are visible to this process.",
+            "Start one process per GPU (mgpu launch --gpus N), or run on CPUs with trainer.device=cpu.",
+        )
+    return torch.device("cuda", env.local_rank)
+
+
+def default_cpu_threads(env: RankEnv) -> int:
+    """Cores / processes on this node, at least 1 (torchrun alone would pin every worker to one thread)."""
+    return max(1, available_cores() // max(1, env.local_world_size))
+
+
+def setup(env: RankEnv, device_pref: str, timeout_s: int, cpu_threads: int | None) -> Runtime:
+    """Pick the device, set the thread count on CPU, and initialise the process group when distributed."""
+    device = choose_device(device_pref, env)
+    threads = None
+    if device.type == "cpu":
+        threads = cpu_threads or default_cpu_threads(env)
+        torch.set_num_threads(threads)
+    else:
+        torch.cuda.set_device(device)
+    backend = None
+    if env.distributed:
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        kwargs: dict[str, Any] = {"backend": backend, "timeout": timedelta(seconds=timeout_s)}
+        if device.type == "cuda":
+            kwargs["device_id"] = device
+        dist.init_process_group(**kwargs)
+    return Runtime(env=env, device=device, backend=backend, cpu_threads=threads)
+
+
+def teardown() -> None:
+    """Destroy the process group if one exists (success or failure)."""
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def all_reduce_sum(tensor: torch.Tensor, rt: Runtime) -> torch.Tensor:
+    """Sum a tensor over ranks in place (no-op on one process)."""
+    if rt.distributed:
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+    return tensor
+
+
+def all_gather_objects(obj: Any, rt: Runtime) -> list[Any]:
+    """Every rank's ``obj``, indexed by rank."""
+    if not rt.distributed:
+        return [obj]
+    out: list[Any] = [None] * rt.world_size
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def broadcast_object(obj: Any, rt: Runtime, src: int = 0) -> Any:
+    """Rank ``src``'s ``obj`` on every rank."""
+    if not rt.distributed:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=src)
+    return box[0]
+
+
+def barrier(rt: Runtime) -> None:
+    if rt.distributed:
+        dist.barrier()
