@@ -1,0 +1,158 @@
+"""The one place that writes and reads checkpoint files.
+
+A checkpoint is a plain dict that loads with ``torch.load(path, weights_only=True)``: tensors and plain Python
+values only. Writes are atomic (temp file in the same directory, fsync, rename, fsync of the directory), so a
+writer killed at any moment leaves the previous file whole. Reads never unpickle code.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from mgpucli.errors import CheckpointError, MgpuError
+
+FORMAT_VERSION = 1
+_TMP = re.compile(r"^\..+\.tmp-\d+$")
+_PREFIXES = ("module.", "_orig_mod.")
+
+
+class DiskWriteError(MgpuError):
+    """A checkpoint could not be written (disk full, read-only...). The previous checkpoint is kept."""
+
+
+def _tmp_name(path: Path) -> Path:
+    return path.with_name(f".{path.name}.tmp-{os.getpid()}")
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def save_atomic(payload: Mapping[str, Any], path: str | Path) -> None:
+    """Write ``payload`` to ``path`` so that ``path`` is always either the old file or the complete new one."""
+    from mgpucli import faults
+
+    path = Path(path)
+    tmp = _tmp_name(path)
+    try:
+        with open(tmp, "wb") as fh:
+            torch.save(dict(payload), fh)
+            faults.maybe_fault("save", path=str(path))
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+        _fsync_dir(path.parent)
+    except OSError as err:
+        tmp.unlink(missing_ok=True)
+        raise DiskWriteError(
+            f"could not write checkpoint {path}: {err.strerror or err}. The previous checkpoint is kept.",
+            "Free disk space or point run_dir at a writable disk, then resume with --resume auto.",
+        ) from None
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def copy_atomic(src: str | Path, dst: str | Path) -> None:
+    """Copy a finished checkpoint under another name, atomically (hard link where possible)."""
+    src, dst = Path(src), Path(dst)
+    tmp = _tmp_name(dst)
+    try:
+        try:
+            os.link(src, tmp)
+        except OSError:
+            tmp.write_bytes(src.read_bytes())
+        os.replace(tmp, dst)
+    except OSError as err:
+        tmp.unlink(missing_ok=True)
+        raise DiskWriteError(f"could not write checkpoint {dst}: {err.strerror or err}.") from None
+
+
+def clean_stale_temps(directory: str | Path) -> list[Path]:
+    """Remove temp files a killed writer left behind (names ``.<file>.tmp-<pid>``)."""
+    directory = Path(directory)
+    removed = []
+    if directory.is_dir():
+        for entry in directory.iterdir():
+            if _TMP.match(entry.name):
+                entry.unlink(missing_ok=True)
+                removed.append(entry)
+    return removed
+
+
+def read_file(path: str | Path, map_location: str | torch.device = "cpu") -> Any:
+    """``torch.load(weights_only=True)`` with every failure turned into a clear CheckpointError."""
+    path = Path(path)
+    if not path.exists():
+        raise CheckpointError(f"checkpoint {path} does not exist.", "Check the path; run dirs keep them in "
+                              "RUN_DIR/checkpoints/.")
+    if path.is_dir():
+        raise CheckpointError(f"{path} is a directory, not a checkpoint file.")
+    if path.stat().st_size == 0:
+        raise CheckpointError(f"checkpoint {path} is empty (0 bytes): it was never completely written.")
+    try:
+        return torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else ""
+        if "Weights only load failed" in str(err):
+            raise CheckpointError(
+                f"refused to load {path}: it is not a plain tensor checkpoint, and loading it would run code "
+                "from the file (weights_only=True refused it). Nothing from it was executed.",
+                "Only load files from sources you trust; re-save the weights as a plain state_dict.",
+            ) from None
+        raise CheckpointError(f"{path} is not a readable checkpoint ({first}).") from None
+    except (RuntimeError, EOFError, ValueError, OSError) as err:
+        reason = " ".join(str(err).split())[:200]
+        raise CheckpointError(f"{path} is not a readable checkpoint (truncated or not a torch file: {reason}).",
+                              "Use another checkpoint, e.g. RUN_DIR/checkpoints/last.pt.") from None
+
+
+def is_mgpu_checkpoint(obj: Any) -> bool:
+    return isinstance(obj, dict) and "mgpu_format" in obj and isinstance(obj.get("model"), dict)
+
+
+def normalize_keys(state: Mapping[str, Any]) -> dict[str, Any]:
+    """Strip ``module.`` (DataParallel/DDP) and ``_orig_mod.`` (torch.compile) prefixes from state-dict keys."""
+    out = {}
+    for key, value in state.items():
+        parts = [p for p in key.split(".")]
+        while parts and parts[0] + "." in _PREFIXES:
+            parts.pop(0)
+        out[".".join(parts)] = value
+    return out
+
+
+def check_model_fit(expected: Mapping[str, torch.Tensor], loaded: Mapping[str, Any], source: str) -> None:
+    """Raise a CheckpointError listing missing, unexpected and shape-mismatched keys."""
+    missing = [k for k in expected if k not in loaded]
+    unexpected = [k for k in loaded if k not in expected]
+    mismatched = [
+        f"{k} (checkpoint {tuple(loaded[k].shape)}, model {tuple(expected[k].shape)})"
+        for k in expected
+        if k in loaded and isinstance(loaded[k], torch.Tensor) and tuple(loaded[k].shape) != tuple(expected[k].shape)
+    ]
+    if not (missing or unexpected or mismatched):
+        return
+
+    def listing(title: str, keys: list[str]) -> str:
+        shown = ", ".join(keys[:8]) + (f" ... (+{len(keys) - 8} more)" if len(keys) > 8 else "")
+        return f"\n  {title} ({len(keys)}): {shown}" if keys else ""
+
+    raise CheckpointError(
+        f"the weights in {source} don't fit the recipe's model:"
+        + listing("missing from the checkpoint", missing)
+        + listing("unexpected in the checkpoint", unexpected)
+        + listing("shape mismatch", mismatched),
+        "Use the recipe the checkpoint was trained with (the same model section), or a matching checkpoint.",
+    )

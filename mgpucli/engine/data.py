@@ -1,0 +1,103 @@
+"""Data loading: a DistributedSampler always (1 and N processes see the same order), a loader whose position
+is saved and restored mid-epoch (torchdata's StatefulDataLoader), and exact validation batches.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
+from torchdata.stateful_dataloader import StatefulDataLoader
+
+from mgpucli.dist.runtime import Runtime, available_cores
+from mgpucli.errors import UsageError
+
+
+def resolve_num_workers(setting: int | str, rt: Runtime) -> int:
+    """``auto``: none on CPU (in-process data beats workers that compete with compute threads), else a few
+    per GPU process, leaving one core for the main process."""
+    if setting != "auto":
+        return int(setting)
+    if rt.device.type == "cpu":
+        return 0
+    per_process = available_cores() // max(1, rt.env.local_world_size)
+    return max(0, min(4, per_process - 1))
+
+
+def seed_worker(worker_id: int) -> None:
+    """Seed numpy and random in a loader worker from torch's per-worker seed (which differs per rank)."""
+    seed = torch.initial_seed() % 2**32
+    np.random.seed(seed)
+    random.seed(seed)
+
+
+class FixedBatches(Sampler[list[int]]):
+    """Validation batches that don't depend on the process count.
+
+    Batch ``i`` is always samples ``[i*B, (i+1)*B)``; rank ``r`` gets batches ``r, r+W, r+2W...``. Every sample is
+    counted exactly once (no padding), and every process count runs the same forward passes on the same
+    batches, so per-batch sums combined in batch order are bitwise identical on 1 and N processes.
+    """
+
+    def __init__(self, num_samples: int, batch_size: int, rank: int, world_size: int):
+        self.num_samples, self.batch_size = num_samples, batch_size
+        self.num_batches = (num_samples + batch_size - 1) // batch_size
+        self.batch_ids = list(range(rank, self.num_batches, world_size))
+
+    def __iter__(self) -> Iterator[list[int]]:
+        for i in self.batch_ids:
+            yield list(range(i * self.batch_size, min((i + 1) * self.batch_size, self.num_samples)))
+
+    def __len__(self) -> int:
+        return len(self.batch_ids)
+
+
+@dataclass
+class Loaders:
+    train: StatefulDataLoader
+    sampler: DistributedSampler
+    val: DataLoader | None
+    val_batches: FixedBatches | None
+    num_workers: int
+
+
+def build_loaders(train_set: Dataset, val_set: Dataset | None, data_cfg, seed: int, rt: Runtime) -> Loaders:
+    """Build the train loader (sharded by DistributedSampler) and the exact validation loader."""
+    batch = int(data_cfg.batch_size)
+    n_train = len(train_set)
+    if n_train < batch * rt.world_size:
+        raise UsageError(
+            f"data.train has {n_train} samples: too few for one batch of {batch} on each of {rt.world_size} "
+            f"process(es) (needs {batch * rt.world_size}).",
+            "Use a larger dataset, a smaller data.batch_size, or fewer processes.",
+        )
+    workers = resolve_num_workers(data_cfg.num_workers, rt)
+    pin = rt.device.type == "cuda" if data_cfg.pin_memory == "auto" else bool(data_cfg.pin_memory)
+    common = {"num_workers": workers, "pin_memory": pin, "worker_init_fn": seed_worker if workers else None,
+              "persistent_workers": workers > 0}
+    sampler = DistributedSampler(train_set, num_replicas=rt.world_size, rank=rt.rank,
+                                 shuffle=bool(data_cfg.shuffle), seed=seed, drop_last=False)
+    train = StatefulDataLoader(train_set, batch_size=batch, sampler=sampler, drop_last=bool(data_cfg.drop_last),
+                               **common)
+    val = val_batches = None
+    if val_set is not None:
+        if len(val_set) == 0:
+            raise UsageError("data.val is empty.", "Point data.val at a dataset with samples, or set data.val=null.")
+        val_batches = FixedBatches(len(val_set), int(data_cfg.val_batch_size or batch), rt.rank, rt.world_size)
+        val = DataLoader(val_set, batch_sampler=val_batches, **common)
+    return Loaders(train=train, sampler=sampler, val=val, val_batches=val_batches, num_workers=workers)
+
+
+def to_device(batch, device: torch.device, non_blocking: bool):
+    """Move a (possibly nested) batch to ``device``."""
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=non_blocking)
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(to_device(b, device, non_blocking) for b in batch)
+    if isinstance(batch, dict):
+        return {k: to_device(v, device, non_blocking) for k, v in batch.items()}
+    return batch

@@ -1,0 +1,78 @@
+"""Test-only fault injection, inert unless ``MGPU_FAULT`` is set.
+
+``MGPU_FAULT`` holds comma-separated faults, each ``NAME[@rank=R][@step=S]`` (a fault fires on every rank and
+step unless narrowed). Faults:
+
+- ``crash``: raise RuntimeError in the training step (``@step`` required to be useful).
+- ``nan``: make the loss NaN at the step.
+- ``sleep``: sleep ``MGPU_FAULT_SLEEP`` seconds (default 3600) inside the step (a stuck rank).
+- ``kill_in_save``: SIGKILL this process in the middle of writing a checkpoint.
+- ``disk_full_in_save``: raise ENOSPC in the middle of writing a checkpoint.
+
+``MGPU_FAULT_ONCE=PATH`` makes the faults fire only if PATH does not exist yet (and creates it), so a
+restarted worker group runs clean: a one-time crash.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+import time
+from functools import lru_cache
+
+
+@lru_cache(maxsize=1)
+def _parsed(spec: str) -> tuple[tuple[str, int | None, int | None], ...]:
+    faults = []
+    for item in filter(None, (s.strip() for s in spec.split(","))):
+        name, *quals = item.split("@")
+        rank = step = None
+        for q in quals:
+            key, _, value = q.partition("=")
+            if key == "rank":
+                rank = int(value)
+            elif key == "step":
+                step = int(value)
+        faults.append((name, rank, step))
+    return tuple(faults)
+
+
+def _armed(name: str, rank: int | None, step: int | None) -> bool:
+    spec = os.environ.get("MGPU_FAULT")
+    if not spec:
+        return False
+    for fname, frank, fstep in _parsed(spec):
+        if fname == name and (frank is None or frank == rank) and (fstep is None or fstep == step):
+            once = os.environ.get("MGPU_FAULT_ONCE")
+            if once:
+                try:
+                    fd = os.open(once, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+                    os.close(fd)
+                except FileExistsError:
+                    return False
+            return True
+    return False
+
+
+def enabled() -> bool:
+    return bool(os.environ.get("MGPU_FAULT"))
+
+
+def maybe_fault(point: str, rank: int | None = None, step: int | None = None, path: str | None = None) -> bool:
+    """Fire the faults armed for ``point``; returns True when the caller should inject a NaN."""
+    if not enabled():
+        return False
+    rank = rank if rank is not None else int(os.environ.get("RANK", "0"))
+    if point == "step":
+        if _armed("crash", rank, step):
+            raise RuntimeError(f"injected fault: crash at step {step} on rank {rank}")
+        if _armed("sleep", rank, step):
+            time.sleep(float(os.environ.get("MGPU_FAULT_SLEEP", "3600")))
+        return _armed("nan", rank, step)
+    if point == "save":
+        if _armed("kill_in_save", rank, None):
+            os.kill(os.getpid(), signal.SIGKILL)
+        if _armed("disk_full_in_save", rank, None):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
+    return False
