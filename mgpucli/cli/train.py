@@ -29,11 +29,24 @@ def train(
     try:
         env = read_rank_env()
         rank = env.rank if env.distributed else None
-        from mgpucli.engine.run import run_training
-
-        run_training(recipe, list(overrides or []), resume=resume, overwrite=overwrite, env=env)
+        _run(recipe, list(overrides or []), resume, overwrite, env)
     except MgpuError as err:
         # Bad input is the same on every rank: let rank 0 alone say it. A failure names its rank.
         if rank in (None, 0) or err.exit_code != 2:
             print_error(str(err), rank=rank)
         sys.exit(err.exit_code)
+    except Exception:
+        if rank is not None:
+            print_error("failed with an unexpected error (traceback below).", rank=rank)
+        raise
+
+
+def _run(recipe, overrides, resume, overwrite, env) -> None:
+    """Train; torch's @record writes the error file torchrun's agent reads when a worker fails."""
+    from torch.distributed.elastic.multiprocessing.errors import record
+
+    from mgpucli.cli.progress import RichReporter
+    from mgpucli.engine.run import run_training
+
+    record(run_training)(recipe, overrides, resume=resume, overwrite=overwrite, env=env,
+                         reporter=RichReporter() if env.rank == 0 else None)

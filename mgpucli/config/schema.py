@@ -73,6 +73,7 @@ class RecipeSchema:
     name: str = MISSING
     description: Optional[str] = None
     requires: Any = None  # list of extras/packages the recipe needs (informational)
+    vars: Any = None  # free-form values for interpolation, e.g. ${vars.block_size}
     seed: int = 0
     run_dir: str = "runs/${name}"
     model: Any = MISSING
@@ -84,4 +85,4 @@ class RecipeSchema:
 
 
 # Sections whose contents are components (free-form, checked against signatures, not the schema).
-COMPONENT_PATHS = ("model", "optim", "scheduler", "data.train", "data.val", "task", "requires")
+COMPONENT_PATHS = ("model", "optim", "scheduler", "data.train", "data.val", "task", "requires", "vars")

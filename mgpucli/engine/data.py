@@ -5,6 +5,7 @@ is saved and restored mid-epoch (torchdata's StatefulDataLoader), and exact vali
 from __future__ import annotations
 
 import random
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -15,6 +16,9 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 
 from mgpucli.dist.runtime import Runtime, available_cores
 from mgpucli.errors import UsageError
+
+# torchdata 0.11 calls a deprecated torch API on every loader; the warning is torchdata's, not the user's.
+warnings.filterwarnings("ignore", message=".*set_vital.*is deprecated", category=UserWarning)
 
 
 def resolve_num_workers(setting: int | str, rt: Runtime) -> int:

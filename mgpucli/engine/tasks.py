@@ -33,7 +33,7 @@ def _vec(device: torch.device, *values: torch.Tensor | float) -> torch.Tensor:
     """Stack scalars (tensors or numbers) into one float64 vector on ``device``."""
     return torch.stack([
         v.detach().to(torch.float64).reshape(()) if isinstance(v, torch.Tensor)
-        else torch.tensor(float(v), dtype=torch.float64, device=device)
+        else torch.full((), float(v), dtype=torch.float64, device=device)  # no host-to-device copy
         for v in values
     ])
 

@@ -1,0 +1,41 @@
+"""The worker's entry point: recipe -> process group -> Trainer.fit, with cleanup on every exit path."""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+from mgpucli.dist.env import RankEnv
+from mgpucli.engine.report import NullReporter, Reporter
+
+
+def ensure_cwd_on_path() -> None:
+    """Let ``_target_: mymodule.Net`` find modules in the current directory (as torchtune does)."""
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.insert(0, cwd)
+
+
+def run_training(recipe: str, overrides: list[str], *, resume: str | None = None, overwrite: bool = False,
+                 env: RankEnv, reporter: Reporter | None = None) -> dict[str, Any]:
+    """Load and check the recipe, set up the process group, train, and always tear down."""
+    from mgpucli.config import check_recipe, load_recipe
+    from mgpucli.dist import runtime
+    from mgpucli.engine.trainer import Trainer
+
+    ensure_cwd_on_path()
+    cfg = load_recipe(recipe, overrides)
+    check_recipe(cfg, recipe)
+    reporter = reporter if reporter is not None and env.rank == 0 else NullReporter()
+    trainer = None
+    try:
+        rt = runtime.setup(env, cfg.trainer.device, cfg.trainer.timeout_s, cfg.trainer.cpu_threads)
+        trainer = Trainer(cfg, rt, reporter, resume=resume, overwrite=overwrite)
+        trainer.setup()
+        return trainer.fit()
+    finally:
+        if trainer is not None:
+            trainer.close()
+        reporter.close()
+        runtime.teardown()

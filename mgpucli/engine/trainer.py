@@ -1,0 +1,360 @@
+"""The Trainer: setup, train_step, evaluate, checkpoint, fit. Runs the same on 1 or N processes.
+
+Hot-path rules: no host sync per step (losses and metrics accumulate on the device as sums and are reduced
+with one collective per log interval); ``no_sync`` on non-final accumulation micro-steps; the first non-finite
+loss step is kept on the device and checked at each log interval and before every save.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from mgpucli import faults
+from mgpucli.config.targets import build
+from mgpucli.dist import runtime as dist_rt
+from mgpucli.dist.runtime import Runtime
+from mgpucli.engine import state as st
+from mgpucli.engine.checkpoint import copy_atomic, save_atomic
+from mgpucli.engine.data import build_loaders, to_device
+from mgpucli.engine.report import Reporter
+from mgpucli.engine.rundir import MetricsWriter, checkpoint_dir, prepare_run_dir
+from mgpucli.engine.strategy import wrap_model
+from mgpucli.engine.tasks import build_task
+from mgpucli.errors import JobFailed
+
+_NO_BAD = 2**62  # "no non-finite step yet" (min-reducible)
+
+
+class Trainer:
+    """One worker's training run. Build with a validated recipe and a Runtime, then call ``fit()``."""
+
+    def __init__(self, cfg: DictConfig, rt: Runtime, reporter: Reporter, resume: str | None = None,
+                 overwrite: bool = False):
+        self.cfg, self.rt, self.reporter = cfg, rt, reporter
+        self.tcfg = cfg.trainer
+        self.resume, self.overwrite = resume, overwrite
+        self.step = 0
+        self.epoch = 0
+        self.best: float | None = None
+        self.last_val: dict[str, Any] | None = None
+        self.writer: MetricsWriter | None = None
+        self.run_dir = Path(cfg.run_dir)
+        self._pending: dict[str, Any] | None = None  # resume state applied when the loader is positioned
+
+    # ----------------------------------------------------------------------------------------- setup
+    def setup(self) -> None:
+        cfg, rt = self.cfg, self.rt
+        st.seed_everything(cfg.seed)  # one global seed for init: every rank builds the same model
+        train_set = build(cfg.data.train)
+        val_set = build(cfg.data.val) if cfg.data.val is not None else None
+        model = build(cfg.model)
+        self.task = build_task(OmegaConf.to_container(cfg.task) if isinstance(cfg.task, DictConfig) else cfg.task)
+        self.loaders = build_loaders(train_set, val_set, cfg.data, cfg.seed, rt)
+        self.wrapped = wrap_model(model, self.tcfg, rt)
+        self.optimizer = build(cfg.optim, self.wrapped.raw.parameters())
+        self.scheduler = build(cfg.scheduler, self.optimizer) if cfg.scheduler is not None else None
+        self.autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.tcfg.precision)
+        self.scaler = torch.amp.GradScaler(rt.device.type) if self.tcfg.precision == "fp16" else None
+        self.acc = torch.zeros(len(self.task.stat_names), dtype=torch.float64, device=rt.device)
+        self.first_bad = torch.full((), _NO_BAD, dtype=torch.int64, device=rt.device)
+        self.stop_requested = False
+        self._faults = faults.enabled()
+        self._prepare_run_dir()
+        if self.resume_path is not None:
+            self._load(self.resume_path)
+        st.seed_everything(cfg.seed + 1000 * rt.rank + self.step)  # per-rank randomness (dropout, augmentation)
+
+    def _prepare_run_dir(self) -> None:
+        """Rank 0 decides (and creates) the run dir; every rank gets the same verdict, so all fail together."""
+        from mgpucli.errors import UsageError
+
+        resume = self.resume
+        path = checkpoint_dir(self.run_dir) / "last.pt"
+        self.resume_path = None
+        if resume == "auto":
+            self.resume_path = path if path.exists() else None
+        elif resume:
+            self.resume_path = Path(resume)
+        problem = None
+        if self.rt.is_main:
+            try:
+                prepare_run_dir(self.run_dir, self.resume_path is not None, self.overwrite,
+                                OmegaConf.to_yaml(self.cfg, resolve=True))
+                self.writer = MetricsWriter(self.run_dir)
+            except UsageError as err:
+                problem = (err.message, err.hint)
+        problem = dist_rt.broadcast_object(problem, self.rt)
+        if problem:
+            raise UsageError(*problem)
+
+    # ------------------------------------------------------------------------------------ checkpoints
+    def _load(self, path: Path) -> None:
+        ckpt = st.read_mgpu_checkpoint(path)
+        st.load_model_state(self.wrapped.raw, ckpt["model"], str(path))
+        st.load_optimizer_state(self.wrapped.raw, self.optimizer, ckpt["optimizer"])
+        if self.scheduler is not None and ckpt.get("scheduler") is not None:
+            self.scheduler.load_state_dict(ckpt["scheduler"])
+        if self.scaler is not None and ckpt.get("scaler"):
+            self.scaler.load_state_dict(ckpt["scaler"])
+        self.step, self.epoch, self.best = ckpt["step"], ckpt["epoch"], ckpt.get("best")
+        changed = st.recipe_changes(ckpt.get("recipe", ""), OmegaConf.to_yaml(self.cfg, resolve=True))
+        if changed:
+            self.reporter.warn(f"the recipe changed since {path} was saved: {', '.join(changed)}")
+        same_world = ckpt.get("world_size") == self.rt.world_size
+        per_rank = ckpt.get("per_rank") or []
+        mine = per_rank[self.rt.rank] if same_world and self.rt.rank < len(per_rank) else None
+        if ckpt.get("mid_epoch") and not same_world:
+            self.reporter.warn(f"{path} was saved mid-epoch by {ckpt.get('world_size')} process(es); with "
+                               f"{self.rt.world_size} the loader position cannot carry over, so epoch "
+                               f"{self.epoch} restarts from its beginning.")
+        self._pending = {"loader": mine["loader"] if mine and ckpt.get("mid_epoch") else None,
+                         "rng": mine["rng"] if mine else None}
+        self.reporter.message(f"resumed from {path} (epoch {self.epoch}, step {self.step})")
+
+    def save(self, mid_epoch: bool) -> None:
+        """Every rank joins (state dicts and RNG gathering are collective-safe); rank 0 writes atomically."""
+        self._check_finite()
+        model = st.model_state(self.wrapped.raw)
+        optim = st.optimizer_state(self.wrapped.raw, self.optimizer)
+        mine = {"rng": st.capture_rng(self.rt.device),
+                "loader": self.loaders.train.state_dict() if mid_epoch else None}
+        per_rank = dist_rt.all_gather_objects(mine, self.rt)
+        if not self.rt.is_main:
+            return
+        payload = st.build_payload(
+            model=model, optimizer=optim,
+            scheduler=self.scheduler.state_dict() if self.scheduler is not None else None,
+            scaler=self.scaler.state_dict() if self.scaler is not None else None,
+            epoch=self.epoch, step=self.step, mid_epoch=mid_epoch, per_rank=per_rank,
+            world_size=self.rt.world_size, recipe=OmegaConf.to_yaml(self.cfg, resolve=True),
+            metrics=self.last_val, best=self.best, best_metric=self.tcfg.best_metric,
+        )
+        ckpts = checkpoint_dir(self.run_dir)
+        save_atomic(payload, ckpts / "last.pt")
+        if self.tcfg.keep_checkpoints > 0:
+            copy_atomic(ckpts / "last.pt", ckpts / f"step-{self.step:08d}.pt")
+            for old in sorted(ckpts.glob("step-*.pt"))[: -self.tcfg.keep_checkpoints]:
+                old.unlink(missing_ok=True)
+
+    def _maybe_best(self, val: dict[str, Any] | None) -> bool:
+        name = self.tcfg.best_metric
+        if not name or not val or name not in val:
+            return False
+        mode = self.tcfg.best_mode
+        if mode == "auto":
+            mode = "min" if any(w in name for w in ("loss", "perplexity", "mse", "mae", "error")) else "max"
+        value = float(val[name])
+        better = self.best is None or (value < self.best if mode == "min" else value > self.best)
+        if better:
+            self.best = value
+        return better
+
+    # ------------------------------------------------------------------------------------------ loop
+    def fit(self) -> dict[str, Any]:
+        """Train for ``trainer.epochs`` (or until ``trainer.max_steps``); returns the final metrics."""
+        tcfg, rt = self.tcfg, self.rt
+        steps_per_epoch = math.ceil(len(self.loaders.train) / tcfg.grad_accum)
+        self.reporter.start(self._info(steps_per_epoch))
+        total_epochs = tcfg.epochs if tcfg.max_steps is None else max(tcfg.epochs, math.ceil(
+            tcfg.max_steps / steps_per_epoch))
+        train_metrics = None
+        while self.epoch < total_epochs and not self._done():
+            train_metrics = self.train_epoch(steps_per_epoch)
+            finished_epoch = self.epoch
+            val = None
+            if self.stop_requested:
+                self.save(mid_epoch=True)
+                raise JobFailed(f"stopped by a signal at step {self.step}; checkpoint saved.")
+            ended_early = self._done() and self._mid_epoch
+            if not ended_early:
+                self.epoch += 1
+            if self.loaders.val is not None and tcfg.val_every and (
+                    self.epoch % tcfg.val_every == 0 or self._done() or self.epoch == total_epochs):
+                val = self.evaluate()
+            improved = self._maybe_best(val)
+            last = self._done() or self.epoch >= total_epochs
+            if last or (tcfg.checkpoint_every and self.epoch % tcfg.checkpoint_every == 0) or improved:
+                self.save(mid_epoch=ended_early)
+                if improved and rt.is_main:
+                    copy_atomic(checkpoint_dir(self.run_dir) / "last.pt", checkpoint_dir(self.run_dir) / "best.pt")
+            self.reporter.epoch_end(finished_epoch, train_metrics, val)
+        return {"step": self.step, "epoch": self.epoch, "train": train_metrics, "val": self.last_val,
+                "run_dir": str(self.run_dir)}
+
+    def _done(self) -> bool:
+        return self.tcfg.max_steps is not None and self.step >= self.tcfg.max_steps
+
+    def train_epoch(self, steps_per_epoch: int) -> dict[str, Any] | None:
+        """One pass over this rank's shard (from the saved position when resuming mid-epoch)."""
+        tcfg, loader = self.tcfg, self.loaders.train
+        self.loaders.sampler.set_epoch(self.epoch)
+        pending, self._pending = self._pending, None
+        if pending and pending["loader"] is not None:
+            loader.load_state_dict(pending["loader"])
+        batches = iter(loader)  # building the iterator draws from the RNG: restore RNG after it
+        if pending and pending["rng"] is not None:
+            st.restore_rng(pending["rng"], self.rt.device)
+        done_in_epoch = self.step - self.epoch * steps_per_epoch
+        self.reporter.epoch_start(self.epoch, steps_per_epoch, max(0, done_in_epoch))
+        self.wrapped.train.train()
+        self._mid_epoch = True
+        metrics = None
+        self._interval_start, self._interval_steps = time.perf_counter(), 0
+        micro = 0
+        for batch in batches:
+            micro += 1
+            final = micro == tcfg.grad_accum
+            self._forward_backward(batch, sync=final)
+            if final:
+                micro = 0
+                metrics = self._optimizer_step() or metrics
+                if self.stop_requested or self._done():
+                    return metrics
+        if micro:  # a partial accumulation at the end of the epoch still makes a step
+            metrics = self._optimizer_step() or metrics
+        self._mid_epoch = False
+        if self._interval_steps:
+            metrics = self._reduce_and_log()
+        if self.scheduler is not None and tcfg.scheduler_interval == "epoch":
+            self.scheduler.step()
+        return metrics
+
+    def _forward_backward(self, batch, sync: bool) -> None:
+        inputs, targets = to_device(batch, self.rt.device, non_blocking=self.rt.device.type == "cuda")
+        if self.tcfg.channels_last and inputs.dim() == 4:
+            inputs = inputs.contiguous(memory_format=torch.channels_last)
+        # DDP decides in forward whether backward all-reduces: skip it on non-final micro-steps.
+        no_sync = self.wrapped.train.no_sync if (self.wrapped.is_ddp and not sync) else contextlib.nullcontext
+        with no_sync():
+            with torch.autocast(self.rt.device.type, dtype=self.autocast_dtype,
+                                enabled=self.autocast_dtype is not None):
+                outputs = self.wrapped.train(inputs)
+                loss = self.task.loss(outputs, targets)
+            if self._faults and faults.maybe_fault("step", self.rt.rank, self.step + 1):
+                loss = loss * float("nan")
+            self.acc += self.task.stats(outputs, targets, loss)
+            # Remember the first non-finite step on the device (torch.full: a kernel argument, no copy/sync).
+            here = torch.full((), self.step + 1, dtype=torch.int64, device=self.rt.device)
+            self.first_bad = torch.where(torch.isfinite(loss.detach()), self.first_bad,
+                                         torch.minimum(self.first_bad, here))
+            scaled = loss / self.tcfg.grad_accum
+            (self.scaler.scale(scaled) if self.scaler is not None else scaled).backward()
+
+    def _optimizer_step(self) -> dict[str, Any] | None:
+        tcfg = self.tcfg
+        if tcfg.clip_grad_norm is not None:
+            if self.scaler is not None:
+                self.scaler.unscale_(self.optimizer)
+            torch.nn.utils.clip_grad_norm_(self.wrapped.raw.parameters(), tcfg.clip_grad_norm)
+        if self.scaler is not None:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.scheduler is not None and tcfg.scheduler_interval == "step":
+            self.scheduler.step()
+        self.step += 1
+        self._interval_steps += 1
+        self.reporter.step(self.step)
+        metrics = None
+        if self.step % tcfg.log_every == 0:
+            metrics = self._reduce_and_log()
+        if tcfg.checkpoint_every_steps and self.step % tcfg.checkpoint_every_steps == 0 and not self._done():
+            self.save(mid_epoch=True)
+        return metrics
+
+    # ------------------------------------------------------------------------------ metrics and flags
+    def _reduce_and_log(self) -> dict[str, Any]:
+        """The one collective per log interval: metric sums + the NaN flag + the stop flag."""
+        flags = torch.stack([(self.first_bad < _NO_BAD).to(torch.float64),
+                             torch.tensor(float(self.stop_requested), dtype=torch.float64, device=self.rt.device)])
+        vec = dist_rt.all_reduce_sum(torch.cat([self.acc, flags]), self.rt).tolist()
+        sums, bad, stop = vec[:-2], vec[-2], vec[-1]
+        if bad:
+            self._raise_nan()
+        self.stop_requested = stop > 0
+        elapsed = time.perf_counter() - self._interval_start
+        metrics = self.task.metrics(sums)
+        samples = sums[self.task.stat_names.index("samples")] if "samples" in self.task.stat_names else 0
+        record = {"split": "train", "step": self.step, "epoch": self.epoch, **metrics,
+                  "samples_per_s": samples / elapsed if elapsed > 0 else 0.0,
+                  "lr": self.optimizer.param_groups[0]["lr"], "time": time.time()}
+        self._emit(record)
+        self.acc.zero_()
+        self._interval_start, self._interval_steps = time.perf_counter(), 0
+        return metrics
+
+    def _check_finite(self) -> None:
+        """Before a save: all ranks agree that no step so far produced a non-finite loss."""
+        flag = dist_rt.all_reduce_sum((self.first_bad < _NO_BAD).to(torch.float64).reshape(1), self.rt)
+        if flag.item():
+            self._raise_nan()
+
+    def _raise_nan(self) -> None:
+        first = self.first_bad.clone()
+        if self.rt.distributed:
+            torch.distributed.all_reduce(first, op=torch.distributed.ReduceOp.MIN)
+        raise JobFailed(
+            f"the loss became NaN or inf at step {int(first.item())}; the run stopped without saving that state.",
+            "Lower optim.lr, set trainer.clip_grad_norm (e.g. 1.0), or use precision bf16/fp32 instead of fp16; "
+            "then resume from the last checkpoint with --resume auto.",
+        )
+
+    def _emit(self, record: dict[str, Any]) -> None:
+        if self.writer is not None:
+            self.writer.write(record)
+        self.reporter.log(record)
+
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, Any]:
+        """Exact validation: fixed global batches, per-batch sums gathered and added in batch order."""
+        rng = st.capture_rng(self.rt.device)  # validation must not shift training's randomness
+        vb = self.loaders.val_batches
+        model = self.wrapped.eval
+        was_training = model.training
+        model.eval()
+        table = torch.zeros(vb.num_batches, len(self.task.stat_names), dtype=torch.float64, device=self.rt.device)
+        for batch_id, batch in zip(vb.batch_ids, self.loaders.val, strict=True):
+            inputs, targets = to_device(batch, self.rt.device, non_blocking=self.rt.device.type == "cuda")
+            with torch.autocast(self.rt.device.type, dtype=self.autocast_dtype,
+                                enabled=self.autocast_dtype is not None):
+                outputs = model(inputs)
+            table[batch_id] = self.task.stats(outputs, targets)
+        rows = dist_rt.all_reduce_sum(table, self.rt).tolist()  # each row is non-zero on exactly one rank
+        sums = [0.0] * len(self.task.stat_names)
+        for row in rows:  # plain Python adds in batch order: the same on every process count
+            sums = [a + b for a, b in zip(sums, row, strict=True)]
+        model.train(was_training)
+        st.restore_rng(rng, self.rt.device)
+        metrics = self.task.metrics(sums)
+        samples = int(sums[self.task.stat_names.index("samples")])
+        self.last_val = {**metrics, "samples": samples}
+        self._emit({"split": "val", "step": self.step, "epoch": self.epoch, **metrics, "samples": samples,
+                    "time": time.time()})
+        return self.last_val
+
+    def _info(self, steps_per_epoch: int) -> dict[str, Any]:
+        d, rt = self.cfg.data, self.rt
+        return {
+            "name": self.cfg.name, "run_dir": str(self.run_dir), "world_size": rt.world_size,
+            "device": str(rt.device), "backend": rt.backend or "none", "strategy": self.wrapped.strategy,
+            "cpu_threads": rt.cpu_threads, "num_workers": self.loaders.num_workers,
+            "batch_size": d.batch_size, "grad_accum": self.tcfg.grad_accum,
+            "global_batch": d.batch_size * rt.world_size * self.tcfg.grad_accum,
+            "train_samples": len(self.loaders.train.dataset),
+            "val_samples": len(self.loaders.val.dataset) if self.loaders.val is not None else 0,
+            "steps_per_epoch": steps_per_epoch, "epochs": self.tcfg.epochs, "max_steps": self.tcfg.max_steps,
+            "precision": self.tcfg.precision,
+        }
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
