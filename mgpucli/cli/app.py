@@ -10,6 +10,8 @@ import sys
 import typer
 
 from mgpucli import __version__
+from mgpucli.cli import doctor as doctor_cmd
+from mgpucli.cli import launch as launch_cmd
 from mgpucli.cli import train as train_cmd
 from mgpucli.errors import MgpuError
 
@@ -50,6 +52,8 @@ def root(
 
 
 app.command("train", context_settings={"allow_extra_args": False})(train_cmd.train)
+app.command("launch", context_settings={"allow_extra_args": False})(launch_cmd.launch)
+app.command("doctor")(doctor_cmd.doctor)
 
 
 def main() -> None:

@@ -1,0 +1,111 @@
+"""Run a child process that may hang, and make sure nothing of it survives a timeout.
+
+Why not just ``os.killpg``: torch's launcher starts every worker with ``start_new_session=True``, so the
+workers are in process groups of their own and a kill of the launcher's group leaves them running (adopted
+by pid 1). On timeout we therefore freeze the launcher's group (so it cannot start anything new), kill every
+descendant found through /proc, then kill the group itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Finished:
+    """How a bounded child ended."""
+
+    returncode: int | None  # None when it was killed at the timeout
+    stdout: str
+    stderr: str
+    timed_out: bool
+    seconds: float
+
+
+def descendants(pid: int) -> list[int]:
+    """All processes below ``pid`` (children first-level first), read from /proc; [] where there is no /proc."""
+    children: dict[int, list[int]] = {}
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return []
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", encoding="utf-8", errors="replace") as f:
+                stat = f.read()
+        except OSError:
+            continue  # it exited while we looked
+        fields = stat.rsplit(")", 1)[-1].split()
+        if len(fields) > 1:
+            children.setdefault(int(fields[1]), []).append(int(entry))
+    found: list[int] = []
+    todo = [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def kill_tree(proc: subprocess.Popen) -> None:
+    """SIGKILL ``proc`` (a session leader we started) and everything below it, wherever its group is."""
+    pgid = proc.pid  # start_new_session=True: the child leads its own group
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGSTOP)  # no new workers, no restarts while we look
+    for _ in range(3):  # a second pass catches anything forked while we read /proc
+        victims = descendants(proc.pid)
+        for pid in victims:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        if not victims:
+            break
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
+    proc.wait()
+
+
+def _read(f) -> str:
+    f.seek(0)
+    return f.read().decode("utf-8", errors="replace")
+
+
+def run_bounded(
+    cmd: Sequence[str], timeout: float, env: Mapping[str, str] | None = None, cwd: str | None = None
+) -> Finished:
+    """Run ``cmd`` for at most ``timeout`` seconds; output goes to temp files (a hung grandchild holding a
+    pipe open cannot block us). A missing executable raises FileNotFoundError like subprocess does."""
+    start = time.monotonic()
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        proc = subprocess.Popen(
+            list(cmd),
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=err,
+            env=None if env is None else dict(env),
+            cwd=cwd,
+            start_new_session=True,
+        )
+        timed_out = False
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+        finally:
+            if proc.returncode is None or timed_out:
+                kill_tree(proc)
+        return Finished(
+            returncode=None if timed_out else proc.returncode,
+            stdout=_read(out),
+            stderr=_read(err),
+            timed_out=timed_out,
+            seconds=time.monotonic() - start,
+        )

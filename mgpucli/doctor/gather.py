@@ -1,0 +1,34 @@
+"""Fill an Observation: the environment, torch (bounded child), nvidia-smi (bounded), the host, the plan."""
+
+from __future__ import annotations
+
+import platform
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+
+from mgpucli import __version__
+from mgpucli.doctor.host import observe_host
+from mgpucli.doctor.observation import Observation
+from mgpucli.doctor.plan import DeviceOptions, make_plan
+from mgpucli.doctor.probe_torch import observe_torch
+from mgpucli.doctor.smi import observe_smi
+
+
+def observe(devices: DeviceOptions, timeout: float, environ: Mapping[str, str]) -> Observation:
+    """Everything the checks read. torch and nvidia-smi run side by side, each within ``timeout``."""
+    env = dict(environ)
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        torch_future = pool.submit(observe_torch, timeout, env)
+        smi_future = pool.submit(observe_smi, timeout, env)
+        host = observe_host(env)
+        torch_info, smi_info = torch_future.result(), smi_future.result()
+    plan = make_plan(devices, torch_info.device_count, env.get("CUDA_VISIBLE_DEVICES"))
+    return Observation(
+        env=env,
+        python_version=platform.python_version(),
+        mgpu_version=__version__,
+        torch=torch_info,
+        smi=smi_info,
+        host=host,
+        plan=plan,
+    )
