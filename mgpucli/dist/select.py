@@ -77,7 +77,10 @@ def select_devices(
         indices = tuple(range(visible_count))
     elif isinstance(wanted, int):
         if wanted < 1:
-            raise UsageError(f"--gpus {wanted}: the GPU count must be at least 1.", _cpu_hint(visible_count))
+            hint = _cpu_hint(visible_count)
+            if wanted == 0:
+                hint = f"For GPU 0 alone, write it as a list: --gpus 0, (with the comma). {hint}"
+            raise UsageError(f"--gpus {wanted}: the GPU count must be at least 1.", hint)
         if wanted > visible_count:
             raise UsageError(
                 f"--gpus {wanted} asks for more GPUs than the {visible_count} visible.", _cpu_hint(visible_count)
@@ -96,9 +99,7 @@ def select_devices(
                 _cpu_hint(visible_count),
             )
         indices = tuple(wanted)
-    if visible.entries:
-        mapped = ",".join(visible.entries[i] for i in indices)
-    else:
-        mapped = ",".join(str(i) for i in indices)
+    names = visible.entries or tuple(str(i) for i in range(visible_count))  # how the workers' CUDA names them
+    mapped = ",".join(names[i] for i in indices)
     cvd = None if indices == tuple(range(visible_count)) and gpus is None else mapped
     return DeviceSelection(kind="cuda", nproc=len(indices), gpu_indices=indices, cuda_visible_devices=cvd)

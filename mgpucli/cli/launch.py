@@ -1,0 +1,71 @@
+"""``mgpu launch``: start one ``mgpu train`` worker per GPU (or N on CPUs) through torch's launcher engine."""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+from mgpucli.errors import MgpuError
+
+
+def launch(
+    recipe: str = typer.Argument(..., help="Path to a recipe YAML file."),
+    overrides: list[str] | None = typer.Argument(
+        None, help="Hydra overrides for every worker: key=value, +key=value, ~key.", show_default=False
+    ),
+    gpus: str | None = typer.Option(
+        None, "--gpus", help="GPUs to use: a count (first N visible), a list (0,2,3; one GPU: 1,) or 'all' "
+        "(default: all visible).", show_default=False,
+    ),
+    cpu: bool = typer.Option(False, "--cpu", help="Run on CPUs with gloo (sets trainer.device=cpu)."),
+    nproc: int | None = typer.Option(None, "--nproc", help="Number of CPU processes (with --cpu; default 1)."),
+    nnodes: int | None = typer.Option(None, "--nnodes", help="Number of nodes (default 1, or from SLURM)."),
+    node_rank: int | None = typer.Option(
+        None, "--node-rank", help="This node's rank, 0..nnodes-1 (static rendezvous; default from SLURM)."
+    ),
+    master_addr: str | None = typer.Option(
+        None, "--master-addr", help="Address of node 0, where the rendezvous store listens (multi-node)."
+    ),
+    master_port: int | None = typer.Option(
+        None, "--master-port", help="Port of the rendezvous store; checked to be free before anything starts."
+    ),
+    rdzv_endpoint: str | None = typer.Option(
+        None, "--rdzv-endpoint", help="HOST:PORT of a c10d rendezvous (multi-node alternative to --master-addr)."
+    ),
+    rdzv_id: str | None = typer.Option(
+        None, "--rdzv-id", help="Rendezvous id; the same on every node (default: derived from the job)."
+    ),
+    max_restarts: int = typer.Option(
+        0, "--max-restarts", help="Restart a failed worker group up to K times, resuming from the last checkpoint."
+    ),
+    log_dir: str | None = typer.Option(
+        None, "--log-dir", help="Where every rank's stdout/stderr go (default: RUN_DIR/logs).", show_default=False
+    ),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Check everything, print the torchrun command, exit."),
+    resume: str | None = typer.Option(
+        None, "--resume", help="Passed to every worker: a checkpoint, or 'auto' (the run's last.pt if any)."
+    ),
+    overwrite: bool = typer.Option(
+        False, "--overwrite", help="Passed to every worker: start afresh in a run dir that holds checkpoints."
+    ),
+) -> None:
+    """Train a recipe on all visible GPUs (or --gpus, or --cpu --nproc N) with one worker process each."""
+    from mgpucli.console import print_error
+    from mgpucli.launch.main import launch as run_launch
+    from mgpucli.launch.plan import LaunchOptions
+
+    opts = LaunchOptions(
+        recipe=recipe, overrides=tuple(overrides or ()), gpus=gpus, cpu=cpu, nproc=nproc, nnodes=nnodes,
+        node_rank=node_rank, master_addr=master_addr, master_port=master_port, rdzv_endpoint=rdzv_endpoint,
+        rdzv_id=rdzv_id, max_restarts=max_restarts, log_dir=log_dir, resume=resume, overwrite=overwrite,
+    )
+    try:
+        code = run_launch(opts, dry_run=dry_run)
+    except MgpuError as err:
+        print_error(str(err))
+        sys.exit(err.exit_code)
+    except KeyboardInterrupt:
+        print_error("interrupted before any worker started.")
+        sys.exit(130)
+    sys.exit(code)

@@ -1,0 +1,131 @@
+"""``RUN_DIR/launch.json``: what was run, and where every rank's logs are (pure: stdlib only).
+
+It records the exact equivalent ``torchrun`` command, the environment variables that matter for a
+distributed job (never the whole environment, which may hold secrets), and, for every restart attempt,
+an index from global rank to the stdout/stderr/error files torch's own ``--log-dir`` layout produced
+(``LOG_DIR/<run-id>_<random>/attempt_<n>/<local-rank>/{stdout,stderr}.log, error.json``). It is rewritten
+atomically at the start, at every attempt, and at the end, so it is useful even after a SIGKILL.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from mgpucli import __version__
+
+ENV_PREFIXES = ("CUDA_", "NCCL_", "TORCH_", "TORCHELASTIC_", "OMP_", "MASTER_", "SLURM_", "GLOO_", "MGPU_")
+# Even under a kept prefix, a name like these is a secret (e.g. a token for a model hub): never written.
+_SECRET = re.compile(r"TOKEN|SECRET|PASSW|CREDENTIAL|API_?KEY|PRIVATE|AUTH", re.IGNORECASE)
+
+
+def filter_env(environ: Mapping[str, str], extra: Iterable[str] = ()) -> dict[str, str]:
+    """The variables worth recording: the distributed-training prefixes plus ``extra`` names, minus secrets."""
+    wanted = set(extra)
+    return {
+        key: value
+        for key, value in sorted(environ.items())
+        if (key.startswith(ENV_PREFIXES) or key in wanted) and not _SECRET.search(key)
+    }
+
+
+@dataclass(frozen=True)
+class RankFiles:
+    """Where one rank's output went in one attempt ("" for a stream left on the terminal)."""
+
+    rank: int
+    local_rank: int
+    stdout: str
+    stderr: str
+    error_file: str
+
+
+@dataclass
+class Attempt:
+    """One start of the worker group (attempt 0, then one per restart)."""
+
+    attempt: int
+    dir: str
+    ranks: dict[int, RankFiles] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"attempt": self.attempt, "dir": self.dir,
+                "ranks": {str(r): asdict(f) for r, f in sorted(self.ranks.items())}}
+
+
+def build_attempt(attempt: int, envs: Mapping[int, Mapping[str, str]], stdouts: Mapping[int, str],
+                  stderrs: Mapping[int, str], error_files: Mapping[int, str]) -> Attempt:
+    """Index one attempt from what torch's log spec produced (keyed by local rank) and each worker's RANK."""
+    ranks: dict[int, RankFiles] = {}
+    directory = ""
+    for local_rank, env in sorted(envs.items()):
+        rank = int(env.get("RANK", local_rank))
+        error_file = error_files.get(local_rank, "")
+        if error_file and not directory:
+            directory = os.path.dirname(os.path.dirname(error_file))
+        ranks[rank] = RankFiles(rank, local_rank, stdouts.get(local_rank, ""), stderrs.get(local_rank, ""),
+                                error_file)
+    return Attempt(attempt=attempt, dir=directory, ranks=ranks)
+
+
+class LaunchRecord:
+    """The content of ``launch.json``, kept in memory and written atomically."""
+
+    def __init__(self, path: str, plan: Any, opts: Any, argv: list[str] | None = None):
+        self.path = path
+        self.attempts: list[Attempt] = []
+        self.data: dict[str, Any] = {
+            "mgpu_version": __version__,
+            "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "cwd": os.getcwd(),
+            "argv": ["mgpu", *(sys.argv[1:] if argv is None else argv)],
+            "recipe": opts.recipe,
+            "overrides": list(opts.overrides),
+            "run_dir": plan.run_dir,
+            "devices": {
+                "kind": plan.devices.kind,
+                "nproc_per_node": plan.nproc_per_node,
+                "gpu_indices": list(plan.devices.gpu_indices),
+                "cuda_visible_devices": plan.devices.cuda_visible_devices,
+            },
+            "nnodes": plan.nnodes,
+            "node_rank": plan.node_rank,
+            "rendezvous": {"backend": plan.rdzv_backend, "endpoint": plan.rdzv_endpoint, "id": plan.rdzv_id},
+            "max_restarts": opts.max_restarts,
+            "torchrun": plan.command(),
+            "torchrun_args": list(plan.torchrun_args),
+            "set_by_mgpu": dict(plan.env),
+            "env": {},
+            "log_dir": plan.log_dir,
+            "attempts": [],
+            "result": {"status": "running"},
+        }
+
+    def set_env(self, environ: Mapping[str, str], extra: Iterable[str] = ()) -> None:
+        self.data["env"] = filter_env(environ, extra)
+
+    def add_attempt(self, attempt: Attempt) -> None:
+        self.attempts = [a for a in self.attempts if a.attempt != attempt.attempt] + [attempt]
+        self.data["attempts"] = [a.to_json() for a in self.attempts]
+
+    def attempt(self, number: int) -> Attempt | None:
+        return next((a for a in self.attempts if a.attempt == number), None)
+
+    def set_result(self, status: str, exit_code: int, **details: Any) -> None:
+        self.data["result"] = {"status": status, "exit_code": exit_code,
+                               "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **details}
+
+    def write(self) -> None:
+        directory = os.path.dirname(self.path) or "."
+        os.makedirs(directory, exist_ok=True)
+        tmp = f"{self.path}.tmp{os.getpid()}"
+        with open(tmp, "w") as fh:
+            json.dump(self.data, fh, indent=2)
+            fh.write("\n")
+        os.replace(tmp, self.path)

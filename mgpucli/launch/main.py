@@ -1,0 +1,117 @@
+"""``mgpu launch`` end to end: check the recipe once, build the plan, then run it (or print it)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import socket
+
+from mgpucli.errors import UsageError
+from mgpucli.launch.plan import LaunchOptions, LaunchPlan, Machine, RecipeFacts, build_plan, worker_overrides
+
+
+def _fingerprint(recipe: str, overrides: list[str]) -> str:
+    """Identifies this recipe + overrides on every node (the file's bytes, not its path, which may differ)."""
+    try:
+        with open(recipe, "rb") as fh:
+            content = fh.read()
+    except OSError:
+        content = recipe.encode()
+    return hashlib.sha1(content + b"\0" + "\0".join(overrides).encode()).hexdigest()
+
+
+def load_recipe_facts(opts: LaunchOptions) -> RecipeFacts:
+    """Load and check the recipe exactly as every worker will (all problems at once, exit 2), here, once."""
+    from omegaconf import OmegaConf
+
+    from mgpucli.config import check_recipe, load_recipe
+    from mgpucli.engine.run import ensure_cwd_on_path
+
+    overrides = worker_overrides(opts)
+    ensure_cwd_on_path()
+    cfg = load_recipe(opts.recipe, overrides)
+    check_recipe(cfg, opts.recipe)
+    threads = OmegaConf.select(cfg, "trainer.cpu_threads", default=None)
+    return RecipeFacts(
+        run_dir=str(OmegaConf.select(cfg, "run_dir", default=f"runs/{cfg.name}")),
+        device=str(OmegaConf.select(cfg, "trainer.device", default="auto")),
+        strategy=str(OmegaConf.select(cfg, "trainer.strategy", default="auto")),
+        cpu_threads=int(threads) if threads is not None else None,
+        fingerprint=_fingerprint(opts.recipe, overrides),
+    )
+
+
+def this_machine(need_gpus: bool) -> Machine:
+    """The real machine (the CUDA count is asked for only when GPUs may be used: it costs a CUDA init)."""
+    visible = 0
+    if need_gpus:
+        import torch
+
+        visible = torch.cuda.device_count()
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:
+        cores = os.cpu_count() or 1
+    return Machine(visible_gpus=visible, cpu_count=cores, hostname=socket.gethostname(), environ=dict(os.environ))
+
+
+def prepare(opts: LaunchOptions) -> LaunchPlan:
+    facts = load_recipe_facts(opts)
+    machine = this_machine(need_gpus=not opts.cpu and facts.device != "cpu")
+    return build_plan(opts, facts, machine)
+
+
+def _make_run_dir(run_dir: str) -> None:
+    try:
+        os.makedirs(run_dir, exist_ok=True)
+    except OSError as err:
+        path = os.path.abspath(run_dir)
+        blocker = next((p for p in _parents(path) if os.path.exists(p) and not os.path.isdir(p)), None)
+        why = f"{blocker} is a file, not a directory" if blocker else (err.strerror or str(err))
+        raise UsageError(
+            f"cannot create run dir {run_dir}: {why}.",
+            "Choose another location with run_dir=PATH (or fix the path/permissions).",
+        ) from None
+
+
+def _parents(path: str) -> list[str]:
+    out = [path]
+    while os.path.dirname(out[-1]) != out[-1]:
+        out.append(os.path.dirname(out[-1]))
+    return out
+
+
+def _banner(plan: LaunchPlan) -> list[str]:
+    sel = plan.devices
+    if sel.kind == "cpu":
+        threads = os.environ.get("OMP_NUM_THREADS") or plan.env.get("OMP_NUM_THREADS")
+        what = f"{plan.nproc_per_node} CPU worker(s) (gloo), {threads} thread(s) each"
+    else:
+        gpus = ",".join(str(i) for i in sel.gpu_indices)
+        what = (f"1 worker on GPUs {gpus} (DataParallel)" if plan.nproc_per_node == 1 and len(sel.gpu_indices) > 1
+                else f"{plan.nproc_per_node} GPU worker(s) on GPU(s) {gpus}")
+    node = plan.node_rank if plan.node_rank is not None else "?"
+    nodes = f", node {node} of {plan.nnodes}" if plan.nnodes > 1 else ""
+    lines = [f"mgpu launch: {what}{nodes}; run dir {plan.run_dir}",
+             f"  logs of every rank: {plan.log_dir} (local rank 0 shown here); torchrun equivalent in "
+             f"{plan.launch_json}"]
+    return lines + [f"  {note}" for note in plan.notes]
+
+
+def launch(opts: LaunchOptions, dry_run: bool = False) -> int:
+    """Run ``mgpu launch``; returns its exit code (UsageError for bad input, before any process starts)."""
+    from mgpucli.console import err_console
+
+    plan = prepare(opts)
+    if dry_run:
+        for line in _banner(plan):
+            err_console().print(line, markup=False, highlight=False)
+        print(plan.command(), flush=True)
+        return 0
+    _make_run_dir(plan.run_dir)
+    from mgpucli.launch.index import LaunchRecord
+    from mgpucli.launch.runner import run_plan
+
+    for line in _banner(plan):
+        err_console().print(line, markup=False, highlight=False)
+    return run_plan(plan, LaunchRecord(plan.launch_json, plan, opts))

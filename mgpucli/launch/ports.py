@@ -1,0 +1,67 @@
+"""Is a TCP port free to listen on? (Checked before anything starts.)
+
+torch's rendezvous store listens on *all* interfaces. With the c10d backend, a store that cannot bind its
+port silently connects to whatever already listens there, so a second job would join the first job's store
+instead of failing. So mgpu binds a user-given port itself first, the same way the store will (all
+interfaces, IPv4 and IPv6, ``SO_REUSEADDR`` so a socket in TIME_WAIT does not count as busy), and refuses a
+busy one with exit 2.
+"""
+
+from __future__ import annotations
+
+import errno
+import socket
+
+from mgpucli.errors import UsageError
+
+
+def _bind_problem(family: int, host: str, port: int) -> str | None:
+    """None when (host, port) can be bound now, else why not."""
+    try:
+        sock = socket.socket(family, socket.SOCK_STREAM)
+    except OSError:
+        return None  # this address family does not exist here: nothing can listen on it
+    with sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if family == socket.AF_INET6:
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        try:
+            sock.bind((host, port))
+            sock.listen(1)
+        except OSError as err:
+            if err.errno == errno.EADDRINUSE:
+                return "already in use on this machine (another job's rendezvous store?)"
+            if err.errno == errno.EACCES:
+                return "not open to this user (ports below 1024 need root)"
+            if err.errno == errno.EADDRNOTAVAIL:
+                return None  # e.g. IPv6 compiled in but no IPv6 address configured
+            raise
+    return None
+
+
+def port_problem(port: int) -> str | None:
+    """None when nothing stops a store from listening on ``port`` on all IPv4 and IPv6 interfaces."""
+    return _bind_problem(socket.AF_INET, "0.0.0.0", port) or _bind_problem(socket.AF_INET6, "::", port)
+
+
+def port_is_free(port: int) -> bool:
+    """True when a rendezvous store could listen on ``port`` right now."""
+    return port_problem(port) is None
+
+
+def check_port_number(port: int, option: str) -> int:
+    """A port a store can listen on: 1..65535."""
+    if not 1 <= port <= 65535:
+        raise UsageError(f"{option} {port}: a TCP port is a number from 1 to 65535.", f"Example: {option} 29500.")
+    return port
+
+
+def require_free_port(port: int, option: str, problem=port_problem) -> None:
+    """UsageError (exit 2) naming the busy port, before any process starts."""
+    why = problem(port)
+    if why:
+        raise UsageError(
+            f"{option} {port}: port {port} is {why}.",
+            f"Pick a free port ({option} P), or leave it out on a single node: mgpu then uses a private "
+            "rendezvous on a port the OS picks.",
+        )

@@ -1,0 +1,107 @@
+"""A worker's own record of how it failed, kept next to torch's ``error.json`` (pure: stdlib only).
+
+torch's ``@record`` error file holds the exception's message and traceback but not the training step, and
+only for exceptions (not for a clean ``sys.exit(1)`` after an mgpu error). mgpu's worker entry writes
+``mgpu_failure.json`` beside it with what the launcher needs to decide about a restart: exception type,
+message, the step it happened at, whether retrying can help, and a precise time. The launcher reads these
+files; it never captures output itself.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import asdict, dataclass
+
+RECORD_NAME = "mgpu_failure.json"
+
+# A non-finite loss comes back on every retry from the same checkpoint: retrying only burns restarts.
+_NAN = re.compile(r"\b(nan|non-finite|not finite)\b", re.IGNORECASE)
+_STEP = re.compile(r"\bstep (\d+)\b")
+
+
+@dataclass(frozen=True)
+class FailureRecord:
+    """How one worker failed."""
+
+    rank: int
+    local_rank: int
+    attempt: int
+    time: float
+    type: str
+    message: str
+    step: int | None = None
+    exit_code: int | None = None
+    retryable: bool = True
+
+    def signature(self) -> tuple[str, str, int] | None:
+        """What "the same failure" means: same exception type and message at the same step (None: unknown step)."""
+        if self.step is None:
+            return None
+        return (self.type, self.message, self.step)
+
+
+def is_retryable(exc: BaseException, exit_code: int | None) -> bool:
+    """False for failures a restart from the last checkpoint reproduces: bad input, a NaN, or an error that says so."""
+    if exit_code == 2:
+        return False  # UsageError: the same input gives the same answer
+    flag = getattr(exc, "retryable", None)
+    if flag is not None:
+        return bool(flag)
+    return _NAN.search(str(exc)) is None
+
+
+def failure_step(exc: BaseException) -> int | None:
+    """The training step a failure happened at: ``exc.mgpu_step`` when the engine tagged it, else the
+    ``step N`` its message names (mgpu's NaN error and injected faults do), else None (unknown)."""
+    tagged = getattr(exc, "mgpu_step", None)
+    if isinstance(tagged, int):
+        return tagged
+    found = _STEP.search(str(exc))
+    return int(found.group(1)) if found else None
+
+
+def record_path(error_file: str) -> str:
+    """Where the record goes: next to torch's error file (``.../attempt_N/LOCAL_RANK/error.json``)."""
+    return os.path.join(os.path.dirname(error_file), RECORD_NAME)
+
+
+def write_record(path: str, record: FailureRecord) -> None:
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as fh:
+        json.dump(asdict(record), fh)
+    os.replace(tmp, path)
+
+
+def read_record(path: str) -> FailureRecord | None:
+    """The record at ``path``, or None when there is none (or it cannot be read: a killed writer)."""
+    try:
+        with open(path) as fh:
+            data = json.load(fh)
+        return FailureRecord(**data)
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+def read_error_file(path: str | None) -> tuple[str | None, str | None, float | None]:
+    """(message, traceback, timestamp) from torch's ``@record`` error file, Nones where absent."""
+    if not path:
+        return None, None, None
+    try:
+        with open(path) as fh:
+            data = json.load(fh)
+    except (OSError, ValueError):
+        return None, None, None
+    msg = data.get("message") if isinstance(data, dict) else None
+    if isinstance(msg, str):
+        return msg, None, None
+    if not isinstance(msg, dict):
+        return None, None, None
+    extra = msg.get("extraInfo") or {}
+    stamp = extra.get("timestamp")
+    try:
+        stamp_f = float(stamp) if stamp is not None else None
+    except ValueError:
+        stamp_f = None
+    return msg.get("message"), extra.get("py_callstack"), stamp_f

@@ -1,0 +1,108 @@
+"""Restarts: resume from the run's ``last.pt`` on a restart only, and stop retrying a failure that repeats.
+
+torch's elastic agent restarts the whole worker group after a failure (``--max-restarts K``) and tells the
+new workers which attempt they are in through ``TORCHELASTIC_RESTART_COUNT``. A fresh launch (count 0) does
+exactly what the user typed, so it never picks up a stale checkpoint by itself; a restart (count > 0)
+continues from the run's ``checkpoints/last.pt`` (``--resume auto``) and never re-applies ``--overwrite``, which
+would delete the very checkpoint it should continue from.
+
+The worker entry (:mod:`mgpucli.launch.worker`) rewrites the ``train`` arguments this way before mgpu's CLI
+sees them; the engine may call :func:`resume_arg_for_restart` / :func:`overwrite_for_restart` as well
+(idempotent), so a plain ``torchrun -m mgpucli train`` behaves the same.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+
+from mgpucli.launch.records import FailureRecord
+
+RESTART_COUNT_ENV = "TORCHELASTIC_RESTART_COUNT"
+RUN_DIR_ENV = "MGPU_RUN_DIR"
+# Where the engine keeps the run's latest checkpoint (mgpucli.engine.rundir.checkpoint_dir(run_dir) / "last.pt";
+# a unit test keeps the two in step without importing torch here).
+LAST_CHECKPOINT = os.path.join("checkpoints", "last.pt")
+
+
+def restart_count(environ: Mapping[str, str] | None = None) -> int:
+    """Which restart this worker group is (0: the first start, or not under torchrun)."""
+    env = os.environ if environ is None else environ
+    raw = env.get(RESTART_COUNT_ENV, "")
+    return int(raw) if raw.isdigit() else 0
+
+
+def resume_arg_for_restart(
+    resume: str | None, *, run_dir: str | None = None, environ: Mapping[str, str] | None = None
+) -> str | None:
+    """The ``--resume`` value to use: the user's on a first start; ``"auto"`` (the run's ``last.pt``) on a restart.
+
+    On a restart an explicit checkpoint path is kept only while the run has no ``last.pt`` of its own yet
+    (the crash came before the first save), so the restart still starts from what the user asked for.
+    ``run_dir`` defaults to ``$MGPU_RUN_DIR`` (set by ``mgpu launch``); when unknown, a restart uses "auto".
+    """
+    env = os.environ if environ is None else environ
+    if restart_count(env) == 0:
+        return resume
+    if resume in (None, "auto"):
+        return "auto"
+    directory = run_dir or env.get(RUN_DIR_ENV)
+    if directory and not os.path.isfile(os.path.join(directory, LAST_CHECKPOINT)):
+        return resume
+    return "auto"
+
+
+def overwrite_for_restart(overwrite: bool, environ: Mapping[str, str] | None = None) -> bool:
+    """``--overwrite`` applies to the first start only: on a restart it would delete the checkpoint to resume."""
+    return overwrite and restart_count(environ) == 0
+
+
+def restart_worker_argv(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> list[str]:
+    """Rewrite a worker's ``train ... [--resume X] [--overwrite]`` arguments for a restart (unchanged on attempt 0)."""
+    args = list(argv)
+    if restart_count(environ) == 0 or "train" not in args:
+        return args
+    resume: str | None = None
+    overwrite = False
+    kept: list[str] = []
+    i = 0
+    while i < len(args):
+        token = args[i]
+        if token == "--resume" and i + 1 < len(args):
+            resume = args[i + 1]
+            i += 2
+            continue
+        if token.startswith("--resume="):
+            resume = token.split("=", 1)[1]
+        elif token == "--overwrite":
+            overwrite = True
+        else:
+            kept.append(token)
+        i += 1
+    new_resume = resume_arg_for_restart(resume, environ=environ)
+    if new_resume is not None:
+        kept += ["--resume", new_resume]
+    if overwrite_for_restart(overwrite, environ):
+        kept.append("--overwrite")
+    return kept
+
+
+def stop_reason(previous: Sequence[FailureRecord], earlier: Sequence[FailureRecord]) -> str | None:
+    """Why the worker group should not be restarted again (None: restarting may help).
+
+    ``previous`` are the failure records of the attempt that just failed, ``earlier`` those of the attempt
+    before it. A failure that says it is not retryable (bad input, a NaN) stops at once; the same exception
+    with the same message at the same step as in the attempt before stops the second time it happens.
+    """
+    for rec in sorted(previous, key=lambda r: r.time):
+        if not rec.retryable:
+            return f"rank {rec.rank} failed with {rec.type}, which a restart from the last checkpoint repeats"
+    seen = {sig: rec for rec in earlier if (sig := rec.signature()) is not None}
+    for rec in sorted(previous, key=lambda r: r.time):
+        sig = rec.signature()
+        if sig is not None and sig in seen:
+            return (
+                f"rank {rec.rank} failed again with the same {rec.type} at step {rec.step} as in attempt "
+                f"{seen[sig].attempt}: restarting would repeat it"
+            )
+    return None

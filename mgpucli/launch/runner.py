@@ -1,0 +1,211 @@
+"""Run a :class:`~mgpucli.launch.plan.LaunchPlan` through torch's own launcher engine, in this process.
+
+``torch.distributed.run.parse_args`` + ``config_from_args`` turn the plan's torchrun arguments into torch's
+``LaunchConfig`` exactly as the ``torchrun`` command would, and ``elastic_launch`` runs the elastic agent
+(rendezvous, worker processes, monitoring, restarts, teardown). mgpu changes two things in that config:
+
+* the log spec is torch's ``DefaultLogsSpecs`` (same options, same directory layout) with a hook that, at
+  the start of every attempt, records rank -> log files in ``launch.json`` and refuses a restart that would
+  only repeat the failure before it (see :func:`mgpucli.launch.restart.stop_reason`);
+* SIGINT and SIGTERM are handled by mgpu instead of torch: the first one does what torch does (raise
+  torch's ``SignalException`` so the agent forwards the signal to the workers and gives them its shutdown
+  window), a second one SIGKILLs the workers at once. Other signals (SIGHUP, SIGQUIT, SIGUSR1 under SLURM)
+  stay torch's.
+
+The agent runs in this process (rather than a ``torchrun`` subprocess) so that the workers are launch's
+own children: there is one process to watch for parent death, and torch's failure report (exit codes per
+global rank) comes back as a Python exception instead of being parsed from a log.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+from torch.distributed import run as torchrun
+from torch.distributed.elastic.multiprocessing import SignalException
+from torch.distributed.elastic.multiprocessing.api import DefaultLogsSpecs, Std
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+from torch.distributed.launcher.api import elastic_launch
+
+from mgpucli.console import err_console, print_error
+from mgpucli.errors import EXIT_FAILED, EXIT_OK
+from mgpucli.launch import failures as fl
+from mgpucli.launch.index import LaunchRecord, build_attempt
+from mgpucli.launch.plan import LaunchPlan
+from mgpucli.launch.records import RECORD_NAME, read_record
+from mgpucli.launch.restart import stop_reason
+from mgpucli.launch.watch import LAUNCH_PID_ENV
+
+_MGPU_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+_TORCH_DEFAULT_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT"
+
+
+class RestartRefused(Exception):
+    """Raised inside the agent, before a restart starts any process, when the failure would repeat."""
+
+    def __init__(self, reason: str, failed_attempt: int):
+        super().__init__(reason)
+        self.reason = reason
+        self.failed_attempt = failed_attempt
+
+
+class IndexingLogsSpecs(DefaultLogsSpecs):
+    """torch's default log layout, plus the launch.json index and the repeat check at every attempt."""
+
+    def __init__(self, record: LaunchRecord, **kwargs):
+        super().__init__(**kwargs)
+        self._record = record
+
+    def reify(self, envs):
+        first_env = next(iter(envs.values()), {})
+        attempt = int(first_env.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+        if attempt > 0:
+            reason = stop_reason(self._records(attempt - 1), self._records(attempt - 2))
+            if reason:
+                raise RestartRefused(reason, attempt - 1)
+        dest = super().reify(envs)
+        self._record.add_attempt(build_attempt(attempt, envs, dest.stdouts, dest.stderrs, dest.error_files))
+        self._record.write()
+        return dest
+
+    def _records(self, number: int):
+        found = self._record.attempt(number) if number >= 0 else None
+        if found is None:
+            return []
+        records = []
+        for files in found.ranks.values():
+            rec = read_record(os.path.join(os.path.dirname(files.error_file), RECORD_NAME))
+            if rec is not None:
+                records.append(rec)
+        return records
+
+
+def _children() -> list[int]:
+    """Live child processes of this process (the workers: torch starts them from here)."""
+    me, kids = os.getpid(), []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == me and fields[0] != "Z":
+            kids.append(int(entry.name))
+    return kids
+
+
+def kill_workers() -> list[int]:
+    """SIGKILL every worker and its process group (torch gives each worker a session of its own)."""
+    killed = []
+    for pid in _children():
+        try:
+            if os.getpgid(pid) == pid:
+                os.killpg(pid, signal.SIGKILL)
+            else:
+                os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
+        except (ProcessLookupError, PermissionError):
+            pass
+    return killed
+
+
+class _Signals:
+    """First SIGINT/SIGTERM: torch's graceful path. Second: kill the workers now."""
+
+    def __init__(self):
+        self.received: list[int] = []
+        self._previous = {}
+
+    def install(self) -> None:
+        for sig in _MGPU_SIGNALS:
+            self._previous[sig] = signal.signal(sig, self._handle)
+
+    def restore(self) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+    def _handle(self, signum, frame) -> None:
+        self.received.append(signum)
+        name = signal.Signals(signum).name
+        if len(self.received) == 1:
+            err_console().print(
+                f"[yellow]mgpu launch: {name} received; stopping the workers gracefully (press Ctrl-C again to "
+                "kill them at once).[/]"
+            )
+            raise SignalException(f"Process {os.getpid()} got signal: {signum}", sigval=signal.Signals(signum))
+        killed = kill_workers()
+        err_console().print(f"[yellow]mgpu launch: {name} again; killed {len(killed)} worker(s).[/]")
+
+
+def _signals_for_torch(requested: str) -> str:
+    """torch keeps the signals mgpu does not handle itself."""
+    names = [s.strip() for s in requested.split(",") if s.strip()]
+    return ",".join(n for n in names if n not in ("SIGINT", "SIGTERM")) or "SIGHUP"
+
+
+def run_plan(plan: LaunchPlan, record: LaunchRecord) -> int:
+    """Start the job, wait for it, report; returns the exit code for ``mgpu launch``."""
+    os.environ.update(plan.env)
+    os.environ[LAUNCH_PID_ENV] = str(os.getpid())
+    args = torchrun.parse_args(plan.torchrun_args)
+    config, cmd, cmd_args = torchrun.config_from_args(args)
+    config.logs_specs = IndexingLogsSpecs(
+        record, log_dir=args.log_dir, redirects=Std.from_str(args.redirects), tee=Std.from_str(args.tee)
+    )
+    config.signals_to_handle = _signals_for_torch(args.signals_to_handle or _TORCH_DEFAULT_SIGNALS)
+    record.set_env(os.environ, plan.env)
+    record.write()
+    total = 1 + int(args.max_restarts)
+    handler = _Signals()
+    handler.install()
+    start = time.monotonic()
+    try:
+        elastic_launch(config, cmd)(*cmd_args)
+    except ChildFailedError as err:
+        if not record.attempts:
+            record.set_result("failed", EXIT_FAILED)
+            print_error(str(err))
+            return EXIT_FAILED
+        attempt = record.attempts[-1]
+        found = fl.collect(attempt, {rank: f.exitcode for rank, f in err.failures.items()})
+        first = found[0].rank if found else None
+        record.set_result("failed", EXIT_FAILED, first_failed_rank=first, attempts=len(record.attempts))
+        print_error(fl.summarize(found, attempt, total, plan.launch_json))
+        return EXIT_FAILED
+    except RestartRefused as err:
+        attempt = record.attempt(err.failed_attempt) or record.attempts[-1]
+        found = fl.collect(attempt)
+        first = found[0].rank if found else None
+        record.set_result("failed", EXIT_FAILED, first_failed_rank=first, attempts=len(record.attempts),
+                          restart_refused=err.reason)
+        print_error(fl.summarize(found, attempt, total, plan.launch_json)
+                    + f"\n  not restarted: {err.reason}.")
+        return EXIT_FAILED
+    except SignalException as err:
+        sig = int(err.sigval)
+        code = 128 + sig
+        record.set_result("stopped", code, signal=signal.Signals(sig).name)
+        err_console().print(
+            f"mgpu launch: stopped by {signal.Signals(sig).name}; the workers have exited. "
+            f"Continue with: mgpu launch ... --resume auto (logs: {plan.log_dir})"
+        )
+        return code
+    finally:
+        left = kill_workers()  # a safety net: torch's agent has stopped them on every path above
+        if left:
+            err_console().print(f"[yellow]mgpu launch: killed {len(left)} worker(s) still running at exit.[/]")
+        handler.restore()
+        record.write()
+    took = time.monotonic() - start
+    record.set_result("succeeded", EXIT_OK, attempts=len(record.attempts), seconds=round(took, 1))
+    record.write()
+    err_console().print(
+        f"mgpu launch: {plan.nnodes * plan.nproc_per_node} worker(s) finished in {took:.1f} s"
+        + (f" after {len(record.attempts) - 1} restart(s)" if len(record.attempts) > 1 else "")
+        + f". Logs: {plan.log_dir} (index: {plan.launch_json})"
+    )
+    return EXIT_OK

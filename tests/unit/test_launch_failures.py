@@ -1,0 +1,138 @@
+"""The failure summary, the launch.json index and the port check (files, no processes)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+from pathlib import Path
+
+import pytest
+
+from mgpucli.errors import UsageError
+from mgpucli.launch import failures as fl
+from mgpucli.launch.index import LaunchRecord, build_attempt, filter_env
+from mgpucli.launch.plan import LaunchOptions, Machine, RecipeFacts, build_plan
+from mgpucli.launch.ports import port_is_free, port_problem, require_free_port
+from mgpucli.launch.records import FailureRecord, record_path, write_record
+
+TRACE = (
+    "Traceback (most recent call last):\n"
+    '  File "/x/trainer.py", line 240, in _forward_backward\n'
+    "    if self._faults and faults.maybe_fault(...):\n"
+    "                        ^^^^^^^^^^^^^^^^^^^^^^^^\n"
+    "RuntimeError: injected fault: crash at step 30 on rank 1\n"
+)
+
+
+def make_attempt(tmp_path: Path, nranks: int = 2):
+    envs = {lr: {"RANK": str(lr)} for lr in range(nranks)}
+    base = tmp_path / "logs" / "job_x" / "attempt_0"
+    outs, errs, efs = {}, {}, {}
+    for lr in range(nranks):
+        (base / str(lr)).mkdir(parents=True)
+        outs[lr], errs[lr], efs[lr] = (str(base / str(lr) / n) for n in ("stdout.log", "stderr.log", "error.json"))
+    return build_attempt(0, envs, outs, errs, efs)
+
+
+def torch_error_file(path: str, message: str, trace: str, stamp: int) -> None:
+    Path(path).write_text(json.dumps({"message": {"message": message,
+                                                  "extraInfo": {"py_callstack": trace, "timestamp": str(stamp)}}}))
+
+
+def test_attempt_index_by_global_rank(tmp_path: Path):
+    envs = {0: {"RANK": "2"}, 1: {"RANK": "3"}}  # node 1 of a two-node job
+    attempt = build_attempt(1, envs, {0: "/l/a/0/stdout.log"}, {}, {0: "/l/a/0/error.json", 1: "/l/a/1/error.json"})
+    assert sorted(attempt.ranks) == [2, 3]
+    assert attempt.ranks[2].local_rank == 0 and attempt.ranks[3].local_rank == 1
+    assert attempt.dir == "/l/a"
+    assert attempt.to_json()["ranks"]["3"]["error_file"] == "/l/a/1/error.json"
+
+
+def test_sigkilled_rank_is_named_before_its_peers_echo(tmp_path: Path):
+    attempt = make_attempt(tmp_path)
+    # rank 0 noticed first in wall-clock terms, with a gloo error caused by rank 1's death
+    torch_error_file(attempt.ranks[0].error_file, "RuntimeError: [gloo] Connection closed by peer", "tb", 100)
+    found = fl.collect(attempt, {0: 1, 1: -signal.SIGKILL})
+    assert [f.rank for f in found] == [1, 0]
+    text = fl.summarize(found, attempt, 1, "runs/q/launch.json")
+    assert text.startswith("rank 1 failed first (killed by SIGKILL) in attempt 1 of 1.")
+    assert "also stopped: rank 0 (exit code 1)" in text
+
+
+def test_exception_first_then_agent_teardown(tmp_path: Path):
+    attempt = make_attempt(tmp_path)
+    torch_error_file(attempt.ranks[1].error_file, "RuntimeError: injected fault: crash at step 30 on rank 1",
+                     TRACE, 200)
+    Path(attempt.ranks[1].stderr).write_text(
+        "[rank1]:loading data\n[rank1]:about to fail\n" + "".join(f"[rank1]:{line}\n" for line in TRACE.splitlines())
+    )
+    found = fl.collect(attempt, {0: -signal.SIGTERM, 1: 1})
+    assert [f.rank for f in found] == [1, 0]
+    text = fl.summarize(found, attempt, 2, "launch.json")
+    assert "rank 1 failed first (exit code 1) in attempt 1 of 2." in text
+    assert "RuntimeError: injected fault: crash at step 30 on rank 1" in text
+    assert 'File "/x/trainer.py", line 240' in text and "^^^^" not in text
+    assert "[rank1]:about to fail" in text  # the log's own context...
+    assert text.count('File "/x/trainer.py"') == 1  # ...without the traceback a second time
+    assert "rank 0 (killed by SIGTERM)" in text
+
+
+def test_earliest_of_two_genuine_errors_wins(tmp_path: Path):
+    attempt = make_attempt(tmp_path)
+    for rank, t in ((0, 5.5), (1, 5.2)):
+        error_file = attempt.ranks[rank].error_file
+        Path(error_file).write_text("{}")
+        write_record(record_path(error_file), FailureRecord(rank, rank, 0, t, "ValueError", f"bad {rank}", 3, 1))
+    assert [f.rank for f in fl.collect(attempt, {0: 1, 1: 1})] == [1, 0]
+
+
+def test_without_exit_codes_only_ranks_that_left_an_error_count(tmp_path: Path):
+    attempt = make_attempt(tmp_path)
+    write_record(record_path(attempt.ranks[1].error_file),
+                 FailureRecord(1, 1, 0, 1.0, "RuntimeError", "boom", 30, 1))
+    found = fl.collect(attempt)
+    assert [f.rank for f in found] == [1]
+    assert found[0].message == "RuntimeError: boom"
+
+
+def test_summary_when_nothing_was_recorded(tmp_path: Path):
+    attempt = make_attempt(tmp_path)
+    assert "no rank left an error" in fl.summarize([], attempt, 1, "launch.json")
+
+
+def test_filter_env_keeps_what_matters_and_never_secrets():
+    env = {"CUDA_VISIBLE_DEVICES": "0", "NCCL_DEBUG": "INFO", "OMP_NUM_THREADS": "4", "MASTER_ADDR": "h",
+           "SLURM_JOB_ID": "1", "TORCH_HUB_TOKEN": "s3cret", "HOME": "/root", "AWS_SECRET_ACCESS_KEY": "x",
+           "PATH": "/bin", "MGPU_RUN_DIR": "runs/q", "MY_VAR": "1", "NCCL_PASSWORD": "p"}
+    kept = filter_env(env, extra=["MY_VAR"])
+    assert kept == {"CUDA_VISIBLE_DEVICES": "0", "NCCL_DEBUG": "INFO", "OMP_NUM_THREADS": "4",
+                    "MASTER_ADDR": "h", "SLURM_JOB_ID": "1", "MGPU_RUN_DIR": "runs/q", "MY_VAR": "1"}
+
+
+def test_launch_record_is_written_whole(tmp_path: Path):
+    facts = RecipeFacts(run_dir=str(tmp_path / "run"))
+    opts = LaunchOptions(recipe="r.yaml", cpu=True, nproc=2)
+    plan = build_plan(opts, facts, Machine(0, 4, "box", {}), port_check=lambda p: None)
+    record = LaunchRecord(plan.launch_json, plan, opts, argv=["launch", "--cpu"])
+    record.set_env({"OMP_NUM_THREADS": "2", "HOME": "/root"}, plan.env)
+    record.add_attempt(make_attempt(tmp_path))
+    record.set_result("succeeded", 0)
+    record.write()
+    data = json.loads(Path(plan.launch_json).read_text())
+    assert data["torchrun"] == plan.command() and data["argv"] == ["mgpu", "launch", "--cpu"]
+    assert data["attempts"][0]["ranks"]["1"]["local_rank"] == 1
+    assert "HOME" not in data["env"] and data["result"]["status"] == "succeeded"
+    assert [p.name for p in Path(plan.launch_json).parent.iterdir()] == ["launch.json"]  # no temp file left
+
+
+def test_port_check_sees_a_listener():
+    with socket.socket() as sock:
+        sock.bind(("0.0.0.0", 0))
+        sock.listen(1)
+        port = sock.getsockname()[1]
+        assert not port_is_free(port) and "in use" in port_problem(port)
+        with pytest.raises(UsageError) as info:
+            require_free_port(port, "--master-port")
+        assert f"--master-port {port}" in str(info.value)
+    assert port_is_free(port)

@@ -1,0 +1,283 @@
+"""mgpu launch options -> torchrun arguments, with the GPU count, the environment and the port check faked."""
+
+from __future__ import annotations
+
+import shlex
+
+import pytest
+
+from mgpucli.errors import UsageError
+from mgpucli.launch.plan import (
+    WORKER_MODULE,
+    LaunchOptions,
+    Machine,
+    RecipeFacts,
+    build_plan,
+    worker_args,
+)
+
+
+def machine(gpus: int = 0, cores: int = 8, **env: str) -> Machine:
+    return Machine(visible_gpus=gpus, cpu_count=cores, hostname="box", environ=env)
+
+
+FACTS = RecipeFacts(run_dir="runs/q", fingerprint="abc")
+
+
+def plan_for(machine_=None, facts=FACTS, busy=(), **opts):
+    checked: list[int] = []
+
+    def port_check(port: int):
+        checked.append(port)
+        return "already in use on this machine" if port in busy else None
+
+    plan = build_plan(LaunchOptions(recipe="r.yaml", **opts), facts, machine_ or machine(),
+                      port_check=port_check, new_id=lambda: "mgpu-fresh")
+    plan.checked_ports = checked  # type: ignore[attr-defined]
+    return plan
+
+
+def arg(plan, name: str) -> str | None:
+    args = plan.torchrun_args[: plan.torchrun_args.index("-m")]
+    return args[args.index(name) + 1] if name in args else None
+
+
+def usage_error(**kw) -> str:
+    with pytest.raises(UsageError) as info:
+        plan_for(**kw)
+    return str(info.value)
+
+
+# ---------------------------------------------------------------------------------------------- CPU
+def test_cpu_workers_get_standalone_rendezvous_and_a_share_of_the_cores():
+    plan = plan_for(machine(cores=8), cpu=True, nproc=2)
+    assert arg(plan, "--nproc-per-node") == "2"
+    assert arg(plan, "--nnodes") == "1"
+    assert arg(plan, "--rdzv-backend") == "c10d"
+    assert arg(plan, "--rdzv-endpoint") == "localhost:0"  # the OS picks a free port
+    assert arg(plan, "--rdzv-id") == "mgpu-fresh"
+    assert plan.env["OMP_NUM_THREADS"] == "4"  # 8 cores / 2 processes, not torchrun's 1
+    assert plan.env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1"
+    assert plan.torchrun_args[-len(plan.worker_args) - 2:] == ["-m", WORKER_MODULE, *plan.worker_args]
+    assert plan.worker_args == ["train", "r.yaml", "trainer.device=cpu"]
+    assert plan.checked_ports == []  # nothing to check: port 0
+
+
+def test_cpu_threads_respect_the_user_and_the_recipe():
+    assert "OMP_NUM_THREADS" not in plan_for(machine(cores=8, OMP_NUM_THREADS="3"), cpu=True, nproc=2).env
+    facts = RecipeFacts(run_dir="runs/q", cpu_threads=1)
+    assert plan_for(machine(cores=8), facts=facts, cpu=True, nproc=2).env["OMP_NUM_THREADS"] == "1"
+    assert plan_for(machine(cores=1), cpu=True, nproc=4).env["OMP_NUM_THREADS"] == "1"  # never 0
+
+
+def test_cpu_defaults_to_one_process_and_recipe_device_cpu_means_cpu():
+    assert plan_for(cpu=True).nproc_per_node == 1
+    plan = plan_for(machine(gpus=4), facts=RecipeFacts(run_dir="runs/q", device="cpu"), nproc=2)
+    assert plan.devices.kind == "cpu" and plan.nproc_per_node == 2
+    assert "trainer.device=cpu" not in plan.worker_args  # the recipe says so already
+
+
+def test_cpu_override_conflict_and_no_duplicate():
+    assert "conflicts" in usage_error(cpu=True, overrides=("trainer.device=cuda",))
+    plan = plan_for(cpu=True, overrides=("trainer.device=cpu",))
+    assert plan.worker_args.count("trainer.device=cpu") == 1
+
+
+def test_train_options_pass_through_to_every_worker():
+    opts = LaunchOptions(recipe="r.yaml", overrides=("optim.lr=0.1",), cpu=True, resume="auto", overwrite=True)
+    assert worker_args(opts) == ["train", "r.yaml", "optim.lr=0.1", "trainer.device=cpu", "--resume", "auto",
+                                 "--overwrite"]
+
+
+# ---------------------------------------------------------------------------------------------- GPUs
+def test_no_gpus_option_means_all_visible_gpus():
+    plan = plan_for(machine(gpus=4))
+    assert plan.nproc_per_node == 4 and plan.devices.gpu_indices == (0, 1, 2, 3)
+    assert "CUDA_VISIBLE_DEVICES" not in plan.env and "OMP_NUM_THREADS" not in plan.env
+    assert "trainer.device=cpu" not in plan.worker_args
+
+
+@pytest.mark.parametrize(
+    ("gpus", "visible_env", "nproc", "cvd"),
+    [
+        ("2", None, 2, "0,1"),
+        ("all", None, 4, "0,1,2,3"),
+        ("0,2,3", None, 3, "0,2,3"),
+        ("1,", None, 1, "1"),
+        ("1,3", "4,5,6,7", 2, "5,7"),  # indices among the visible GPUs map through the user's list
+        ("1,", "GPU-aaaa,GPU-bbbb,GPU-cccc,GPU-dddd", 1, "GPU-bbbb"),
+    ],
+)
+def test_gpu_lists_and_cuda_visible_devices_mapping(gpus, visible_env, nproc, cvd):
+    env = {"CUDA_VISIBLE_DEVICES": visible_env} if visible_env else {}
+    plan = plan_for(machine(gpus=4, **env), gpus=gpus)
+    assert arg(plan, "--nproc-per-node") == str(nproc)
+    assert plan.env["CUDA_VISIBLE_DEVICES"] == cvd
+
+
+@pytest.mark.parametrize(
+    ("kw", "expected"),
+    [
+        ({"gpus": "8"}, "more GPUs than the 4 visible"),
+        ({"gpus": "0,5"}, "GPU 5 does not exist (visible: 0..3)"),
+        ({"gpus": "1,1"}, "more than once"),
+        ({"gpus": "two"}, "is not a GPU count"),
+        ({"gpus": "0"}, "--gpus 0, (with the comma)"),
+        ({"gpus": "2", "cpu": True}, "--cpu and --gpus exclude each other"),
+        ({"cpu": True, "nproc": 0}, "at least 1"),
+        ({"nproc": 2}, "needs --cpu"),
+    ],
+)
+def test_bad_gpu_options_exit_2_with_what_is_visible(kw, expected):
+    message = usage_error(machine_=machine(gpus=4), **kw)
+    assert expected in message
+
+
+def test_no_cuda_suggests_cpu_workers():
+    for kw in ({}, {"gpus": "2"}):
+        message = usage_error(machine_=machine(gpus=0), **kw)
+        assert "no CUDA GPU" in message and "--cpu --nproc N" in message
+
+
+def test_invalid_cuda_visible_devices_is_bad_input():
+    message = usage_error(machine_=machine(gpus=1, CUDA_VISIBLE_DEVICES="0,0"), gpus="1")
+    assert "CUDA_VISIBLE_DEVICES" in message
+
+
+def test_recipe_cpu_with_gpus_is_a_conflict():
+    assert "trainer.device=cpu" in usage_error(machine_=machine(gpus=2), facts=RecipeFacts(run_dir="r", device="cpu"),
+                                               gpus="2")
+
+
+def test_dp_is_one_process_spanning_the_selected_gpus():
+    facts = RecipeFacts(run_dir="runs/q", strategy="dp")
+    plan = plan_for(machine(gpus=4), facts=facts, gpus="0,2")
+    assert plan.nproc_per_node == 1 and plan.env["CUDA_VISIBLE_DEVICES"] == "0,2"
+    assert "one process" in usage_error(facts=facts, cpu=True, nproc=2)
+    assert "one device" in usage_error(machine_=machine(gpus=2), facts=RecipeFacts(run_dir="r", strategy="single"))
+
+
+# --------------------------------------------------------------------------------------------- ports
+def test_master_port_is_bound_tested_and_used_for_a_static_rendezvous():
+    plan = plan_for(cpu=True, nproc=2, master_port=29611)
+    assert plan.checked_ports == [29611]
+    assert (arg(plan, "--rdzv-backend"), arg(plan, "--master-addr"), arg(plan, "--master-port")) == (
+        "static", "127.0.0.1", "29611")
+    assert "TORCH_DISABLE_SHARE_RDZV_TCP_STORE" not in plan.env
+
+
+def test_busy_master_port_is_exit_2_naming_the_port():
+    message = usage_error(cpu=True, master_port=29612, busy=(29612,))
+    assert "--master-port 29612" in message and "already in use" in message
+
+
+@pytest.mark.parametrize("port", [0, 70000])
+def test_master_port_out_of_range(port):
+    assert "1 to 65535" in usage_error(cpu=True, master_port=port)
+
+
+def test_single_node_rdzv_endpoint_port_is_checked_too():
+    assert "in use" in usage_error(cpu=True, rdzv_endpoint="localhost:29613", busy=(29613,))
+    assert "HOST:PORT" in usage_error(cpu=True, rdzv_endpoint="localhost")
+
+
+def test_master_addr_alone_on_one_node_is_refused():
+    assert "--master-port" in usage_error(cpu=True, master_addr="10.0.0.1")
+
+
+# ---------------------------------------------------------------------------------------- multi-node
+def test_static_multi_node_node0_checks_the_port_others_do_not():
+    common = {"cpu": True, "nnodes": 2, "master_addr": "10.1.1.1", "master_port": 29700}
+    node0 = plan_for(node_rank=0, **common)
+    node1 = plan_for(node_rank=1, **common)
+    assert node0.checked_ports == [29700] and node1.checked_ports == []
+    assert arg(node1, "--node-rank") == "1" and arg(node1, "--nnodes") == "2"
+    assert arg(node0, "--rdzv-id") == arg(node1, "--rdzv-id") != "mgpu-fresh"  # both nodes agree
+    assert node0.launch_json.endswith("launch.json") and node1.launch_json.endswith("launch.node1.json")
+    other = plan_for(facts=RecipeFacts(run_dir="runs/q", fingerprint="other"), node_rank=0, **common)
+    assert arg(other, "--rdzv-id") != arg(node0, "--rdzv-id")  # another job, another id
+
+
+def test_static_multi_node_needs_address_and_node_rank():
+    assert "--master-addr" in usage_error(cpu=True, nnodes=2)
+    assert "--node-rank" in usage_error(cpu=True, nnodes=2, master_addr="10.1.1.1")
+    assert "does not fit --nnodes 2" in usage_error(cpu=True, nnodes=2, master_addr="h", node_rank=2)
+    assert "at least 1" in usage_error(cpu=True, nnodes=0)
+
+
+def test_default_static_port_is_torchruns():
+    plan = plan_for(cpu=True, nnodes=2, master_addr="10.1.1.1", node_rank=1)
+    assert arg(plan, "--master-port") == "29500"
+
+
+def test_c10d_multi_node_and_exclusive_with_static():
+    plan = plan_for(cpu=True, nnodes=2, rdzv_endpoint="node01:29400")
+    assert (arg(plan, "--rdzv-backend"), arg(plan, "--rdzv-endpoint")) == ("c10d", "node01:29400")
+    assert arg(plan, "--rdzv-id").startswith("mgpu-") and arg(plan, "--rdzv-id") != "mgpu-fresh"
+    assert plan.checked_ports == []  # another node may already host the store
+    assert plan.launch_json.endswith("launch.box.json")  # node rank unknown: named by host
+    assert arg(plan_for(cpu=True, nnodes=2, rdzv_endpoint="n:1", rdzv_id="job7"), "--rdzv-id") == "job7"
+    assert "exclude each other" in usage_error(cpu=True, nnodes=2, rdzv_endpoint="n:1", master_port=2)
+
+
+# --------------------------------------------------------------------------------------------- SLURM
+SLURM = {"SLURM_JOB_ID": "4321", "SLURM_NNODES": "3", "SLURM_JOB_NODELIST": "gpu[07-09]",
+         "SLURMD_NODENAME": "gpu08", "SLURM_NODEID": "1"}
+
+
+def test_slurm_fills_nodes_rank_and_master():
+    plan = plan_for(machine(gpus=2, **SLURM))
+    assert (arg(plan, "--nnodes"), arg(plan, "--node-rank")) == ("3", "1")
+    assert (arg(plan, "--master-addr"), arg(plan, "--master-port")) == ("gpu07", str(10000 + 4321))
+    assert arg(plan, "--rdzv-id") == "slurm-4321"
+    assert "SIGUSR1" in arg(plan, "--signals-to-handle")
+    assert plan.checked_ports == []  # node 1 does not host the store
+    assert any("SLURM job 4321" in n for n in plan.notes)
+
+
+def test_slurm_values_yield_to_the_users():
+    plan = plan_for(machine(gpus=2, **SLURM), nnodes=2, node_rank=0, master_addr="10.0.0.9", master_port=29800)
+    assert (arg(plan, "--nnodes"), arg(plan, "--node-rank"), arg(plan, "--master-addr"),
+            arg(plan, "--master-port")) == ("2", "0", "10.0.0.9", "29800")
+    assert plan.checked_ports == [29800]
+
+
+def test_slurm_single_node_is_standalone():
+    env = {"SLURM_JOB_ID": "5", "SLURM_NNODES": "1", "SLURM_JOB_NODELIST": "gpu01"}
+    plan = plan_for(machine(gpus=2, **env))
+    assert arg(plan, "--rdzv-endpoint") == "localhost:0" and arg(plan, "--nnodes") == "1"
+
+
+# ------------------------------------------------------------------------------------ logs, command
+def test_logs_go_under_the_run_dir_with_rank0_teed():
+    plan = plan_for(cpu=True, nproc=2)
+    assert arg(plan, "--log-dir").endswith("runs/q/logs")
+    assert (arg(plan, "--redirects"), arg(plan, "--tee")) == ("3", "0:3")
+    assert arg(plan_for(cpu=True, log_dir="/tmp/elsewhere"), "--log-dir") == "/tmp/elsewhere"
+
+
+def test_max_restarts_is_passed_and_validated():
+    assert arg(plan_for(cpu=True, max_restarts=2), "--max-restarts") == "2"
+    assert arg(plan_for(cpu=True), "--max-restarts") is None
+    assert "0 or more" in usage_error(cpu=True, max_restarts=-1)
+
+
+def test_command_is_a_shell_line_with_mgpus_variables_then_torchrun():
+    plan = plan_for(cpu=True, nproc=2, overrides=("name=my run",))
+    words = shlex.split(plan.command())
+    n_env = len(plan.env)
+    assert dict(w.split("=", 1) for w in words[:n_env]) == plan.env
+    assert words[n_env] == "torchrun" and words[n_env + 1 :] == plan.torchrun_args
+
+
+def test_torch_parses_the_arguments_as_torchrun_would(monkeypatch):
+    """The list is valid input for torch.distributed.run, and means what the plan says."""
+    from torch.distributed import run as torchrun
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # config_from_args would otherwise set it in os.environ
+    plan = plan_for(cpu=True, nproc=2, max_restarts=1, master_port=29555)
+    args = torchrun.parse_args(plan.torchrun_args)
+    config, cmd, cmd_args = torchrun.config_from_args(args)
+    assert (config.nproc_per_node, config.max_restarts, config.rdzv_backend) == (2, 1, "static")
+    assert config.rdzv_endpoint == "127.0.0.1:29555"
+    assert cmd_args == ["-u", "-m", WORKER_MODULE, *plan.worker_args]
