@@ -1,0 +1,76 @@
+"""Rank setup: launcher variables left in the shell, consistency, LOCAL_RANK vs GPUs, MASTER_PORT."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+from mgpucli.doctor.checks_rank import check_master_port, check_rank_variables
+from mgpucli.doctor.host import port_status, ports_to_probe
+from mgpucli.doctor.observation import HostInfo, Observation, TorchDevice, TorchInfo
+
+
+def obs(env: dict[str, str], gpus: int = 0, ports: dict[int, str] | None = None) -> Observation:
+    torch = TorchInfo(version="2.13.0", devices=tuple(TorchDevice("GPU", 1) for _ in range(gpus)))
+    return Observation(env=env, torch=torch, host=HostInfo(ports_in_use=ports or {}))
+
+
+def test_clean_shell_ok():
+    assert check_rank_variables(obs({"PATH": "/usr/bin"})).status == "ok"
+
+
+def test_consistent_leftovers_warn():
+    r = check_rank_variables(obs({"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "10.0.0.5"}))
+    assert r.status == "warn"
+    assert r.hint == "unset RANK WORLD_SIZE MASTER_ADDR"
+    assert "wait for its peers" in r.detail
+
+
+@pytest.mark.parametrize(
+    ("env", "needle"),
+    [
+        ({"RANK": "3", "WORLD_SIZE": "2"}, "RANK=3 does not fit WORLD_SIZE=2"),
+        ({"RANK": "0"}, "WORLD_SIZE is missing"),
+        ({"RANK": "x", "WORLD_SIZE": "2"}, "not an integer"),
+        ({"RANK": "0", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "4"}, "exceeds WORLD_SIZE"),
+        ({"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "2", "LOCAL_WORLD_SIZE": "2"}, "does not fit LOCAL_WORLD"),
+    ],
+)
+def test_inconsistent_fails(env, needle):
+    r = check_rank_variables(obs(env))
+    assert r.status == "fail" and needle in r.detail
+    assert r.hint.startswith("unset ")
+
+
+def test_local_rank_beyond_gpus_fails():
+    r = check_rank_variables(obs({"LOCAL_RANK": "3"}, gpus=2))
+    assert r.status == "fail" and "cuda:3 does not exist" in r.detail
+    assert check_rank_variables(obs({"LOCAL_RANK": "1"}, gpus=2)).status == "warn"
+
+
+def test_master_port_unset():
+    assert check_master_port(obs({}, ports={29500: ""})).status == "ok"
+    r = check_master_port(obs({}, ports={29500: "in use"}))
+    assert r.status == "warn" and "--standalone" in r.detail
+
+
+def test_master_port_set():
+    assert check_master_port(obs({"MASTER_PORT": "29511"}, ports={29511: ""})).status == "ok"
+    taken = check_master_port(obs({"MASTER_PORT": "29511"}, ports={29511: "in use"}))
+    assert taken.status == "fail" and "unset MASTER_PORT" in taken.hint and ":29511" in taken.hint
+    bad = check_master_port(obs({"MASTER_PORT": "70000"}))
+    assert bad.status == "fail" and "not a port number" in bad.detail
+
+
+def test_port_probe_sees_a_bound_socket():
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        port = holder.getsockname()[1]
+        assert port_status(port) == "in use"
+    assert port_status(port) == ""
+
+
+def test_ports_to_probe():
+    assert ports_to_probe({"MASTER_PORT": "1234"}) == [1234, 29500]
+    assert ports_to_probe({"MASTER_PORT": "nope"}) == [29500]
