@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import re
 
-from mgpucli.doctor.observation import Observation
+from mgpucli.dist.cuda_visible import parse_cuda_visible_devices
+from mgpucli.doctor.observation import Observation, ProbeError
 from mgpucli.doctor.result import CheckResult, fail, ok, skipped, warn
 
 AREA = "software"
@@ -83,29 +84,41 @@ def _wheel_tag(driver_cuda: str | None) -> str:
     return "cu118"
 
 
+def _smi_failed(err: ProbeError) -> CheckResult:
+    """nvidia-smi exists but did not answer (hung driver) or failed (module / library mismatch)."""
+    if err.timed_out:
+        hint = "The driver may be hung: check `sudo dmesg | grep -i xid`; persistence mode: `sudo nvidia-smi -pm 1`."
+    else:
+        hint = "The kernel module and driver libraries disagree or are missing: reboot, or reinstall the driver."
+    return fail("CUDA driver", AREA, err.message, hint)
+
+
+def _no_smi(obs: Observation) -> CheckResult:
+    """No nvidia-smi: fine on a CPU machine, a failure when torch expects CUDA and cannot reach it."""
+    t = obs.torch
+    if t.cuda_build and t.cuda_available:
+        return ok("CUDA driver", AREA, "the driver works (nvidia-smi is not on PATH)")
+    if t.cuda_build and t.error is None:
+        inside = f" (inside {obs.host.container}: start it with `--gpus all`)" if obs.host.container else ""
+        return fail(
+            "CUDA driver",
+            AREA,
+            f"torch is built for CUDA {t.cuda_build}, but no NVIDIA driver was found{inside}",
+            "Install the NVIDIA driver (or, to train on CPUs, use --cpu --nproc N).",
+        )
+    return skipped("CUDA driver", AREA, "no NVIDIA driver (nvidia-smi not found): CPU only")
+
+
+def _hidden_by_cuda_visible_devices(obs: Observation) -> bool:
+    vis = parse_cuda_visible_devices(obs.env.get("CUDA_VISIBLE_DEVICES"))
+    return vis.is_set and (not vis.entries or bool(vis.duplicates))
+
+
 def check_cuda_driver(obs: Observation) -> CheckResult:
     name = "CUDA driver"
     t, smi = obs.torch, obs.smi
-    container = f" (inside {obs.host.container}: start it with `--gpus all`)" if obs.host.container else ""
-    if smi.error is not None and smi.found:
-        hint = (
-            "The driver may be hung: check `sudo dmesg | grep -i xid`; "
-            "enable persistence mode (`sudo nvidia-smi -pm 1`)."
-            if smi.error.timed_out
-            else "The kernel module and driver libraries disagree or are missing: reboot, or reinstall the driver."
-        )
-        return fail(name, AREA, smi.error.message, hint)
     if smi.error is not None:
-        if t.cuda_build and t.cuda_available:
-            return ok(name, AREA, "the driver works (nvidia-smi is not on PATH)")
-        if t.cuda_build and t.error is None:
-            return fail(
-                name,
-                AREA,
-                f"torch is built for CUDA {t.cuda_build}, but no NVIDIA driver was found{container}",
-                "Install the NVIDIA driver (or, to train on CPUs, use --cpu --nproc N).",
-            )
-        return skipped(name, AREA, "no NVIDIA driver (nvidia-smi not found): CPU only")
+        return _smi_failed(smi.error) if smi.found else _no_smi(obs)
     detail = f"driver {smi.driver_version or '?'}, supports CUDA up to {smi.cuda_version or '?'}"
     need, have = version_tuple(t.cuda_build)[:2], version_tuple(smi.cuda_version)[:2]
     if need and have and need[0] > have[0]:
@@ -117,13 +130,15 @@ def check_cuda_driver(obs: Observation) -> CheckResult:
             f"{WHEELS}/{_wheel_tag(smi.cuda_version)}",
         )
     if t.cuda_build and t.error is None and not t.cuda_available and smi.gpus:
+        if _hidden_by_cuda_visible_devices(obs):  # not the driver's fault: see the CUDA_VISIBLE_DEVICES check
+            return ok(name, AREA, f"{detail}; torch sees no GPU because CUDA_VISIBLE_DEVICES hides them")
         reason = t.cuda_unavailable_reason or "torch.cuda.is_available() is False"
         return fail(
             name,
             AREA,
             f"{detail}; torch cannot use the GPUs: {reason}",
-            "Reboot after a driver update, "
-            "or reinstall the driver; check `nvidia-smi` and `sudo dmesg | grep -i nvidia`.",
+            "Reboot after a driver update, or reinstall the driver; check `nvidia-smi` and "
+            "`sudo dmesg | grep -i nvidia`.",
         )
     if need and have and need > have:
         return warn(

@@ -15,10 +15,12 @@ AREA = "live"
 COLLECTIVES = ("all_reduce", "broadcast", "all_gather")
 SLOW_NCCL_BUSBW = 2.0  # GB/s at the largest size: below this NCCL is on a fallback path (sockets, no SHM/P2P)
 HANG_HINTS = {
-    "init": "Startup/rendezvous hung: check GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME and the firewall; on a busy "
+    "init": "Start-up or rendezvous hung: check GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME and local firewalls; on a "
+    "busy machine raise --timeout.",
+    "cuda": "A collective hung: rerun with NCCL_DEBUG=INFO to see where; try NCCL_P2P_DISABLE=1 (see IOMMU); on a "
+    "busy machine raise --timeout.",
+    "cpu": "A collective hung: rerun with TORCH_DISTRIBUTED_DEBUG=DETAIL to see which rank stopped; on a busy "
     "machine raise --timeout.",
-    "collective": "A collective hung: rerun with NCCL_DEBUG=INFO; for GPUs try NCCL_P2P_DISABLE=1 (see IOMMU); "
-    "on a busy machine raise --timeout.",
 }
 
 
@@ -73,7 +75,7 @@ def check_run(outcome: LiveOutcome) -> CheckResult:
     what += "nccl on GPUs" if outcome.device == "cuda" else "gloo on CPU"
     if outcome.timed_out:
         stuck = [rep.get("phase") for rep in outcome.reports.values()]
-        kind = "init" if len(stuck) < outcome.nproc or "init" in stuck else "collective"
+        kind = "init" if len(stuck) < outcome.nproc or "init" in stuck else outcome.device
         where = _where(outcome.reports, outcome.nproc)
         return fail(
             name,
@@ -107,7 +109,7 @@ def check_collective(outcome: LiveOutcome, name: str) -> CheckResult:
         )
     if len(outcome.reports) < outcome.nproc or any(res is None for res in results.values()):
         return skipped(name, AREA, "not reached on every rank (see 'live test')")
-    return ok(name, AREA, f"correct on all {outcome.nproc} rank(s)")
+    return ok(name, AREA, "correct on the one rank" if outcome.nproc == 1 else f"correct on all {outcome.nproc} ranks")
 
 
 def check_bandwidth(outcome: LiveOutcome) -> CheckResult:

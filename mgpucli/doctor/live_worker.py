@@ -122,9 +122,8 @@ def main(argv: list[str] | None = None) -> int:
     rec = Recorder(args.out, env.rank)
     try:
         rec.save(phase="init", world_size=env.world_size)
-        start = time.perf_counter()
         rt = setup(env, args.device, args.timeout, args.threads)
-        rec.save(init_seconds=time.perf_counter() - start, backend=rt.backend, device=str(rt.device))
+        rec.save(backend=rt.backend, device=str(rt.device))
         if not rt.distributed:  # one process: a group of one still tests init and the collectives
             dist.init_process_group(
                 "nccl" if rt.device.type == "cuda" else "gloo", rank=0, world_size=1, store=dist.HashStore()

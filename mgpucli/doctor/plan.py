@@ -8,7 +8,8 @@ Two kinds of problem, kept apart on purpose:
   they often show the cause (say, a CUDA_VISIBLE_DEVICES left in the shell).
 
 Without options: every visible GPU; on a machine where torch sees no GPU, 2 CPU processes (gloo), so that
-torch.distributed itself is still tested (the smallest job with a real collective).
+torch.distributed itself is still tested (the smallest job with a real collective). ``--cpu`` alone also
+means 2 processes, for the same reason (``--cpu --nproc 1`` checks a single process).
 """
 
 from __future__ import annotations
@@ -57,7 +58,8 @@ class DeviceOptions:
 def make_plan(opts: DeviceOptions, visible_count: int, cuda_visible_raw: str | None) -> Plan:
     """The selection to check; a Plan with ``kind=None`` and the reason when this machine cannot run it."""
     if opts.cpu:
-        sel = select_devices(None, True, opts.nproc, visible_count, cuda_visible_raw)
+        nproc = opts.nproc or CPU_FALLBACK_NPROC  # 1 process would test no real collective
+        sel = select_devices(None, True, nproc, visible_count, cuda_visible_raw)
         return Plan(kind="cpu", nproc=sel.nproc)
     if opts.gpus is not None:
         try:

@@ -56,6 +56,7 @@ def test_bad_option_shapes_are_usage_errors(opts, message):
 def test_plan_cpu():
     plan = make_plan(DeviceOptions(cpu=True, nproc=3), visible_count=8, cuda_visible_raw=None)
     assert (plan.kind, plan.nproc, plan.backend) == ("cpu", 3, "gloo")
+    assert make_plan(DeviceOptions(cpu=True), visible_count=0, cuda_visible_raw=None).nproc == 2
 
 
 def test_plan_default_all_gpus_and_cpu_fallback():

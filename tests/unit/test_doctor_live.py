@@ -91,15 +91,17 @@ def test_timeout_fails_and_says_where_each_rank_was():
     run = results["live test"]
     assert run.status == "fail" and "within 30 s" in run.detail
     assert "rank 0 in all_reduce" in run.detail and "rank 1 never started" in run.detail
-    assert "--timeout" in run.hint
+    assert "--timeout" in run.hint and "Start-up or rendezvous hung" in run.hint
     assert results["all_reduce"].status == "skipped"
     assert results["all_reduce bandwidth"].status == "skipped"
 
 
-def test_hang_in_collective_points_at_nccl():
+def test_hang_in_collective_hint_fits_the_backend():
     reports = {r: rank_report(r, phase="all_reduce", collectives={}) for r in range(2)}
-    run = summarize(outcome(reports, timed_out=True))[0]
-    assert "A collective hung" in run.hint
+    gpu = summarize(outcome(reports, timed_out=True, device="cuda"))[0]
+    assert "A collective hung" in gpu.hint and "NCCL_DEBUG=INFO" in gpu.hint
+    cpu = summarize(outcome(reports, timed_out=True))[0]
+    assert "TORCH_DISTRIBUTED_DEBUG=DETAIL" in cpu.hint and "NCCL" not in cpu.hint
 
 
 def test_crash_fails_with_the_error():

@@ -127,3 +127,11 @@ def test_distributed_import_broken(check):
     )
     r = check(obs(torch=torch))
     assert r.status == "fail" and "TORCH_DISTRIBUTED_DEBUG" in r.hint
+
+
+def test_gpus_hidden_by_cuda_visible_devices_is_not_a_driver_fault():
+    torch = replace(CUDA_TORCH, cuda_available=False, cuda_unavailable_reason="no CUDA GPUs are available")
+    r = sw.check_cuda_driver(obs(torch=torch, smi_info=smi(), env={"CUDA_VISIBLE_DEVICES": ""}))
+    assert r.status == "ok" and "CUDA_VISIBLE_DEVICES hides them" in r.detail
+    r = sw.check_cuda_driver(obs(torch=torch, smi_info=smi(), env={"CUDA_VISIBLE_DEVICES": "0,0"}))
+    assert r.status == "ok"
