@@ -42,11 +42,21 @@ def train(
 
 
 def _run(recipe, overrides, resume, overwrite, env) -> None:
-    """Train; torch's @record writes the error file torchrun's agent reads when a worker fails."""
+    """Train. Unexpected exceptions go through torch's @record, which writes the error file (with the
+    traceback) that torchrun's agent reports; an MgpuError is a message for the user, printed without one."""
     from torch.distributed.elastic.multiprocessing.errors import record
 
     from mgpucli.cli.progress import RichReporter
     from mgpucli.engine.run import run_training
 
-    record(run_training)(recipe, overrides, resume=resume, overwrite=overwrite, env=env,
+    def guarded() -> MgpuError | None:
+        try:
+            run_training(recipe, overrides, resume=resume, overwrite=overwrite, env=env,
                          reporter=RichReporter() if env.rank == 0 else None)
+        except MgpuError as err:
+            return err
+        return None
+
+    err = record(guarded)()
+    if err is not None:
+        raise err

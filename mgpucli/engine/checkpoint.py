@@ -104,14 +104,15 @@ def read_file(path: str | Path, map_location: str | torch.device = "cpu") -> Any
     try:
         return torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as err:
-        first = str(err).strip().splitlines()[0] if str(err).strip() else ""
-        if "Weights only load failed" in str(err):
+        code = re.search(r"GLOBAL (\S+)", str(err))
+        if code:
             raise CheckpointError(
-                f"refused to load {path}: it is not a plain tensor checkpoint, and loading it would run code "
-                "from the file (weights_only=True refused it). Nothing from it was executed.",
+                f"refused to load {path}: it is not a plain tensor checkpoint; loading it would call "
+                f"{code.group(1)} from the file (weights_only=True refused it). Nothing from it was executed.",
                 "Only load files from sources you trust; re-save the weights as a plain state_dict.",
             ) from None
-        raise CheckpointError(f"{path} is not a readable checkpoint ({first}).") from None
+        raise CheckpointError(f"{path} is not a readable checkpoint (not a torch file, or corrupt).",
+                              "Use another checkpoint, e.g. RUN_DIR/checkpoints/last.pt.") from None
     except (RuntimeError, EOFError, ValueError, OSError) as err:
         reason = " ".join(str(err).split())[:200]
         raise CheckpointError(f"{path} is not a readable checkpoint (truncated or not a torch file: {reason}).",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 from typing import Any
@@ -36,6 +37,10 @@ def run_training(recipe: str, overrides: list[str], *, resume: str | None = None
         return trainer.fit()
     finally:
         if trainer is not None:
-            trainer.close()
+            trainer.close()  # also drops the DDP module, whose reducer holds the process group
+        trainer = None
         reporter.close()
+        # The process group must die in destroy_process_group (which releases the GIL while gloo's threads
+        # finish), not later in DDP's destructor (which holds it): that order deadlocked at exit.
+        gc.collect()
         runtime.teardown()

@@ -356,5 +356,9 @@ class Trainer:
         }
 
     def close(self) -> None:
+        """Close files and drop the model, optimizer and loaders (tracebacks may keep this object alive)."""
         if self.writer is not None:
             self.writer.close()
+            self.writer = None
+        for name in ("wrapped", "optimizer", "scheduler", "scaler", "loaders"):
+            self.__dict__.pop(name, None)

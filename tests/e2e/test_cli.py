@@ -1,0 +1,36 @@
+"""The CLI shell: help and version are instant and never import torch, omegaconf or hydra."""
+
+from __future__ import annotations
+
+import pytest
+
+from mgpucli import __version__
+from tests.procs import mgpu
+
+
+@pytest.fixture
+def no_heavy_imports(tmp_path):
+    """A PYTHONPATH where importing torch, omegaconf or hydra fails loudly."""
+    blocker = tmp_path / "blocker"
+    for name in ("torch", "omegaconf", "hydra"):
+        (blocker / name).mkdir(parents=True)
+        (blocker / name / "__init__.py").write_text(f"raise ImportError('{name} must not be imported here')\n")
+    return {"PYTHONPATH": str(blocker)}
+
+
+@pytest.mark.parametrize("args", [["--help"], ["-h"], ["train", "--help"], []])
+def test_help_without_torch(tmp_path, no_heavy_imports, args):
+    r = mgpu(*args, cwd=tmp_path, env=no_heavy_imports, timeout=30)
+    assert r.returncode in (0, 2) if not args else r.returncode == 0, r.output  # bare `mgpu` shows help
+    assert "must not be imported" not in r.output
+    assert "train" in r.output
+
+
+def test_version_without_torch(tmp_path, no_heavy_imports):
+    r = mgpu("--version", cwd=tmp_path, env=no_heavy_imports, timeout=30)
+    assert r.returncode == 0 and r.stdout.strip() == f"mgpu {__version__}"
+
+
+def test_unknown_command_is_usage_error(tmp_path):
+    r = mgpu("fly", cwd=tmp_path, timeout=30)
+    assert r.returncode == 2 and "No such command" in r.output and "Traceback" not in r.output

@@ -1,0 +1,140 @@
+"""End-to-end: the real `mgpu train` CLI in subprocesses, real torch.distributed (gloo) on CPU, real files."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+import torch
+
+from tests.procs import RECIPES, free_port, group_alive, load_ckpt, mgpu, run, torchrun
+
+QUICK = str(RECIPES / "quickstart.yaml")
+# A smaller quickstart so each run takes a few seconds on 2 cores.
+SMALL = ["data.train.num_samples=1024", "data.val.num_samples=301", "trainer.log_every=8"]
+
+
+def metrics(run_dir) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_quickstart_one_process_writes_a_clean_run_dir(tmp_path):
+    r = mgpu("train", QUICK, *SMALL, "trainer.epochs=2", cwd=tmp_path)
+    assert r.returncode == 0, r.output
+    run_dir = tmp_path / "runs" / "quickstart"
+    assert (run_dir / "recipe.yaml").read_text().startswith("name: quickstart")
+    ckpt = load_ckpt(run_dir / "checkpoints" / "last.pt")  # weights_only=True
+    assert ckpt["step"] == 64 and ckpt["epoch"] == 2 and ckpt["world_size"] == 1
+    assert not any(k.startswith(("module.", "_orig_mod.")) for k in ckpt["model"])
+    assert set(ckpt["optimizer"]["state"]) == set(ckpt["model"])  # keyed by parameter name
+    assert (run_dir / "checkpoints" / "best.pt").exists()
+    vals = [m for m in metrics(run_dir) if m["split"] == "val"]
+    assert len(vals) == 2 and vals[-1]["samples"] == 301 and vals[-1]["accuracy"] > 0.8  # chance is 0.25
+    trains = [m for m in metrics(run_dir) if m["split"] == "train"]
+    assert all({"step", "epoch", "loss", "accuracy", "samples_per_s"} <= set(m) for m in trains)
+    assert "global batch 32 = 32 per process x 1 process(es) x 1" in r.stderr
+    assert r.stdout == ""  # human output goes to stderr
+
+
+def test_two_processes_match_one_process_with_twice_the_batch(tmp_path):
+    common = [*SMALL, "trainer.epochs=1", "trainer.cpu_threads=1"]
+    two = torchrun(2, "train", QUICK, *common, "data.batch_size=16", "run_dir=two", cwd=tmp_path)
+    assert two.returncode == 0, two.output
+    one = mgpu("train", QUICK, *common, "data.batch_size=32", "run_dir=one", cwd=tmp_path)
+    assert one.returncode == 0, one.output
+    a, b = load_ckpt(tmp_path / "two/checkpoints/last.pt"), load_ckpt(tmp_path / "one/checkpoints/last.pt")
+    assert a["world_size"] == 2 and b["world_size"] == 1 and a["step"] == b["step"] == 32
+    for key in b["model"]:
+        torch.testing.assert_close(a["model"][key], b["model"][key], rtol=1e-4, atol=1e-5)
+    assert "global batch 32 = 16 per process x 2 process(es)" in two.stderr
+    assert two.stderr.count("global batch") == 1  # only rank 0 prints
+
+
+def test_legacy_torch_distributed_launch(tmp_path):
+    r = run([sys.executable, "-m", "torch.distributed.launch", "--nproc-per-node", "2",
+             "--master-port", str(free_port()),
+             "-m", "mgpucli", "train", QUICK, *SMALL, "trainer.epochs=1"], cwd=tmp_path, timeout=180)
+    assert r.returncode == 0, r.output
+    assert load_ckpt(tmp_path / "runs/quickstart/checkpoints/last.pt")["world_size"] == 2
+
+
+def test_resume_mid_epoch_equals_uninterrupted_bitwise(tmp_path):
+    # Dropout makes the RNG state matter: the resumed run must restore it exactly, per rank.
+    common = [*SMALL, "trainer.epochs=2", "+model.dropout=0.1", "trainer.cpu_threads=1"]
+    full = torchrun(2, "train", QUICK, *common, "run_dir=full", cwd=tmp_path)
+    assert full.returncode == 0, full.output
+    part = torchrun(2, "train", QUICK, *common, "trainer.max_steps=21", "run_dir=part", cwd=tmp_path)
+    assert part.returncode == 0, part.output
+    mid = load_ckpt(tmp_path / "part/checkpoints/last.pt")
+    assert mid["step"] == 21 and mid["mid_epoch"] and mid["epoch"] == 0
+    resumed = torchrun(2, "train", QUICK, *common, "run_dir=part", "--resume", "auto", cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.output
+    assert "resumed from" in resumed.stderr and "trainer.max_steps" in resumed.stderr  # changed-key warning
+    a, b = load_ckpt(tmp_path / "full/checkpoints/last.pt"), load_ckpt(tmp_path / "part/checkpoints/last.pt")
+    assert a["step"] == b["step"] == 64
+    for key in a["model"]:
+        assert torch.equal(a["model"][key], b["model"][key]), key
+    for key, value in a["optimizer"]["state"].items():
+        assert torch.equal(value["momentum_buffer"], b["optimizer"]["state"][key]["momentum_buffer"])
+
+
+def test_same_recipe_and_seed_gives_the_same_weights(tmp_path):
+    args = [*SMALL, "trainer.epochs=1"]
+    assert mgpu("train", QUICK, *args, "run_dir=a", cwd=tmp_path).returncode == 0
+    assert mgpu("train", QUICK, *args, "run_dir=b", cwd=tmp_path).returncode == 0
+    a, b = load_ckpt(tmp_path / "a/checkpoints/last.pt"), load_ckpt(tmp_path / "b/checkpoints/last.pt")
+    assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
+
+
+def test_resume_with_another_world_size_works(tmp_path):
+    first = torchrun(2, "train", QUICK, *SMALL, "trainer.max_steps=10", cwd=tmp_path)
+    assert first.returncode == 0, first.output
+    r = mgpu("train", QUICK, *SMALL, "trainer.epochs=1", "--resume", "auto", cwd=tmp_path)
+    assert r.returncode == 0, r.output
+    assert "restarts from its beginning" in r.stderr
+    assert load_ckpt(tmp_path / "runs/quickstart/checkpoints/last.pt")["world_size"] == 1
+
+
+def test_nan_loss_stops_the_run_naming_the_step(tmp_path):
+    r = torchrun(2, "train", QUICK, *SMALL, "trainer.epochs=1", cwd=tmp_path, env={"MGPU_FAULT": "nan@rank=1@step=3"})
+    assert r.returncode != 0
+    assert "NaN or inf at step 3" in r.output
+    assert not (tmp_path / "runs/quickstart/checkpoints/last.pt").exists()  # never saved from a NaN state
+    assert group_alive(r.pid) == []
+
+
+def test_nan_single_process_exit_code_1_without_traceback(tmp_path):
+    r = mgpu("train", QUICK, *SMALL, cwd=tmp_path, env={"MGPU_FAULT": "nan@step=5"})
+    assert r.returncode == 1, r.output
+    assert "NaN or inf at step 5" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_existing_checkpoints_are_not_clobbered(tmp_path):
+    assert mgpu("train", QUICK, *SMALL, "trainer.max_steps=5", cwd=tmp_path).returncode == 0
+    last = tmp_path / "runs/quickstart/checkpoints/last.pt"
+    before = last.read_bytes()
+    r = mgpu("train", QUICK, *SMALL, "trainer.max_steps=5", cwd=tmp_path)
+    assert r.returncode == 2 and "already holds checkpoints" in r.stderr and "--resume auto" in r.stderr
+    assert "Traceback" not in r.stderr and last.read_bytes() == before
+    r = mgpu("train", QUICK, *SMALL, "trainer.max_steps=3", "--overwrite", cwd=tmp_path)
+    assert r.returncode == 0, r.output
+    assert load_ckpt(last)["step"] == 3
+
+
+@pytest.mark.parametrize("recipe", ["digits"])
+def test_digits_reaches_95_percent_on_two_processes(tmp_path, recipe):
+    pytest.importorskip("sklearn")
+    r = torchrun(2, "train", str(RECIPES / f"{recipe}.yaml"), cwd=tmp_path)
+    assert r.returncode == 0, r.output
+    vals = [m for m in metrics(tmp_path / "runs" / recipe) if m["split"] == "val"]
+    assert vals[-1]["samples"] == 359 and max(v["accuracy"] for v in vals) >= 0.95
+
+
+def test_charlm_reports_loss_and_perplexity(tmp_path):
+    r = mgpu("train", str(RECIPES / "charlm.yaml"), "trainer.max_steps=12", "trainer.log_every=4",
+             "+data.train.num_chars=20000", "+data.val.num_chars=20000", cwd=tmp_path)
+    assert r.returncode == 0, r.output
+    val = [m for m in metrics(tmp_path / "runs/charlm") if m["split"] == "val"][-1]
+    assert val["perplexity"] == pytest.approx(2.718281828 ** val["loss"], rel=1e-9)
+    assert 1.0 < val["perplexity"] < 96  # better than uniform over the vocabulary

@@ -1,0 +1,90 @@
+"""Helpers for tests that start processes: bounded in time, in their own session, and never left behind."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+RECIPES = REPO / "recipes"
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Result:
+    returncode: int
+    stdout: str
+    stderr: str
+    pid: int
+    elapsed: float
+
+    @property
+    def output(self) -> str:
+        return self.stdout + self.stderr
+
+
+def group_alive(pgid: int) -> list[int]:
+    """Pids still running in process group ``pgid`` (zombies excluded)."""
+    alive = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[1].split()
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            alive.append(int(entry.name))
+    return alive
+
+
+def kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def run(args: list[str], *, cwd: Path, env: dict[str, str] | None = None, timeout: float = 120) -> Result:
+    """Run a command in a new session; on timeout or any exit, kill its whole process group."""
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    start = time.monotonic()
+    proc = subprocess.Popen(args, cwd=cwd, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            stdin=subprocess.DEVNULL, text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        kill_group(proc.pid)
+        out, err = proc.communicate()
+        raise AssertionError(f"timed out after {timeout}s: {' '.join(args)}\n{out}\n{err}") from None
+    finally:
+        kill_group(proc.pid)
+    return Result(proc.returncode, out, err, proc.pid, time.monotonic() - start)
+
+
+def mgpu(*args: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = 120) -> Result:
+    return run([sys.executable, "-m", "mgpucli", *args], cwd=cwd, env=env, timeout=timeout)
+
+
+def torchrun(nproc: int, *args: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = 180) -> Result:
+    """``torchrun --standalone`` (a free port, a fresh run id) running ``mgpu`` workers."""
+    return run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+                "-m", "mgpucli", *args], cwd=cwd, env=env, timeout=timeout)
+
+
+def load_ckpt(path: Path) -> dict:
+    import torch
+
+    return torch.load(path, map_location="cpu", weights_only=True)
