@@ -37,6 +37,15 @@ def check_mgpu(obs: Observation) -> CheckResult:
     return ok("mgpu", AREA, f"mgpu {obs.mgpu_version}")
 
 
+def _import_hint(message: str) -> str:
+    """Not installed, broken by an environment variable, or a broken install: three different fixes."""
+    if "No module named 'torch'" in message:
+        return "Install torch in this environment: `pip install torch`."
+    if "TORCH_DISTRIBUTED_DEBUG" in message:
+        return "unset TORCH_DISTRIBUTED_DEBUG (values: OFF, INFO, DETAIL)"
+    return "torch is installed but does not import: fix what the error names, or `pip install --force-reinstall torch`."
+
+
 def check_torch(obs: Observation) -> CheckResult:
     t = obs.torch
     if t.error is not None:
@@ -48,7 +57,7 @@ def check_torch(obs: Observation) -> CheckResult:
                 "A hung GPU driver is the usual cause: run `nvidia-smi`, look for Xid errors in `sudo dmesg`; "
                 "raise --timeout if the machine is just slow.",
             )
-        return fail("torch", AREA, t.error.message, "Install torch in this environment: `pip install torch`.")
+        return fail("torch", AREA, t.error.message, _import_hint(t.error.message))
     if version_tuple(t.version)[:2] < MIN_TORCH:
         need = ".".join(map(str, MIN_TORCH))
         return fail("torch", AREA, f"torch {t.version} (mgpu needs {need}+)", f"pip install 'torch>={need}'")

@@ -6,7 +6,6 @@ cannot tell, so the checks can say "skipped" instead of guessing.
 
 from __future__ import annotations
 
-import errno
 import os
 import socket
 import sys
@@ -132,15 +131,10 @@ def nccl_conf(environ: Mapping[str, str]) -> dict[str, tuple[str, str]]:
 
 
 def port_status(port: int) -> str:
-    """'' when a job could listen on ``port`` (all interfaces, as torch's TCPStore does), else why not."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        try:
-            s.bind(("", port))
-        except OSError as exc:
-            if exc.errno == errno.EADDRINUSE:
-                return "in use"
-            return f"cannot bind: {exc.strerror}"
-    return ""
+    """'' when a rendezvous store could listen on ``port`` now, else why not (mgpu launch's own test)."""
+    from mgpucli.launch.ports import port_problem
+
+    return port_problem(port) or ""
 
 
 def ports_to_probe(environ: Mapping[str, str]) -> list[int]:

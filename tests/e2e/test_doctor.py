@@ -117,7 +117,7 @@ def test_broken_environment_is_reported_with_fixes(tmp_path):
     assert_flagged(by_name["CUDA_VISIBLE_DEVICES"], "'abc'", "unset CUDA_VISIBLE_DEVICES")
     assert_flagged(by_name["rank variables"], "RANK=3 does not fit WORLD_SIZE=2", "unset RANK WORLD_SIZE MASTER_PORT")
     assert by_name["rank variables"]["status"] == "fail"
-    assert_flagged(by_name["MASTER_PORT"], f"MASTER_PORT={port} is in use", "unset MASTER_PORT")
+    assert_flagged(by_name["MASTER_PORT"], f"MASTER_PORT={port} is already in use", "unset MASTER_PORT")
     assert by_name["MASTER_PORT"]["status"] == "fail"
     assert rc == 1
     # The stale variables are the user's shell's problem; the live test itself runs clean of them.
@@ -232,3 +232,50 @@ def test_gpu_live_test_with_nccl(tmp_path):
     assert by_name["live test"]["status"] == "ok", by_name["live test"]
     assert "nccl on GPUs" in by_name["live test"]["detail"]
     assert by_name["all_reduce"]["status"] == "ok"
+
+
+def fake_nvidia_smi(tmp_path: Path, body: str) -> dict[str, str]:
+    """A PATH whose first entry holds an ``nvidia-smi`` running ``body`` (Python; argv as nvidia-smi's)."""
+    bindir = tmp_path / "fake-bin"
+    bindir.mkdir()
+    script = bindir / "nvidia-smi"
+    script.write_text(f"#!{sys.executable}\nimport sys, time\n{body}\n")
+    script.chmod(0o755)
+    return {"PATH": f"{bindir}{os.pathsep}{os.environ.get('PATH', '')}"}
+
+
+def test_a_hung_nvidia_smi_is_a_failed_check_not_a_hang(tmp_path):
+    env = fake_nvidia_smi(tmp_path, "time.sleep(600)")
+    rc, out, _, seconds = doctor(tmp_path, "--quick", "--json", "--timeout", "3", env=env)
+    driver = checks(out)["CUDA driver"]
+    assert driver["status"] == "fail" and "did not answer within 3 s" in driver["detail"], driver
+    assert "dmesg" in driver["hint"]
+    assert rc == 1 and seconds < 3 + 20
+    assert processes_mentioning(str(tmp_path / "fake-bin")) == []
+
+
+SMI_QUERY = """\
+0, NVIDIA A100-SXM4-80GB, GPU-aaaa1111-0000-0000-0000-000000000000, 00000000:07:00.0, 81920, 3, 0, Default, 550.54.15
+1, NVIDIA A100-SXM4-80GB, GPU-bbbb2222-0000-0000-0000-000000000000, 00000000:0F:00.0, 81920, 40000, 88, Default, 550.54.15
+"""  # noqa: E501
+
+
+def test_gpus_seen_by_nvidia_smi_but_torch_is_a_cpu_build(tmp_path):
+    """The nvidia-smi path end to end, on a CPU-only torch: the doctor names the wrong wheel and the busy GPU."""
+    body = (
+        f"QUERY = {SMI_QUERY!r}\n"
+        "if any(a.startswith('--query-gpu') for a in sys.argv[1:]):\n"
+        "    print(QUERY, end='')\n"
+        "elif sys.argv[1:2] == ['topo']:\n"
+        "    print('\\tGPU0\\tGPU1\\tCPU Affinity\\nGPU0\\t X \\tNV12\\t0-63\\nGPU1\\tNV12\\t X \\t0-63')\n"
+        "else:\n"
+        "    print('| NVIDIA-SMI 550.54.15    Driver Version: 550.54.15    CUDA Version: 12.4 |')\n"
+    )
+    rc, out, _, _ = doctor(tmp_path, "--quick", "--json", env=fake_nvidia_smi(tmp_path, body))
+    by_name = checks(out)
+    build = by_name["torch CUDA build"]
+    assert build["status"] == "fail" and "2 NVIDIA GPU(s)" in build["detail"] and "whl/cu" in build["hint"]
+    assert by_name["CUDA driver"]["detail"].startswith("driver 550.54.15, supports CUDA up to 12.4")
+    assert by_name["GPUs in use"]["status"] == "warn" and "GPU 1" in by_name["GPUs in use"]["detail"]
+    assert by_name["GPUs"]["status"] == "warn"  # torch sees none; a CPU run is still checked
+    assert rc == 1

@@ -57,7 +57,7 @@ def test_master_port_unset():
 
 def test_master_port_set():
     assert check_master_port(obs({"MASTER_PORT": "29511"}, ports={29511: ""})).status == "ok"
-    taken = check_master_port(obs({"MASTER_PORT": "29511"}, ports={29511: "in use"}))
+    taken = check_master_port(obs({"MASTER_PORT": "29511"}, ports={29511: "already in use on this machine"}))
     assert taken.status == "fail" and "unset MASTER_PORT" in taken.hint and ":29511" in taken.hint
     bad = check_master_port(obs({"MASTER_PORT": "70000"}))
     assert bad.status == "fail" and "not a port number" in bad.detail
@@ -67,7 +67,8 @@ def test_port_probe_sees_a_bound_socket():
     with socket.socket() as holder:
         holder.bind(("127.0.0.1", 0))
         port = holder.getsockname()[1]
-        assert port_status(port) == "in use"
+        holder.listen()
+        assert "already in use" in port_status(port)
     assert port_status(port) == ""
 
 

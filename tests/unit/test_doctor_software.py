@@ -43,8 +43,13 @@ def test_torch_ok_old_missing_and_hung():
     assert sw.check_torch(obs()).status == "ok"
     old = sw.check_torch(obs(torch=TorchInfo(version="2.4.1")))
     assert old.status == "fail" and "torch>=2.6" in old.hint
-    missing = sw.check_torch(obs(torch=TorchInfo(error=ProbeError("import torch failed: ModuleNotFoundError"))))
+    gone = "import torch failed: ModuleNotFoundError: No module named 'torch'"
+    missing = sw.check_torch(obs(torch=TorchInfo(error=ProbeError(gone))))
     assert missing.status == "fail" and "pip install torch" in missing.hint
+    bad_env = "import torch failed: ValueError: The value of TORCH_DISTRIBUTED_DEBUG must be OFF, INFO, or DETAIL."
+    assert sw.check_torch(obs(torch=TorchInfo(error=ProbeError(bad_env)))).hint.startswith("unset TORCH_DIST")
+    broken = sw.check_torch(obs(torch=TorchInfo(error=ProbeError("import torch failed: OSError: libcudnn.so.9"))))
+    assert "--force-reinstall" in broken.hint
     hung = sw.check_torch(obs(torch=TorchInfo(error=ProbeError("took over 30 s", timed_out=True))))
     assert hung.status == "fail" and "nvidia-smi" in hung.hint
 
