@@ -9,8 +9,12 @@ from __future__ import annotations
 
 import json
 import sys
+from typing import TYPE_CHECKING
 
 import typer
+
+if TYPE_CHECKING:  # the command imports its machinery lazily: `mgpu --help` stays light
+    from mgpucli.doctor.report import Report
 
 STYLE = {"ok": "[green]ok[/]", "warn": "[yellow]warn[/]", "fail": "[bold red]FAIL[/]", "skipped": "[dim]skipped[/]"}
 
@@ -51,7 +55,7 @@ def doctor(
     sys.exit(report.exit_code)
 
 
-def render(report) -> None:  # noqa: ANN001 (Report: imported lazily, like everything behind the command)
+def render(report: Report) -> None:
     """A table grouped by area, hints under their finding, then the verdict line (all on stderr)."""
     from rich.table import Table
     from rich.text import Text
