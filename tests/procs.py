@@ -57,6 +57,20 @@ def kill_group(pgid: int) -> None:
         pass
 
 
+def stop_tree(proc: subprocess.Popen, grace: float = 5.0) -> None:
+    """SIGTERM (torchrun then stops its workers itself), then SIGKILL the whole tree: the workers of torch's
+    launcher live in sessions of their own, so killing the launcher's group alone would orphan them."""
+    from mgpucli.proctree import kill_tree
+
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(timeout=grace)
+        except (ProcessLookupError, PermissionError, subprocess.TimeoutExpired):
+            pass
+    kill_tree(proc)
+
+
 def run(args: list[str], *, cwd: Path, env: dict[str, str] | None = None, timeout: float = 120) -> Result:
     """Run a command in a new session; on timeout or any exit, kill its whole process group."""
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
@@ -66,11 +80,11 @@ def run(args: list[str], *, cwd: Path, env: dict[str, str] | None = None, timeou
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        kill_group(proc.pid)
+        stop_tree(proc)
         out, err = proc.communicate()
         raise AssertionError(f"timed out after {timeout}s: {' '.join(args)}\n{out}\n{err}") from None
     finally:
-        kill_group(proc.pid)
+        stop_tree(proc)
     return Result(proc.returncode, out, err, proc.pid, time.monotonic() - start)
 
 

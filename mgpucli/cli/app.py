@@ -13,6 +13,7 @@ from mgpucli import __version__
 from mgpucli.cli import doctor as doctor_cmd
 from mgpucli.cli import launch as launch_cmd
 from mgpucli.cli import train as train_cmd
+from mgpucli.cli import validate as validate_cmd
 from mgpucli.errors import MgpuError
 
 app = typer.Typer(
@@ -52,6 +53,7 @@ def root(
 
 
 app.command("train", context_settings={"allow_extra_args": False})(train_cmd.train)
+app.command("validate")(validate_cmd.validate)
 app.command("launch", context_settings={"allow_extra_args": False})(launch_cmd.launch)
 app.command("doctor")(doctor_cmd.doctor)
 

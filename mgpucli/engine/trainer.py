@@ -23,6 +23,7 @@ from mgpucli.dist.runtime import Runtime
 from mgpucli.engine import state as st
 from mgpucli.engine.checkpoint import copy_atomic, save_atomic
 from mgpucli.engine.data import build_loaders, to_device
+from mgpucli.engine.evaluate import evaluate_exact
 from mgpucli.engine.report import Reporter
 from mgpucli.engine.rundir import MetricsWriter, checkpoint_dir, prepare_run_dir
 from mgpucli.engine.strategy import wrap_model
@@ -313,32 +314,11 @@ class Trainer:
             self.writer.write(record)
         self.reporter.log(record)
 
-    @torch.no_grad()
     def evaluate(self) -> dict[str, Any]:
-        """Exact validation: fixed global batches, per-batch sums gathered and added in batch order."""
-        rng = st.capture_rng(self.rt.device)  # validation must not shift training's randomness
-        vb = self.loaders.val_batches
-        model = self.wrapped.eval
-        was_training = model.training
-        model.eval()
-        table = torch.zeros(vb.num_batches, len(self.task.stat_names), dtype=torch.float64, device=self.rt.device)
-        for batch_id, batch in zip(vb.batch_ids, self.loaders.val, strict=True):
-            inputs, targets = to_device(batch, self.rt.device, non_blocking=self.rt.device.type == "cuda")
-            with torch.autocast(self.rt.device.type, dtype=self.autocast_dtype,
-                                enabled=self.autocast_dtype is not None):
-                outputs = model(inputs)
-            table[batch_id] = self.task.stats(outputs, targets)
-        rows = dist_rt.all_reduce_sum(table, self.rt).tolist()  # each row is non-zero on exactly one rank
-        sums = [0.0] * len(self.task.stat_names)
-        for row in rows:  # plain Python adds in batch order: the same on every process count
-            sums = [a + b for a, b in zip(sums, row, strict=True)]
-        model.train(was_training)
-        st.restore_rng(rng, self.rt.device)
-        metrics = self.task.metrics(sums)
-        samples = int(sums[self.task.stat_names.index("samples")])
-        self.last_val = {**metrics, "samples": samples}
-        self._emit({"split": "val", "step": self.step, "epoch": self.epoch, **metrics, "samples": samples,
-                    "time": time.time()})
+        """Exact validation (see engine.evaluate); recorded in metrics.jsonl and kept for the checkpoint."""
+        self.last_val = evaluate_exact(self.wrapped.eval, self.loaders.val, self.loaders.val_batches, self.task,
+                                       self.rt, self.autocast_dtype)
+        self._emit({"split": "val", "step": self.step, "epoch": self.epoch, **self.last_val, "time": time.time()})
         return self.last_val
 
     def _info(self, steps_per_epoch: int) -> dict[str, Any]:

@@ -1,0 +1,119 @@
+"""``mgpu validate CHECKPOINT``: evaluate a saved checkpoint exactly, safely, on 1 or N processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from mgpucli.errors import MgpuError
+
+
+def validate(
+    checkpoint: str = typer.Argument(..., help="An mgpu checkpoint, or a plain state_dict with --recipe."),
+    overrides: list[str] | None = typer.Argument(
+        None, help="Recipe overrides, e.g. data.batch_size=256 or data.val.num_samples=500.", show_default=False
+    ),
+    recipe: str | None = typer.Option(None, "--recipe", help="Use this recipe instead of the checkpoint's own."),
+    split: str = typer.Option("val", "--split", help="Which dataset to evaluate: val or train."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object on stdout (and nothing else there)."),
+    gpus: str | None = typer.Option(None, "--gpus", help="GPUs to evaluate on: N, 0,2,3, or all."),
+    cpu: bool = typer.Option(False, "--cpu", help="Evaluate on CPU processes (gloo)."),
+    nproc: int | None = typer.Option(None, "--nproc", help="Number of CPU processes (with --cpu)."),
+    trust_recipe: bool = typer.Option(
+        False, "--trust-recipe", help="Allow _target_s outside mgpu's allowlist in the checkpoint's recipe."
+    ),
+    result_file: str | None = typer.Option(None, "--result-file", hidden=True),
+) -> None:
+    """Evaluate a checkpoint: every sample counted once, identical metrics on 1 or N processes."""
+    from mgpucli.console import print_error
+    from mgpucli.dist.env import read_rank_env
+
+    rank = None
+    try:
+        if split not in ("val", "train"):
+            from mgpucli.errors import UsageError
+
+            raise UsageError(f"--split {split!r}: choose val or train.")
+        env = read_rank_env()
+        rank = env.rank if env.distributed else None
+        args = dict(overrides=list(overrides or []), recipe=recipe, split=split, trust_recipe=trust_recipe)
+        if env.distributed:  # a worker started by the parent below (or by the user's own torchrun)
+            result = _worker(checkpoint, env, cpu, **args)
+            if result_file and env.rank == 0:
+                Path(result_file).write_text(json.dumps(result))
+            if result_file:
+                return
+        else:
+            result = _parent(checkpoint, gpus, cpu, nproc, **args)
+        _render(result, as_json)
+    except MgpuError as err:
+        if rank in (None, 0) or err.exit_code != 2:
+            print_error(str(err), rank=rank)
+        sys.exit(err.exit_code)
+
+
+def _worker(checkpoint: str, env, cpu: bool, **args: Any) -> dict[str, Any]:
+    from mgpucli.engine.validate import run_validation
+
+    return run_validation(checkpoint, args["overrides"], recipe=args["recipe"], split=args["split"],
+                          trust_recipe=args["trust_recipe"], env=env, prefer_cpu=cpu)
+
+
+def _parent(checkpoint: str, gpus: str | None, cpu: bool, nproc: int | None, **args: Any) -> dict[str, Any]:
+    """One process: evaluate here. Several: check everything here first, then start workers."""
+    from mgpucli.dist.env import RankEnv
+    from mgpucli.errors import JobFailed
+
+    overrides = args["overrides"] + (["trainer.device=cpu"] if cpu else [])
+    args = {**args, "overrides": overrides}
+    if gpus is None and (nproc or 1) == 1:
+        return _worker(checkpoint, RankEnv(), cpu, **args)
+    import torch
+
+    from mgpucli.dist.select import select_devices
+    from mgpucli.engine.checkpoint import read_file
+    from mgpucli.engine.validate import _state_dict_of, resolve_recipe
+    from mgpucli.launch.spawn import run_workers
+
+    selection = select_devices(gpus, cpu, nproc, torch.cuda.device_count(), os.environ.get("CUDA_VISIBLE_DEVICES"))
+    _, info = _state_dict_of(read_file(checkpoint), checkpoint)  # bad input fails here, before any process
+    resolve_recipe(info, checkpoint, overrides, args["recipe"], args["trust_recipe"])
+    with tempfile.TemporaryDirectory(prefix="mgpu-validate-") as tmp:
+        out = Path(tmp) / "result.json"
+        worker_args = ["validate", checkpoint, *overrides, "--split", args["split"], "--result-file", str(out)]
+        if args["recipe"]:
+            worker_args += ["--recipe", args["recipe"]]
+        if args["trust_recipe"]:
+            worker_args.append("--trust-recipe")
+        if cpu:
+            worker_args.append("--cpu")
+        code = run_workers(worker_args, selection)
+        if code != 0 or not out.exists():
+            raise JobFailed(f"validation on {selection.nproc} processes failed (exit code {code}); "
+                            "the workers' errors are above.")
+        return json.loads(out.read_text())
+
+
+def _render(result: dict[str, Any], as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(result))
+        return
+    from rich.table import Table
+
+    from mgpucli.console import err_console
+
+    ck = result["checkpoint"]
+    where = f"epoch {ck['epoch']}, step {ck['step']}" if ck.get("step") is not None else "plain state_dict"
+    table = Table(title=f"{ck['path']} ({where}) - {result['split']} split, {result['samples']} samples, "
+                        f"{result['processes']} process(es) on {result['device']}")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    for name, value in result["metrics"].items():
+        table.add_row(name, f"{value:.6g}")
+    err_console().print(table)

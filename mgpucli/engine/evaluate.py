@@ -1,0 +1,47 @@
+"""Exact evaluation, shared by training's validation and ``mgpu validate``.
+
+Fixed global batches (see data.FixedBatches); each rank fills the rows of its batches in a table of per-batch
+sums; one all-reduce fills the table (every row is non-zero on exactly one rank, and x + 0 is exact); the rows
+are then added in batch order in plain Python. Every process count runs the same forward passes on the same
+batches and adds in the same order, so the metrics are bitwise identical on 1 and N processes (CPU, same
+per-process thread count).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader
+
+from mgpucli.dist import runtime as dist_rt
+from mgpucli.dist.runtime import Runtime
+from mgpucli.engine import state as st
+from mgpucli.engine.data import FixedBatches, to_device
+from mgpucli.engine.tasks import Task
+
+
+@torch.no_grad()
+def evaluate_exact(model: nn.Module, loader: DataLoader, batches: FixedBatches, task: Task, rt: Runtime,
+                   autocast_dtype: torch.dtype | None = None) -> dict[str, Any]:
+    """Metrics over every sample exactly once, plus ``samples``. Leaves the RNG and the model's mode as found."""
+    rng = st.capture_rng(rt.device)  # building a loader iterator draws from the RNG: training must not notice
+    was_training = model.training
+    model.eval()
+    table = torch.zeros(batches.num_batches, len(task.stat_names), dtype=torch.float64, device=rt.device)
+    try:
+        for batch_id, batch in zip(batches.batch_ids, loader, strict=True):
+            inputs, targets = to_device(batch, rt.device, non_blocking=rt.device.type == "cuda")
+            with torch.autocast(rt.device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
+                outputs = model(inputs)
+            table[batch_id] = task.stats(outputs, targets)
+    finally:
+        model.train(was_training)
+        st.restore_rng(rng, rt.device)
+    rows = dist_rt.all_reduce_sum(table, rt).tolist()
+    sums = [0.0] * len(task.stat_names)
+    for row in rows:  # plain Python, in batch order: the same additions on every process count
+        sums = [a + b for a, b in zip(sums, row, strict=True)]
+    samples = int(sums[task.stat_names.index("samples")]) if "samples" in task.stat_names else batches.num_samples
+    return {**task.metrics(sums), "samples": samples}

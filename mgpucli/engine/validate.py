@@ -1,0 +1,134 @@
+"""Evaluate a checkpoint: the model and data from the recipe inside it (or ``--recipe``), loaded safely.
+
+Also the Python API's loader (``mgpucli.load_checkpoint``).
+"""
+
+from __future__ import annotations
+
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from mgpucli.config import check_recipe, load_recipe
+from mgpucli.config.targets import TOP_COMPONENTS, build
+from mgpucli.config.trust import require_trusted
+from mgpucli.engine.checkpoint import is_mgpu_checkpoint, read_file
+from mgpucli.engine.state import load_model_state
+from mgpucli.errors import CheckpointError, UsageError
+
+
+@dataclass
+class Loaded:
+    """A checkpoint ready to use: its model (weights loaded), the recipe, and facts about the file."""
+
+    model: torch.nn.Module
+    recipe: DictConfig
+    info: dict[str, Any]
+
+
+def _state_dict_of(obj: Any, path: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(weights, info) from an mgpu checkpoint or a plain state_dict."""
+    if is_mgpu_checkpoint(obj):
+        info = {k: obj.get(k) for k in ("epoch", "step", "world_size")}
+        return obj["model"], {**info, "format": "mgpu", "recipe_text": obj.get("recipe")}
+    if isinstance(obj, dict) and obj and all(isinstance(v, torch.Tensor) for v in obj.values()):
+        return obj, {"format": "state_dict", "epoch": None, "step": None, "world_size": None, "recipe_text": None}
+    if isinstance(obj, dict) and isinstance(obj.get("state_dict"), dict):
+        return _state_dict_of(obj["state_dict"], path)
+    raise CheckpointError(
+        f"{path} loads, but it is neither an mgpu checkpoint nor a model state_dict (it holds a "
+        f"{type(obj).__name__}{' with keys ' + ', '.join(map(str, list(obj)[:5])) if isinstance(obj, dict) else ''}).",
+        "Pass an mgpu checkpoint (RUN_DIR/checkpoints/last.pt) or a file saved with torch.save(model.state_dict()).",
+    )
+
+
+def resolve_recipe(info: dict[str, Any], path: str, overrides: list[str], recipe: str | None,
+                   trust_recipe: bool) -> DictConfig:
+    """The recipe to use: ``--recipe`` (the user's own file) or the checkpoint's, whose every ``_target_``
+    must pass the allowlist before anything is imported from outside it or called."""
+    if recipe is not None:
+        cfg = load_recipe(recipe, overrides)
+        check_recipe(cfg, recipe)
+        return cfg
+    if not info.get("recipe_text"):
+        raise UsageError(
+            f"{path} is a plain state_dict without a recipe, so mgpu doesn't know the model or the data.",
+            "Pass the recipe that builds the model: --recipe recipes/your_recipe.yaml.",
+        )
+    with tempfile.TemporaryDirectory(prefix="mgpu-ckpt-recipe-") as tmp:
+        stored = Path(tmp) / "checkpoint_recipe.yaml"
+        stored.write_text(info["recipe_text"])
+        cfg = load_recipe(stored, overrides)
+    if not trust_recipe:
+        require_trusted(cfg, list(TOP_COMPONENTS), path)
+    check_recipe(cfg, f"the recipe stored in {path}")
+    return cfg
+
+
+def load_checkpoint(path: str | Path, overrides: list[str] | None = None, *, recipe: str | None = None,
+                    trust_recipe: bool = False, map_location: str | torch.device = "cpu") -> Loaded:
+    """Load a checkpoint's model with its weights (Python API; same safety rules as ``mgpu validate``).
+
+    ``weights_only=True`` loading, the allowlist for the checkpoint's own recipe, key normalisation for
+    ``module.``/``_orig_mod.`` prefixes, and a fit check that lists missing, unexpected and mismatched keys.
+    """
+    path = str(path)
+    weights, info = _state_dict_of(read_file(path, map_location=map_location), path)
+    cfg = resolve_recipe(info, path, list(overrides or []), recipe, trust_recipe)
+    torch.manual_seed(int(cfg.seed))
+    model = build(cfg.model)
+    load_model_state(model, weights, path)
+    model.to(map_location).eval()
+    info.pop("recipe_text", None)
+    return Loaded(model=model, recipe=cfg, info={"path": path, **info})
+
+
+def validation_dataset(cfg: DictConfig, split: str, source: str):
+    node = OmegaConf.select(cfg, f"data.{split}")
+    if node is None:
+        raise UsageError(
+            f"the recipe of {source} has no data.{split} dataset to evaluate on.",
+            f"Give one with an override, e.g. '+data.{split}={{_target_: ...}}' or data.{split}._target_=..., "
+            "or choose another --split.",
+        )
+    return build(node)
+
+
+def run_validation(checkpoint: str, overrides: list[str], *, recipe: str | None, split: str, trust_recipe: bool,
+                   env, prefer_cpu: bool = False) -> dict[str, Any]:
+    """Evaluate ``checkpoint`` on this process (one worker of N when RANK/WORLD_SIZE are set)."""
+    from mgpucli.dist import runtime
+    from mgpucli.engine.data import FixedBatches
+    from mgpucli.engine.evaluate import evaluate_exact
+    from mgpucli.engine.run import ensure_cwd_on_path
+    from mgpucli.engine.tasks import build_task
+
+    ensure_cwd_on_path()
+    device = runtime.choose_device("cpu" if prefer_cpu else "auto", env)
+    weights, info = _state_dict_of(read_file(checkpoint, map_location=device), checkpoint)
+    cfg = resolve_recipe(info, checkpoint, overrides, recipe, trust_recipe)
+    rt = runtime.setup(env, cfg.trainer.device, cfg.trainer.timeout_s, cfg.trainer.cpu_threads)
+    try:
+        torch.manual_seed(int(cfg.seed))
+        model = build(cfg.model)
+        load_model_state(model, weights, checkpoint)
+        model.to(rt.device)
+        if cfg.trainer.channels_last:
+            model.to(memory_format=torch.channels_last)
+        dataset = validation_dataset(cfg, split, checkpoint)
+        batch = int(cfg.data.val_batch_size or cfg.data.batch_size)
+        batches = FixedBatches(len(dataset), batch, rt.rank, rt.world_size)
+        loader = torch.utils.data.DataLoader(dataset, batch_sampler=batches, num_workers=0)
+        task = build_task(OmegaConf.to_container(cfg.task) if isinstance(cfg.task, DictConfig) else cfg.task)
+        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.trainer.precision)
+        result = evaluate_exact(model, loader, batches, task, rt, dtype)
+    finally:
+        runtime.teardown()
+    info.pop("recipe_text", None)
+    samples = result.pop("samples")
+    return {"checkpoint": {"path": checkpoint, **info}, "split": split, "samples": samples, "metrics": result,
+            "processes": rt.world_size, "device": str(rt.device), "threads_per_process": rt.cpu_threads}

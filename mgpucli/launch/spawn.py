@@ -1,0 +1,39 @@
+"""Run a short mgpu command (e.g. ``validate``) on N local workers through torch's launcher engine.
+
+``mgpu launch`` is the full job launcher (run dirs, logs, restarts). Commands that only need N cooperating
+processes for a moment use this: ``torch.distributed.run --standalone`` (a free port and a fresh run id) in
+its own session, the whole process tree killed if it overruns or the caller is interrupted.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Mapping
+
+from mgpucli.dist.select import DeviceSelection
+from mgpucli.proctree import kill_tree
+
+
+def worker_env(selection: DeviceSelection, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment for the workers: GPU selection, and an explicit CPU thread count."""
+    env = dict(os.environ if environ is None else environ)
+    if selection.cuda_visible_devices is not None:
+        env["CUDA_VISIBLE_DEVICES"] = selection.cuda_visible_devices
+    if selection.kind == "cpu" and "OMP_NUM_THREADS" not in env:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        env["OMP_NUM_THREADS"] = str(max(1, cores // selection.nproc))
+    return env
+
+
+def run_workers(mgpu_args: list[str], selection: DeviceSelection, timeout: float | None = None) -> int:
+    """Run ``mgpu <mgpu_args>`` on ``selection.nproc`` local workers; returns torchrun's exit code."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={selection.nproc}",
+           "-m", "mgpucli", *mgpu_args]
+    proc = subprocess.Popen(cmd, env=worker_env(selection), start_new_session=True, stdin=subprocess.DEVNULL)
+    try:
+        return proc.wait(timeout=timeout)
+    except BaseException:  # timeout, Ctrl-C, SIGTERM turned into an exception: nothing may outlive us
+        kill_tree(proc)
+        raise
