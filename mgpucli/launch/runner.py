@@ -118,6 +118,7 @@ class _Signals:
 
     def __init__(self):
         self.received: list[int] = []
+        self.active = False  # raise into torch's agent only while it runs; afterwards launch is just finishing
         self._previous = {}
 
     def install(self) -> None:
@@ -131,6 +132,9 @@ class _Signals:
     def _handle(self, signum, frame) -> None:
         self.received.append(signum)
         name = signal.Signals(signum).name
+        if not self.active:
+            kill_workers()
+            return
         if len(self.received) == 1:
             err_console().print(
                 f"[yellow]mgpu launch: {name} received; stopping the workers gracefully (press Ctrl-C again to "
@@ -164,7 +168,11 @@ def run_plan(plan: LaunchPlan, record: LaunchRecord) -> int:
     handler.install()
     start = time.monotonic()
     try:
-        elastic_launch(config, cmd)(*cmd_args)
+        handler.active = True
+        try:
+            elastic_launch(config, cmd)(*cmd_args)
+        finally:
+            handler.active = False
     except ChildFailedError as err:
         if not record.attempts:
             record.set_result("failed", EXIT_FAILED)
