@@ -10,12 +10,14 @@ from __future__ import annotations
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2
+EXIT_PREEMPTED = 75  # EX_TEMPFAIL: stopped by a signal after saving a checkpoint; requeue and --resume auto
 
 
 class MgpuError(Exception):
     """A problem with a message meant for the user."""
 
     exit_code = EXIT_FAILED
+    same_on_every_rank = False  # True: in a multi-process job only rank 0 prints it
 
     def __init__(self, message: str, hint: str | None = None):
         super().__init__(message)
@@ -30,6 +32,7 @@ class UsageError(MgpuError):
     """Bad input: a recipe, an option, a path. Nothing was started, nothing was lost."""
 
     exit_code = EXIT_USAGE
+    same_on_every_rank = True
 
 
 class RecipeError(UsageError):
@@ -51,3 +54,10 @@ class JobFailed(MgpuError):
     """The job started and then failed (NaN loss, a failed rank, a collective timeout...)."""
 
     exit_code = EXIT_FAILED
+
+
+class Preempted(MgpuError):
+    """The job stopped on SIGTERM/SIGINT/SIGUSR1 after every rank agreed on a step and a checkpoint was saved."""
+
+    exit_code = EXIT_PREEMPTED
+    same_on_every_rank = True

@@ -71,8 +71,8 @@ def maybe_fault(point: str, rank: int | None = None, step: int | None = None, pa
             time.sleep(float(os.environ.get("MGPU_FAULT_SLEEP", "3600")))
         return _armed("nan", rank, step)
     if point == "save":
-        if _armed("kill_in_save", rank, None):
+        if _armed("kill_in_save", rank, step):
             os.kill(os.getpid(), signal.SIGKILL)
-        if _armed("disk_full_in_save", rank, None):
+        if _armed("disk_full_in_save", rank, step):
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
     return False

@@ -10,7 +10,7 @@ from mgpucli.errors import MgpuError
 
 
 def train(
-    recipe: str = typer.Argument(..., help="Path to a recipe YAML file."),
+    recipe: str = typer.Argument(..., help="A recipe YAML file, or a shipped recipe's name (see `mgpu recipes`)."),
     overrides: list[str] | None = typer.Argument(
         None, help="Hydra overrides: key=value, +key=value (add), ~key (remove).", show_default=False
     ),
@@ -19,6 +19,10 @@ def train(
     ),
     overwrite: bool = typer.Option(
         False, "--overwrite", help="Start afresh in a run dir that already holds checkpoints (deletes them)."
+    ),
+    check: bool = typer.Option(
+        False, "--check", help="Check the whole recipe (schema, every _target_, the datasets), print it resolved, "
+        "exit. Trains nothing, writes nothing."
     ),
 ) -> None:
     """Train from a recipe on this process (one worker of a job when RANK/WORLD_SIZE are set)."""
@@ -29,10 +33,15 @@ def train(
     try:
         env = read_rank_env()
         rank = env.rank if env.distributed else None
+        if check:
+            from mgpucli.cli.check import check_and_print
+
+            check_and_print(recipe, list(overrides or []), quiet=rank not in (None, 0))
+            return
         _run(recipe, list(overrides or []), resume, overwrite, env)
     except MgpuError as err:
         # Bad input is the same on every rank: let rank 0 alone say it. A failure names its rank.
-        if rank in (None, 0) or err.exit_code != 2:
+        if rank in (None, 0) or not err.same_on_every_rank:
             print_error(str(err), rank=rank)
         sys.exit(err.exit_code)
     except Exception:

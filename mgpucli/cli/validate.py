@@ -53,7 +53,7 @@ def validate(
             result = _parent(checkpoint, gpus, cpu, nproc, **args)
         _render(result, as_json)
     except MgpuError as err:
-        if rank in (None, 0) or err.exit_code != 2:
+        if rank in (None, 0) or not err.same_on_every_rank:
             print_error(str(err), rank=rank)
         sys.exit(err.exit_code)
 

@@ -39,7 +39,7 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def save_atomic(payload: Mapping[str, Any], path: str | Path) -> None:
+def save_atomic(payload: Mapping[str, Any], path: str | Path, step: int | None = None) -> None:
     """Write ``payload`` to ``path`` so that ``path`` is always either the old file or the complete new one."""
     from mgpucli import faults
 
@@ -48,7 +48,7 @@ def save_atomic(payload: Mapping[str, Any], path: str | Path) -> None:
     try:
         with open(tmp, "wb") as fh:
             torch.save(dict(payload), fh)
-            faults.maybe_fault("save", path=str(path))
+            faults.maybe_fault("save", step=step, path=str(path))  # test-only; inert unless MGPU_FAULT is set
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)

@@ -21,8 +21,11 @@ def ensure_cwd_on_path() -> None:
 def run_training(recipe: str, overrides: list[str], *, resume: str | None = None, overwrite: bool = False,
                  env: RankEnv, reporter: Reporter | None = None) -> dict[str, Any]:
     """Load and check the recipe, set up the process group, train, and always tear down."""
+    import torch
+
     from mgpucli.config import check_recipe, load_recipe
     from mgpucli.dist import runtime
+    from mgpucli.engine import failures
     from mgpucli.engine.trainer import Trainer
 
     ensure_cwd_on_path()
@@ -35,6 +38,13 @@ def run_training(recipe: str, overrides: list[str], *, resume: str | None = None
         trainer = Trainer(cfg, rt, reporter, resume=resume, overwrite=overwrite)
         trainer.setup()
         return trainer.fit()
+    except (RuntimeError, torch.OutOfMemoryError) as err:
+        clearer = None if trainer is None else failures.translate(
+            err, getattr(trainer, "progress", None), env.rank, trainer.step + 1, cfg.trainer.timeout_s,
+            cfg.data.batch_size)
+        if clearer is None:
+            raise
+        raise clearer from err
     finally:
         if trainer is not None:
             trainer.close()  # also drops the DDP module, whose reducer holds the process group

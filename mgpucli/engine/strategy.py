@@ -63,13 +63,16 @@ def wrap_model(model: nn.Module, trainer_cfg, rt: Runtime) -> Wrapped:
         from torch.nn.parallel import DistributedDataParallel as DDP
 
         ddp = trainer_cfg.ddp
+        # torch 2.13 deprecates broadcast_buffers (its default, True, is what forward_sync_buffers does):
+        # pass it only when the user turns it off.
+        extra = {} if ddp.broadcast_buffers else {"broadcast_buffers": False}
         train = DDP(
             model,
             device_ids=[rt.device.index] if rt.device.type == "cuda" else None,
             find_unused_parameters=ddp.find_unused_parameters,
             gradient_as_bucket_view=ddp.gradient_as_bucket_view,
             static_graph=ddp.static_graph,
-            broadcast_buffers=ddp.broadcast_buffers,
+            **extra,
         )
         evaluate = model  # no gradient sync, no buffer broadcast needed to evaluate
     elif strategy == "dp":

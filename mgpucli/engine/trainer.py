@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import math
+import signal
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -20,6 +22,7 @@ from mgpucli import faults
 from mgpucli.config.targets import build
 from mgpucli.dist import runtime as dist_rt
 from mgpucli.dist.runtime import Runtime
+from mgpucli.dist.watch import Progress
 from mgpucli.engine import state as st
 from mgpucli.engine.checkpoint import copy_atomic, save_atomic
 from mgpucli.engine.data import build_loaders, to_device
@@ -28,7 +31,7 @@ from mgpucli.engine.report import Reporter
 from mgpucli.engine.rundir import MetricsWriter, checkpoint_dir, prepare_run_dir
 from mgpucli.engine.strategy import wrap_model
 from mgpucli.engine.tasks import build_task
-from mgpucli.errors import JobFailed
+from mgpucli.errors import JobFailed, Preempted
 
 _NO_BAD = 2**62  # "no non-finite step yet" (min-reducible)
 
@@ -58,14 +61,18 @@ class Trainer:
         model = build(cfg.model)
         self.task = build_task(OmegaConf.to_container(cfg.task) if isinstance(cfg.task, DictConfig) else cfg.task)
         self.loaders = build_loaders(train_set, val_set, cfg.data, cfg.seed, rt)
-        self.wrapped = wrap_model(model, self.tcfg, rt)
+        self.progress = Progress(rt.rank, rt.world_size)  # per-rank progress for timeout messages
+        self.progress.start()
+        with self.progress.in_phase("setup: DDP parameter broadcast"):
+            self.wrapped = wrap_model(model, self.tcfg, rt)
         self.optimizer = build(cfg.optim, self.wrapped.raw.parameters())
         self.scheduler = build(cfg.scheduler, self.optimizer) if cfg.scheduler is not None else None
         self.autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.tcfg.precision)
         self.scaler = torch.amp.GradScaler(rt.device.type) if self.tcfg.precision == "fp16" else None
         self.acc = torch.zeros(len(self.task.stat_names), dtype=torch.float64, device=rt.device)
         self.first_bad = torch.full((), _NO_BAD, dtype=torch.int64, device=rt.device)
-        self.stop_requested = False
+        self.signal_received: str | None = None  # set by the signal handler, on this rank only
+        self.stop_agreed = False  # set when the ranks agreed (at a log-interval reduction) to stop
         self._faults = faults.enabled()
         self._prepare_run_dir()
         if self.resume_path is not None:
@@ -91,7 +98,8 @@ class Trainer:
                 self.writer = MetricsWriter(self.run_dir)
             except UsageError as err:
                 problem = (err.message, err.hint)
-        problem = dist_rt.broadcast_object(problem, self.rt)
+        with self.progress.in_phase("setup: run-dir check (broadcast from rank 0)"):
+            problem = dist_rt.broadcast_object(problem, self.rt)
         if problem:
             raise UsageError(*problem)
 
@@ -122,11 +130,12 @@ class Trainer:
     def save(self, mid_epoch: bool) -> None:
         """Every rank joins (state dicts and RNG gathering are collective-safe); rank 0 writes atomically."""
         self._check_finite()
-        model = st.model_state(self.wrapped.raw)
-        optim = st.optimizer_state(self.wrapped.raw, self.optimizer)
-        mine = {"rng": st.capture_rng(self.rt.device),
-                "loader": self.loaders.train.state_dict() if mid_epoch else None}
-        per_rank = dist_rt.all_gather_objects(mine, self.rt)
+        with self.progress.in_phase("checkpoint: gathering state from every rank"):
+            model = st.model_state(self.wrapped.raw)
+            optim = st.optimizer_state(self.wrapped.raw, self.optimizer)
+            mine = {"rng": st.capture_rng(self.rt.device),
+                    "loader": self.loaders.train.state_dict() if mid_epoch else None}
+            per_rank = dist_rt.all_gather_objects(mine, self.rt)
         if not self.rt.is_main:
             return
         payload = st.build_payload(
@@ -138,7 +147,7 @@ class Trainer:
             metrics=self.last_val, best=self.best, best_metric=self.tcfg.best_metric,
         )
         ckpts = checkpoint_dir(self.run_dir)
-        save_atomic(payload, ckpts / "last.pt")
+        save_atomic(payload, ckpts / "last.pt", step=self.step)
         if self.tcfg.keep_checkpoints > 0:
             copy_atomic(ckpts / "last.pt", ckpts / f"step-{self.step:08d}.pt")
             for old in sorted(ckpts.glob("step-*.pt"))[: -self.tcfg.keep_checkpoints]:
@@ -159,35 +168,77 @@ class Trainer:
 
     # ------------------------------------------------------------------------------------------ loop
     def fit(self) -> dict[str, Any]:
-        """Train for ``trainer.epochs`` (or until ``trainer.max_steps``); returns the final metrics."""
-        tcfg, rt = self.tcfg, self.rt
-        steps_per_epoch = math.ceil(len(self.loaders.train) / tcfg.grad_accum)
+        """Train for ``trainer.epochs`` (or until ``trainer.max_steps``); returns the final metrics.
+
+        SIGTERM/SIGINT/SIGUSR1 request a stop; the ranks agree on it at the next log-interval reduction (so
+        within ``trainer.log_every`` steps), save a checkpoint there and raise Preempted. A second SIGINT
+        interrupts at once.
+        """
+        steps_per_epoch = math.ceil(len(self.loaders.train) / self.tcfg.grad_accum)
         self.reporter.start(self._info(steps_per_epoch))
-        total_epochs = tcfg.epochs if tcfg.max_steps is None else max(tcfg.epochs, math.ceil(
-            tcfg.max_steps / steps_per_epoch))
+        total_epochs = self.tcfg.epochs if self.tcfg.max_steps is None else max(
+            self.tcfg.epochs, math.ceil(self.tcfg.max_steps / steps_per_epoch))
         train_metrics = None
-        while self.epoch < total_epochs and not self._done():
-            train_metrics = self.train_epoch(steps_per_epoch)
-            finished_epoch = self.epoch
-            val = None
-            if self.stop_requested:
-                self.save(mid_epoch=True)
-                raise JobFailed(f"stopped by a signal at step {self.step}; checkpoint saved.")
-            ended_early = self._done() and self._mid_epoch
-            if not ended_early:
-                self.epoch += 1
-            if self.loaders.val is not None and tcfg.val_every and (
-                    self.epoch % tcfg.val_every == 0 or self._done() or self.epoch == total_epochs):
-                val = self.evaluate()
-            improved = self._maybe_best(val)
-            last = self._done() or self.epoch >= total_epochs
-            if last or (tcfg.checkpoint_every and self.epoch % tcfg.checkpoint_every == 0) or improved:
-                self.save(mid_epoch=ended_early)
-                if improved and rt.is_main:
-                    copy_atomic(checkpoint_dir(self.run_dir) / "last.pt", checkpoint_dir(self.run_dir) / "best.pt")
-            self.reporter.epoch_end(finished_epoch, train_metrics, val)
+        with self._stop_signals():
+            while self.epoch < total_epochs and not self._done():
+                finished_epoch = self.epoch
+                train_metrics = self.train_epoch(steps_per_epoch)
+                if self.stop_agreed and self._mid_epoch:
+                    self._preempt(mid_epoch=True)
+                val, saved = self._end_epoch(total_epochs)
+                self.reporter.epoch_end(finished_epoch, train_metrics, val)
+                if self.stop_agreed:
+                    self._preempt(mid_epoch=False, saved=saved)
         return {"step": self.step, "epoch": self.epoch, "train": train_metrics, "val": self.last_val,
                 "run_dir": str(self.run_dir)}
+
+    def _end_epoch(self, total_epochs: int) -> tuple[dict[str, Any] | None, bool]:
+        """Validate and checkpoint after an epoch (or after max_steps mid-epoch); returns (val, saved)."""
+        tcfg = self.tcfg
+        ended_early = self._done() and self._mid_epoch
+        if not ended_early:
+            self.epoch += 1
+        last = self._done() or self.epoch >= total_epochs
+        val = None
+        if self.loaders.val is not None and tcfg.val_every and (self.epoch % tcfg.val_every == 0 or last):
+            val = self.evaluate()
+        improved = self._maybe_best(val)
+        saved = last or (tcfg.checkpoint_every and self.epoch % tcfg.checkpoint_every == 0) or improved
+        if saved:
+            self.save(mid_epoch=ended_early)
+            if improved and self.rt.is_main:
+                copy_atomic(checkpoint_dir(self.run_dir) / "last.pt", checkpoint_dir(self.run_dir) / "best.pt")
+        return val, bool(saved)
+
+    @contextlib.contextmanager
+    def _stop_signals(self):
+        """Turn SIGTERM/SIGINT/SIGUSR1 into a stop request (main thread only; restored afterwards)."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+
+        def request_stop(signum, frame):
+            if self.signal_received is not None and signum == signal.SIGINT:
+                raise KeyboardInterrupt  # a second Ctrl-C: stop now
+            self.signal_received = signal.Signals(signum).name
+
+        wanted = [signal.SIGTERM, signal.SIGINT] + ([signal.SIGUSR1] if hasattr(signal, "SIGUSR1") else [])
+        previous = {sig: signal.signal(sig, request_stop) for sig in wanted}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    def _preempt(self, mid_epoch: bool, saved: bool = False) -> None:
+        if not saved:
+            self.save(mid_epoch=mid_epoch)
+        raise Preempted(
+            f"stopped by {self.signal_received or 'a signal on another rank'} at step {self.step} "
+            f"(epoch {self.epoch}); every rank agreed on that step and the checkpoint "
+            f"{checkpoint_dir(self.run_dir) / 'last.pt'} is complete.",
+            "Continue the run with the same command plus --resume auto.",
+        )
 
     def _done(self) -> bool:
         return self.tcfg.max_steps is not None and self.step >= self.tcfg.max_steps
@@ -216,7 +267,7 @@ class Trainer:
             if final:
                 micro = 0
                 metrics = self._optimizer_step() or metrics
-                if self.stop_requested or self._done():
+                if self.stop_agreed or self._done():
                     return metrics
         if micro:  # a partial accumulation at the end of the epoch still makes a step
             metrics = self._optimizer_step() or metrics
@@ -233,6 +284,7 @@ class Trainer:
             inputs = inputs.contiguous(memory_format=torch.channels_last)
         # DDP decides in forward whether backward all-reduces: skip it on non-final micro-steps.
         no_sync = self.wrapped.train.no_sync if (self.wrapped.is_ddp and not sync) else contextlib.nullcontext
+        self.progress.step, self.progress.phase = self.step + 1, "forward"  # two attribute writes: no I/O
         with no_sync():
             with torch.autocast(self.rt.device.type, dtype=self.autocast_dtype,
                                 enabled=self.autocast_dtype is not None):
@@ -246,6 +298,7 @@ class Trainer:
             self.first_bad = torch.where(torch.isfinite(loss.detach()), self.first_bad,
                                          torch.minimum(self.first_bad, here))
             scaled = loss / self.tcfg.grad_accum
+            self.progress.phase = "backward (DDP gradient all-reduce)" if self.wrapped.is_ddp and sync else "backward"
             (self.scaler.scale(scaled) if self.scaler is not None else scaled).backward()
 
     def _optimizer_step(self) -> dict[str, Any] | None:
@@ -276,12 +329,14 @@ class Trainer:
     def _reduce_and_log(self) -> dict[str, Any]:
         """The one collective per log interval: metric sums + the NaN flag + the stop flag."""
         flags = torch.stack([(self.first_bad < _NO_BAD).to(torch.float64),
-                             torch.tensor(float(self.stop_requested), dtype=torch.float64, device=self.rt.device)])
-        vec = dist_rt.all_reduce_sum(torch.cat([self.acc, flags]), self.rt).tolist()
+                             torch.full((), float(self.signal_received is not None), dtype=torch.float64,
+                                        device=self.rt.device)])
+        with self.progress.in_phase("log interval: metrics/NaN/stop all-reduce"):
+            vec = dist_rt.all_reduce_sum(torch.cat([self.acc, flags]), self.rt).tolist()
         sums, bad, stop = vec[:-2], vec[-2], vec[-1]
         if bad:
             self._raise_nan()
-        self.stop_requested = stop > 0
+        self.stop_agreed = stop > 0
         elapsed = time.perf_counter() - self._interval_start
         metrics = self.task.metrics(sums)
         samples = sums[self.task.stat_names.index("samples")] if "samples" in self.task.stat_names else 0
@@ -295,7 +350,8 @@ class Trainer:
 
     def _check_finite(self) -> None:
         """Before a save: all ranks agree that no step so far produced a non-finite loss."""
-        flag = dist_rt.all_reduce_sum((self.first_bad < _NO_BAD).to(torch.float64).reshape(1), self.rt)
+        with self.progress.in_phase("checkpoint: NaN check all-reduce"):
+            flag = dist_rt.all_reduce_sum((self.first_bad < _NO_BAD).to(torch.float64).reshape(1), self.rt)
         if flag.item():
             self._raise_nan()
 
@@ -316,8 +372,9 @@ class Trainer:
 
     def evaluate(self) -> dict[str, Any]:
         """Exact validation (see engine.evaluate); recorded in metrics.jsonl and kept for the checkpoint."""
-        self.last_val = evaluate_exact(self.wrapped.eval, self.loaders.val, self.loaders.val_batches, self.task,
-                                       self.rt, self.autocast_dtype)
+        with self.progress.in_phase("validation"):
+            self.last_val = evaluate_exact(self.wrapped.eval, self.loaders.val, self.loaders.val_batches,
+                                           self.task, self.rt, self.autocast_dtype)
         self._emit({"split": "val", "step": self.step, "epoch": self.epoch, **self.last_val, "time": time.time()})
         return self.last_val
 
@@ -340,5 +397,7 @@ class Trainer:
         if self.writer is not None:
             self.writer.close()
             self.writer = None
+        if getattr(self, "progress", None) is not None:
+            self.progress.stop()
         for name in ("wrapped", "optimizer", "scheduler", "scaler", "loaders"):
             self.__dict__.pop(name, None)

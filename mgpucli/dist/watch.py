@@ -1,0 +1,119 @@
+"""Per-rank progress in the rendezvous store, so a timed-out collective can say who was late, and where.
+
+Each rank runs a small heartbeat thread that writes ``{step, phase, time}`` to the job's c10d store every
+second. The main thread only sets two attributes (``step``, ``phase``): no per-step I/O, no host sync. When a
+collective times out, the rank that noticed reads every rank's last heartbeat and names the ranks that had
+not arrived (behind it, or silent).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import timedelta
+
+KEY = "mgpu/progress/{rank}"
+
+
+@dataclass
+class Seen:
+    rank: int
+    step: int | None
+    phase: str | None
+    age_s: float | None  # seconds since its last heartbeat; None: never seen
+
+
+class Progress:
+    """This rank's progress, published by a daemon thread (a no-op without a process group)."""
+
+    def __init__(self, rank: int, world_size: int, interval_s: float = 1.0):
+        self.rank, self.world_size, self.interval_s = rank, world_size, interval_s
+        self.step = 0
+        self.phase = "setup"
+        self._store = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        """Connect to the job's store (MASTER_ADDR:MASTER_PORT, torchrun's agent store) and start beating."""
+        if self.world_size <= 1 or "MASTER_ADDR" not in os.environ:
+            return
+        import torch.distributed as dist
+
+        try:
+            self._store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                                        is_master=False, timeout=timedelta(seconds=10), wait_for_workers=False)
+        except Exception:  # progress reporting is best effort: never fail a run for it
+            self._store = None
+            return
+        self._beat()
+        self._thread = threading.Thread(target=self._run, name="mgpu-progress", daemon=True)
+        self._thread.start()
+
+    def _beat(self) -> None:
+        if self._store is not None:
+            self._store.set(KEY.format(rank=self.rank),
+                            json.dumps({"step": self.step, "phase": self.phase, "time": time.time()}))
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                self._beat()
+            except Exception:
+                return
+
+    @contextlib.contextmanager
+    def in_phase(self, phase: str) -> Iterator[None]:
+        """Label what this rank is doing (e.g. a collective) for the duration of the block."""
+        previous, self.phase = self.phase, phase
+        try:
+            yield
+        finally:
+            self.phase = previous
+
+    def others(self) -> list[Seen]:
+        """Every rank's last heartbeat (this rank's current state included)."""
+        seen = []
+        now = time.time()
+        for rank in range(self.world_size):
+            if rank == self.rank:
+                seen.append(Seen(rank, self.step, self.phase, 0.0))
+                continue
+            try:
+                key = KEY.format(rank=rank)
+                if self._store is None or not self._store.check([key]):
+                    seen.append(Seen(rank, None, None, None))
+                    continue
+                data = json.loads(self._store.get(key))
+                seen.append(Seen(rank, data["step"], data["phase"], now - data["time"]))
+            except Exception:
+                seen.append(Seen(rank, None, None, None))
+        return seen
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=2)
+
+
+def late_ranks(seen: list[Seen], me: Seen, stale_s: float = 3.0) -> list[Seen]:
+    """Ranks that had not arrived where ``me`` is: behind it, in another phase, silent, or never seen."""
+    late = []
+    for s in seen:
+        if s.rank == me.rank:
+            continue
+        if s.step is None or s.age_s is None or s.age_s > stale_s or s.step < (me.step or 0) \
+                or (s.step == me.step and s.phase != me.phase):
+            late.append(s)
+    return late
+
+
+def describe(s: Seen) -> str:
+    if s.step is None:
+        return f"rank {s.rank} (no progress recorded)"
+    return f"rank {s.rank} (last seen at step {s.step} in '{s.phase}', {s.age_s:.0f} s ago)"

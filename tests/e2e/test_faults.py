@@ -1,0 +1,148 @@
+"""Fault injection end to end (real processes, gloo): whatever happens, the job stops promptly with a clear
+reason and the last checkpoint is whole and resumable. Every test is bounded and leaves no process."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from tests.procs import RECIPES, group_alive, load_ckpt, mgpu, stop_tree, torchrun
+
+QUICK = str(RECIPES / "quickstart.yaml")
+SMALL = ["data.train.num_samples=1024", "data.val.num_samples=101", "trainer.log_every=4", "trainer.cpu_threads=1"]
+
+
+def same_weights(a, b) -> bool:
+    return all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
+
+
+def test_collective_timeout_names_the_late_rank(tmp_path):
+    start = time.monotonic()
+    r = torchrun(2, "train", QUICK, *SMALL, "trainer.timeout_s=5", cwd=tmp_path,
+                 env={"MGPU_FAULT": "sleep@rank=1@step=3", "MGPU_FAULT_SLEEP": "300"}, timeout=120)
+    elapsed = time.monotonic() - start
+    assert r.returncode != 0
+    assert "rank 0: a collective timed out after trainer.timeout_s=5 s" in r.stderr, r.stderr
+    assert "'backward (DDP gradient all-reduce)' at step 3" in r.stderr
+    assert "Ranks that had not arrived: rank 1 (last seen at step 3 in 'forward'" in r.stderr
+    assert "raise trainer.timeout_s" in r.stderr
+    assert elapsed < 5 + 30 + 20, elapsed  # timeout + torch's teardown window + start-up
+    assert group_alive(r.pid) == []
+
+
+def test_writer_killed_mid_save_leaves_the_previous_checkpoint_loadable(tmp_path):
+    r = mgpu("train", QUICK, *SMALL, "trainer.checkpoint_every_steps=10", cwd=tmp_path,
+             env={"MGPU_FAULT": "kill_in_save@step=20"})
+    assert r.returncode == -signal.SIGKILL
+    ckpts = tmp_path / "runs/quickstart/checkpoints"
+    assert load_ckpt(ckpts / "last.pt")["step"] == 10  # the previous one, whole
+    assert [p.name for p in ckpts.iterdir() if p.name.startswith(".")]  # the killed writer's temp file
+    resumed = mgpu("train", QUICK, *SMALL, "trainer.checkpoint_every_steps=10", "--resume", "auto", cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.output
+    assert sorted(p.name for p in ckpts.iterdir()) == ["best.pt", "last.pt"]  # stale temp file cleaned
+
+
+def test_disk_full_at_save_is_a_clear_error_and_keeps_the_previous_checkpoint(tmp_path):
+    r = mgpu("train", QUICK, *SMALL, "trainer.checkpoint_every_steps=10", cwd=tmp_path,
+             env={"MGPU_FAULT": "disk_full_in_save@step=20"})
+    assert r.returncode == 1
+    assert "could not write checkpoint" in r.stderr and "No space left on device" in r.stderr
+    assert "previous checkpoint is kept" in r.stderr and "Traceback" not in r.stderr
+    ckpts = tmp_path / "runs/quickstart/checkpoints"
+    assert load_ckpt(ckpts / "last.pt")["step"] == 10
+    assert sorted(p.name for p in ckpts.iterdir()) == ["last.pt"]
+
+
+def _launch(cwd, *args, env=None):
+    return subprocess.Popen([sys.executable, "-m", "mgpucli", "launch", "--cpu", "--nproc", "2", QUICK, *SMALL,
+                             *args], cwd=cwd, env={**os.environ, **(env or {})}, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True, start_new_session=True)
+
+
+def _wait_for_step(run_dir, step: int, proc, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    metrics = run_dir / "metrics.jsonl"
+    while time.monotonic() < deadline:
+        if metrics.exists() and f'"step": {step},' in metrics.read_text():
+            return
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.1)
+    raise AssertionError(f"step {step} not reached")
+
+
+def test_sigterm_to_launch_checkpoints_and_resume_equals_uninterrupted(tmp_path):
+    common = ["trainer.epochs=3", "+model.dropout=0.1"]
+    full = mgpu("launch", "--cpu", "--nproc", "2", QUICK, *SMALL, *common, "run_dir=full", cwd=tmp_path,
+                timeout=180)
+    assert full.returncode == 0, full.output
+    proc = _launch(tmp_path, *common, "run_dir=part")
+    try:
+        _wait_for_step(tmp_path / "part", 24, proc)  # mid-epoch 2 (16 steps per epoch)
+        os.killpg(proc.pid, signal.SIGTERM)  # what SLURM / Kubernetes send
+        out, err = proc.communicate(timeout=45)
+    finally:
+        stop_tree(proc)
+    assert proc.returncode != 0
+    assert "stopped by SIGTERM at step" in err and "--resume auto" in err
+    mid = load_ckpt(tmp_path / "part/checkpoints/last.pt")
+    assert 24 <= mid["step"] < 48 and mid["mid_epoch"]
+    resumed = mgpu("launch", "--cpu", "--nproc", "2", QUICK, *SMALL, *common, "run_dir=part", "--resume", "auto",
+                   cwd=tmp_path, timeout=180)
+    assert resumed.returncode == 0, resumed.output
+    assert same_weights(load_ckpt(tmp_path / "full/checkpoints/last.pt"),
+                        load_ckpt(tmp_path / "part/checkpoints/last.pt"))
+    assert group_alive(proc.pid) == []
+
+
+def test_sigkill_of_a_worker_then_resume_equals_uninterrupted(tmp_path):
+    common = ["trainer.epochs=3", "trainer.checkpoint_every_steps=8"]
+    full = mgpu("launch", "--cpu", "--nproc", "2", QUICK, *SMALL, *common, "run_dir=full", cwd=tmp_path,
+                timeout=180)
+    assert full.returncode == 0, full.output
+    proc = _launch(tmp_path, *common, "run_dir=part")
+    try:
+        _wait_for_step(tmp_path / "part", 20, proc)
+        workers = [p for p in _children_named(proc.pid, "mgpucli")]
+        assert len(workers) == 2
+        os.kill(workers[-1], signal.SIGKILL)
+        start = time.monotonic()
+        out, err = proc.communicate(timeout=60)
+        stopped_after = time.monotonic() - start
+    finally:
+        stop_tree(proc)
+    assert proc.returncode != 0 and stopped_after < 15, (stopped_after, err)
+    assert "rank" in err and "SIGKILL" in err
+    assert all(not _alive(pid) for pid in workers)
+    resumed = mgpu("launch", "--cpu", "--nproc", "2", QUICK, *SMALL, *common, "run_dir=part", "--resume", "auto",
+                   cwd=tmp_path, timeout=180)
+    assert resumed.returncode == 0, resumed.output
+    assert same_weights(load_ckpt(tmp_path / "full/checkpoints/last.pt"),
+                        load_ckpt(tmp_path / "part/checkpoints/last.pt"))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def _children_named(root: int, word: str) -> list[int]:
+    from mgpucli.proctree import descendants
+
+    found = []
+    for pid in descendants(root):
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if word in cmd and " train " in cmd:
+            found.append(pid)
+    return sorted(found)
