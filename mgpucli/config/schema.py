@@ -14,7 +14,8 @@ from omegaconf import MISSING
 # Choices are validated by mgpu (with a message that lists them) rather than by Enum types.
 CHOICES: dict[str, tuple[str, ...]] = {
     "trainer.device": ("auto", "cpu", "cuda"),
-    "trainer.strategy": ("auto", "single", "ddp", "dp"),
+    "trainer.strategy": ("auto", "single", "ddp", "dp", "fsdp"),
+    "trainer.checkpoint_format": ("full", "sharded"),
     "trainer.precision": ("fp32", "bf16", "fp16"),
     "trainer.scheduler_interval": ("step", "epoch"),
     "trainer.best_mode": ("auto", "min", "max"),
@@ -31,6 +32,14 @@ class DDPOptions:
 
 
 @dataclass
+class FSDPOptions:
+    wrap: Optional[list[str]] = None  # module class names to shard; default: the blocks of any nn.ModuleList
+    reshard_after_forward: bool = True
+    activation_checkpointing: bool = False  # recompute each wrapped block's activations in backward
+    cpu_offload: bool = False  # parameters and optimizer state in CPU memory (needs CUDA GPUs)
+
+
+@dataclass
 class TrainerSchema:
     epochs: int = 1
     max_steps: Optional[int] = None  # stop after this many optimizer steps (overrides epochs when reached)
@@ -44,6 +53,8 @@ class TrainerSchema:
     compile: bool = False
     sync_batchnorm: bool = False
     ddp: DDPOptions = field(default_factory=DDPOptions)
+    fsdp: FSDPOptions = field(default_factory=FSDPOptions)
+    checkpoint_format: str = "full"  # full: one file, any strategy reads it; sharded: a torch.distributed.checkpoint dir
     scheduler_interval: str = "step"
     log_every: int = 10  # optimizer steps between train-metric reductions (the only per-step host sync)
     val_every: int = 1  # epochs between validations (0: never)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import pickle
 import re
+import shutil
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from mgpucli.errors import CheckpointError, MgpuError
 
 FORMAT_VERSION = 1
 _TMP = re.compile(r"^\..+\.tmp-\d+$")
+_TMP_DIR = re.compile(r"^\..+\.dcp\.tmp$")  # a sharded checkpoint whose writers were killed
 _PREFIXES = ("module.", "_orig_mod.")
 
 
@@ -87,6 +89,9 @@ def clean_stale_temps(directory: str | Path) -> list[Path]:
         for entry in directory.iterdir():
             if _TMP.match(entry.name):
                 entry.unlink(missing_ok=True)
+                removed.append(entry)
+            elif _TMP_DIR.match(entry.name) and entry.is_dir():
+                shutil.rmtree(entry, ignore_errors=True)
                 removed.append(entry)
     return removed
 

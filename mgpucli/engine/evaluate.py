@@ -24,18 +24,30 @@ from mgpucli.engine.tasks import Task
 
 @torch.no_grad()
 def evaluate_exact(model: nn.Module, loader: DataLoader, batches: FixedBatches, task: Task, rt: Runtime,
-                   autocast_dtype: torch.dtype | None = None) -> dict[str, Any]:
-    """Metrics over every sample exactly once, plus ``samples``. Leaves the RNG and the model's mode as found."""
+                   autocast_dtype: torch.dtype | None = None, lockstep: bool = False) -> dict[str, Any]:
+    """Metrics over every sample exactly once, plus ``samples``. Leaves the RNG and the model's mode as found.
+
+    ``lockstep`` (FSDP: every forward all-gathers parameters, a collective): ranks with fewer batches repeat
+    a forward pass whose result is discarded, so every rank runs the same number of forwards.
+    """
     rng = st.capture_rng(rt.device)  # building a loader iterator draws from the RNG: training must not notice
     was_training = model.training
     model.eval()
     table = torch.zeros(batches.num_batches, len(task.stat_names), dtype=torch.float64, device=rt.device)
+    inputs = None
     try:
         for batch_id, batch in zip(batches.batch_ids, loader, strict=True):
             inputs, targets = to_device(batch, rt.device, non_blocking=rt.device.type == "cuda")
             with torch.autocast(rt.device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
                 outputs = model(inputs)
             table[batch_id] = task.stats(outputs, targets)
+        if lockstep:
+            most = -(-batches.num_batches // rt.world_size)
+            if inputs is None and most:  # no batch at all on this rank: borrow sample 0 for the dummy passes
+                inputs = to_device(loader.collate_fn([loader.dataset[0]]), rt.device, False)[0]
+            for _ in range(most - len(batches.batch_ids)):
+                with torch.autocast(rt.device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
+                    model(inputs)  # discarded: keeps the parameter all-gathers in step with the other ranks
     finally:
         model.train(was_training)
         st.restore_rng(rng, rt.device)

@@ -21,7 +21,7 @@ def checkpoint_dir(run_dir: str | Path) -> Path:
 
 def existing_checkpoints(run_dir: str | Path) -> list[Path]:
     ckpt = checkpoint_dir(run_dir)
-    return sorted(p for p in ckpt.glob("*.pt")) if ckpt.is_dir() else []
+    return sorted([*ckpt.glob("*.pt"), *ckpt.glob("*.dcp")]) if ckpt.is_dir() else []
 
 
 def prepare_run_dir(run_dir: str | Path, resuming: bool, overwrite: bool, recipe_yaml: str) -> Path:

@@ -1,4 +1,4 @@
-"""Strategies: how the model is wrapped for the job's process count (single, ddp, dp)."""
+"""Strategies: how the model is wrapped for the job's process count (single, ddp, dp, fsdp)."""
 
 from __future__ import annotations
 
@@ -24,6 +24,10 @@ class Wrapped:
     def is_ddp(self) -> bool:
         return self.strategy == "ddp"
 
+    @property
+    def is_fsdp(self) -> bool:
+        return self.strategy == "fsdp"
+
 
 def resolve_strategy(name: str, rt: Runtime) -> str:
     """``auto``: ddp with more than one process, else single. Combinations that can't work are exit 2."""
@@ -45,13 +49,77 @@ def resolve_strategy(name: str, rt: Runtime) -> str:
             f"trainer.strategy=single trains on one process, but {rt.world_size} were started.",
             "Use trainer.strategy=ddp (or auto) for several processes.",
         )
-    if name == "ddp" and rt.world_size == 1:
-        return "single"  # DDP over one process only adds overhead
+    if name in ("ddp", "fsdp") and rt.world_size == 1:
+        return "single"  # one process: nothing to replicate or shard
     return name
+
+
+def check_combinations(trainer_cfg, rt: Runtime) -> None:
+    """Options that only make sense together: exit 2 with the fix instead of a crash deep in torch."""
+    strategy = trainer_cfg.strategy
+    fsdp = trainer_cfg.fsdp
+    fsdp_set = [k for k, default in (("wrap", None), ("reshard_after_forward", True),
+                                     ("activation_checkpointing", False), ("cpu_offload", False))
+                if fsdp[k] != default]
+    if fsdp_set and strategy != "fsdp":
+        raise UsageError(
+            f"trainer.fsdp.{fsdp_set[0]} is set, but trainer.strategy={strategy}: FSDP options need strategy fsdp.",
+            "Set trainer.strategy=fsdp, or drop the trainer.fsdp options.",
+        )
+    if trainer_cfg.checkpoint_format == "sharded" and strategy != "fsdp":
+        raise UsageError(
+            f"trainer.checkpoint_format=sharded needs trainer.strategy=fsdp (got {strategy}).",
+            "Use checkpoint_format=full (the default) with other strategies.",
+        )
+    if strategy == "fsdp" and trainer_cfg.sync_batchnorm:
+        raise UsageError("trainer.sync_batchnorm is a DDP option; FSDP does not convert BatchNorm layers.",
+                         "Use trainer.strategy=ddp with sync_batchnorm, or drop sync_batchnorm.")
+    if strategy == "fsdp" and fsdp.cpu_offload and rt.device.type != "cuda":
+        raise UsageError(
+            "trainer.fsdp.cpu_offload needs CUDA GPUs: torch's FSDP offload policy moves parameters between an "
+            "accelerator and the CPU, and this run is on the CPU already.",
+            "Drop trainer.fsdp.cpu_offload on CPU runs (the parameters are in CPU memory anyway).",
+        )
+
+
+def _fsdp_targets(model: nn.Module, wrap: list[str] | None) -> list[nn.Module]:
+    """The submodules to shard: by class name, or by default every block of any nn.ModuleList."""
+    if wrap:
+        found = [m for m in model.modules() if type(m).__name__ in set(wrap) and m is not model]
+        missing = set(wrap) - {type(m).__name__ for m in found}
+        if missing:
+            names = sorted({type(m).__name__ for m in model.modules()})
+            raise UsageError(f"trainer.fsdp.wrap names {', '.join(sorted(missing))}, which the model doesn't "
+                             f"contain (its module classes: {', '.join(names)}).", "Fix trainer.fsdp.wrap.")
+        return found
+    return [child for m in model.modules() if isinstance(m, nn.ModuleList) for child in m]
+
+
+def shard_model(model: nn.Module, trainer_cfg, rt: Runtime) -> nn.Module:
+    """FSDP2 (``fully_shard``) on the chosen blocks, then the root; mixed precision follows trainer.precision."""
+    import warnings
+    from functools import partial
+
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+    from torch.utils.checkpoint import checkpoint
+
+    warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view tensor")
+    opts = trainer_cfg.fsdp
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(trainer_cfg.precision)
+    kwargs = {"reshard_after_forward": opts.reshard_after_forward,
+              "mp_policy": MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)}
+    if opts.cpu_offload:
+        kwargs["offload_policy"] = CPUOffloadPolicy()
+    for block in _fsdp_targets(model, opts.wrap):
+        if opts.activation_checkpointing:  # recompute in backward; parameter names are unchanged
+            block.forward = partial(checkpoint, block.forward, use_reentrant=False)
+        fully_shard(block, **kwargs)
+    return fully_shard(model, **kwargs)
 
 
 def wrap_model(model: nn.Module, trainer_cfg, rt: Runtime) -> Wrapped:
     """Move the model to its device and wrap it for the strategy; ``raw`` keeps clean state-dict keys."""
+    check_combinations(trainer_cfg, rt)
     strategy = resolve_strategy(trainer_cfg.strategy, rt)
     if trainer_cfg.sync_batchnorm and strategy == "ddp":
         model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
@@ -77,6 +145,8 @@ def wrap_model(model: nn.Module, trainer_cfg, rt: Runtime) -> Wrapped:
         evaluate = model  # no gradient sync, no buffer broadcast needed to evaluate
     elif strategy == "dp":
         train = evaluate = nn.DataParallel(model)
+    elif strategy == "fsdp":
+        train = evaluate = raw = shard_model(model, trainer_cfg, rt)  # sharded in place: one module
     else:
         train = evaluate = model
     if trainer_cfg.compile:

@@ -29,6 +29,7 @@ from mgpucli.engine.data import build_loaders, to_device
 from mgpucli.engine.evaluate import evaluate_exact
 from mgpucli.engine.report import Reporter
 from mgpucli.engine.rundir import MetricsWriter, checkpoint_dir, prepare_run_dir
+from mgpucli.engine.sharded import load_sharded, save_sharded
 from mgpucli.engine.strategy import wrap_model
 from mgpucli.engine.tasks import build_task
 from mgpucli.errors import JobFailed, Preempted
@@ -84,7 +85,7 @@ class Trainer:
         from mgpucli.errors import UsageError
 
         resume = self.resume
-        path = checkpoint_dir(self.run_dir) / "last.pt"
+        path = checkpoint_dir(self.run_dir) / ("last.dcp" if self.tcfg.checkpoint_format == "sharded" else "last.pt")
         self.resume_path = None
         if resume == "auto":
             self.resume_path = path if path.exists() else None
@@ -104,10 +105,21 @@ class Trainer:
             raise UsageError(*problem)
 
     # ------------------------------------------------------------------------------------ checkpoints
+    @property
+    def _sharded(self) -> bool:
+        return self.tcfg.checkpoint_format == "sharded" and self.wrapped.is_fsdp
+
     def _load(self, path: Path) -> None:
-        ckpt = st.read_mgpu_checkpoint(path)
-        st.load_model_state(self.wrapped.raw, ckpt["model"], str(path))
-        st.load_optimizer_state(self.wrapped.raw, self.optimizer, ckpt["optimizer"])
+        if path.is_dir():
+            meta = load_sharded(self.wrapped.raw, self.optimizer, path)
+        else:
+            meta = st.read_mgpu_checkpoint(path)
+            st.load_model_state(self.wrapped.raw, meta["model"], str(path))
+            st.load_optimizer_state(self.wrapped.raw, self.optimizer, meta["optimizer"])
+        self._restore(meta, path)
+
+    def _restore(self, ckpt: dict[str, Any], path: Path) -> None:
+        """Everything but the weights: schedules, counters, and each rank's loader position and RNG."""
         if self.scheduler is not None and ckpt.get("scheduler") is not None:
             self.scheduler.load_state_dict(ckpt["scheduler"])
         if self.scaler is not None and ckpt.get("scaler"):
@@ -127,19 +139,17 @@ class Trainer:
                          "rng": mine["rng"] if mine else None}
         self.reporter.message(f"resumed from {path} (epoch {self.epoch}, step {self.step})")
 
-    def save(self, mid_epoch: bool) -> None:
-        """Every rank joins (state dicts and RNG gathering are collective-safe); rank 0 writes atomically."""
+    def save(self, mid_epoch: bool, best: bool = False) -> None:
+        """Every rank joins (state dicts are collective under FSDP); rank 0 writes atomically."""
         self._check_finite()
         with self.progress.in_phase("checkpoint: gathering state from every rank"):
-            model = st.model_state(self.wrapped.raw)
-            optim = st.optimizer_state(self.wrapped.raw, self.optimizer)
+            if not self._sharded:
+                model = st.model_state(self.wrapped.raw)
+                optim = st.optimizer_state(self.wrapped.raw, self.optimizer)
             mine = {"rng": st.capture_rng(self.rt.device),
                     "loader": self.loaders.train.state_dict() if mid_epoch else None}
             per_rank = dist_rt.all_gather_objects(mine, self.rt)
-        if not self.rt.is_main:
-            return
-        payload = st.build_payload(
-            model=model, optimizer=optim,
+        meta = st.build_payload(
             scheduler=self.scheduler.state_dict() if self.scheduler is not None else None,
             scaler=self.scaler.state_dict() if self.scaler is not None else None,
             epoch=self.epoch, step=self.step, mid_epoch=mid_epoch, per_rank=per_rank,
@@ -147,7 +157,16 @@ class Trainer:
             metrics=self.last_val, best=self.best, best_metric=self.tcfg.best_metric,
         )
         ckpts = checkpoint_dir(self.run_dir)
-        save_atomic(payload, ckpts / "last.pt", step=self.step)
+        if self._sharded:
+            with self.progress.in_phase("checkpoint: writing shards"):
+                save_sharded(self.wrapped.raw, self.optimizer, meta, ckpts, self.step, self.rt,
+                             self.tcfg.keep_checkpoints, best)
+            return
+        if not self.rt.is_main:
+            return
+        save_atomic({**meta, "model": model, "optimizer": optim}, ckpts / "last.pt", step=self.step)
+        if best:
+            copy_atomic(ckpts / "last.pt", ckpts / "best.pt")
         if self.tcfg.keep_checkpoints > 0:
             copy_atomic(ckpts / "last.pt", ckpts / f"step-{self.step:08d}.pt")
             for old in sorted(ckpts.glob("step-*.pt"))[: -self.tcfg.keep_checkpoints]:
@@ -205,9 +224,7 @@ class Trainer:
         improved = self._maybe_best(val)
         saved = last or (tcfg.checkpoint_every and self.epoch % tcfg.checkpoint_every == 0) or improved
         if saved:
-            self.save(mid_epoch=ended_early)
-            if improved and self.rt.is_main:
-                copy_atomic(checkpoint_dir(self.run_dir) / "last.pt", checkpoint_dir(self.run_dir) / "best.pt")
+            self.save(mid_epoch=ended_early, best=improved)
         return val, bool(saved)
 
     @contextlib.contextmanager
@@ -236,7 +253,7 @@ class Trainer:
         raise Preempted(
             f"stopped by {self.signal_received or 'a signal on another rank'} at step {self.step} "
             f"(epoch {self.epoch}); every rank agreed on that step and the checkpoint "
-            f"{checkpoint_dir(self.run_dir) / 'last.pt'} is complete.",
+            f"in {checkpoint_dir(self.run_dir)} is complete.",
             "Continue the run with the same command plus --resume auto.",
         )
 
@@ -285,6 +302,8 @@ class Trainer:
         # DDP decides in forward whether backward all-reduces: skip it on non-final micro-steps.
         no_sync = self.wrapped.train.no_sync if (self.wrapped.is_ddp and not sync) else contextlib.nullcontext
         self.progress.step, self.progress.phase = self.step + 1, "forward"  # two attribute writes: no I/O
+        if self.wrapped.is_fsdp and self.tcfg.grad_accum > 1:  # FSDP2's no_sync: reduce-scatter on the last only
+            self.wrapped.train.set_requires_gradient_sync(sync)
         with no_sync():
             with torch.autocast(self.rt.device.type, dtype=self.autocast_dtype,
                                 enabled=self.autocast_dtype is not None):
@@ -298,7 +317,8 @@ class Trainer:
             self.first_bad = torch.where(torch.isfinite(loss.detach()), self.first_bad,
                                          torch.minimum(self.first_bad, here))
             scaled = loss / self.tcfg.grad_accum
-            self.progress.phase = "backward (DDP gradient all-reduce)" if self.wrapped.is_ddp and sync else "backward"
+            self.progress.phase = ("backward (gradient all-reduce)" if sync and self.rt.distributed
+                                   and self.wrapped.strategy in ("ddp", "fsdp") else "backward")
             (self.scaler.scale(scaled) if self.scaler is not None else scaled).backward()
 
     def _optimizer_step(self) -> dict[str, Any] | None:
@@ -374,7 +394,7 @@ class Trainer:
         """Exact validation (see engine.evaluate); recorded in metrics.jsonl and kept for the checkpoint."""
         with self.progress.in_phase("validation"):
             self.last_val = evaluate_exact(self.wrapped.eval, self.loaders.val, self.loaders.val_batches,
-                                           self.task, self.rt, self.autocast_dtype)
+                                           self.task, self.rt, self.autocast_dtype, lockstep=self.wrapped.is_fsdp)
         self._emit({"split": "val", "step": self.step, "epoch": self.epoch, **self.last_val, "time": time.time()})
         return self.last_val
 

@@ -1,0 +1,86 @@
+"""Sharded checkpoints (``trainer.checkpoint_format: sharded``, FSDP): a torch.distributed.checkpoint directory
+for models too big to gather on one rank.
+
+Every rank writes its shard into a temporary directory, all ranks meet at a barrier, then rank 0 renames it to
+``step-NNNNNNNN.dcp`` and flips the ``last.dcp`` symlink to it (``os.replace`` of a symlink is atomic), so a
+crash mid-save never leaves a half checkpoint under a final name. The non-tensor state (step, epoch, RNG,
+loader position, recipe...) is ``meta.pt`` inside the directory, written by rank 0 before the barrier.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from mgpucli.dist import runtime as dist_rt
+from mgpucli.dist.runtime import Runtime
+from mgpucli.engine.checkpoint import read_file, save_atomic
+from mgpucli.errors import CheckpointError
+
+META = "meta.pt"
+
+
+def _flip(link: Path, target: str) -> None:
+    tmp = link.with_name(f".{link.name}.tmp-{os.getpid()}")
+    tmp.unlink(missing_ok=True)
+    os.symlink(target, tmp)
+    os.replace(tmp, link)
+
+
+def save_sharded(model: torch.nn.Module, optimizer: torch.optim.Optimizer, meta: dict[str, Any], ckpts: Path,
+                 step: int, rt: Runtime, keep: int, best: bool) -> Path:
+    """Collective: every rank calls it. Returns the final directory."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    name = f"step-{step:08d}.dcp"
+    tmp, final = ckpts / f".{name}.tmp", ckpts / name
+    if rt.is_main and tmp.exists():
+        shutil.rmtree(tmp)  # a stale one from a killed writer
+    dist_rt.barrier(rt)
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    dcp.save({"model": model_sd, "optimizer": optim_sd}, checkpoint_id=str(tmp))
+    if rt.is_main:
+        save_atomic(meta, tmp / META, step=step)
+    dist_rt.barrier(rt)  # every shard is on disk
+    if rt.is_main:
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        _flip(ckpts / "last.dcp", name)
+        if best:
+            _flip(ckpts / "best.dcp", name)
+        _prune(ckpts, keep)
+    return final
+
+
+def _prune(ckpts: Path, keep: int) -> None:
+    """Keep the directories last.dcp/best.dcp point to and the newest ``keep`` others."""
+    pinned = {os.readlink(ckpts / n) for n in ("last.dcp", "best.dcp") if (ckpts / n).is_symlink()}
+    numbered = sorted(p for p in ckpts.glob("step-*.dcp") if p.name not in pinned)
+    for old in numbered[: max(0, len(numbered) - keep)]:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def is_sharded(path: Path) -> bool:
+    return path.is_dir() and (path / META).exists()
+
+
+def load_sharded(model: torch.nn.Module, optimizer: torch.optim.Optimizer, path: Path) -> dict[str, Any]:
+    """Collective: read every rank's shards into the (already sharded) model and optimizer; returns meta."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    if not is_sharded(path):
+        raise CheckpointError(f"{path} is not a sharded mgpu checkpoint (no {META} inside).",
+                              "Point --resume at RUN_DIR/checkpoints/last.dcp or a step-*.dcp directory.")
+    meta = read_file(path / META)
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    state = {"model": model_sd, "optimizer": optim_sd}
+    dcp.load(state, checkpoint_id=str(path))
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+    return meta

@@ -1,0 +1,109 @@
+"""trainer.strategy=fsdp end to end on 2 CPU processes (gloo): same curves, same checkpoints, exact resume."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from tests.procs import RECIPES, load_ckpt, mgpu, torchrun
+
+CHARLM = str(RECIPES / "charlm.yaml")
+TINY = ["vars.block_size=32", "model.d_model=32", "model.n_head=2", "+data.train.num_chars=12000",
+        "+data.val.num_chars=6000", "data.batch_size=8", "trainer.log_every=5", "trainer.cpu_threads=1"]
+
+
+def losses(run_dir, split):
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [m["loss"] for m in map(json.loads, lines) if m["split"] == split]
+
+
+@pytest.fixture(scope="module")
+def fsdp_and_ddp(tmp_path_factory):
+    cwd = tmp_path_factory.mktemp("fsdp")
+    for strategy in ("fsdp", "ddp"):
+        r = torchrun(2, "train", CHARLM, *TINY, "trainer.max_steps=20", f"trainer.strategy={strategy}",
+                     f"run_dir={strategy}", cwd=cwd)
+        assert r.returncode == 0, r.output
+    return cwd
+
+
+def test_fsdp_follows_the_ddp_loss_curve(fsdp_and_ddp):
+    a, b = losses(fsdp_and_ddp / "fsdp", "train"), losses(fsdp_and_ddp / "ddp", "train")
+    assert len(a) == len(b) == 4
+    assert a == pytest.approx(b, rel=1e-5)
+    assert a[-1] < a[0]  # it learns
+    ck = load_ckpt(fsdp_and_ddp / "fsdp/checkpoints/last.pt")
+    assert ck["world_size"] == 2 and "blocks.0.qkv.weight" in ck["model"]  # full, unsharded, clean keys
+    assert ck["model"]["blocks.0.qkv.weight"].shape == (96, 32)
+
+
+def test_fsdp_checkpoint_validates_on_one_process_like_ddp(fsdp_and_ddp):
+    results = {}
+    for strategy in ("fsdp", "ddp"):
+        r = mgpu("validate", f"{strategy}/checkpoints/last.pt", "--json", cwd=fsdp_and_ddp)
+        assert r.returncode == 0, r.output
+        results[strategy] = json.loads(r.stdout)
+    assert results["fsdp"]["samples"] == results["ddp"]["samples"]
+    assert results["fsdp"]["metrics"]["loss"] == pytest.approx(results["ddp"]["metrics"]["loss"], rel=1e-5)
+    # and the 2-process FSDP validation during training saw the same
+    assert losses(fsdp_and_ddp / "fsdp", "val")[-1] == pytest.approx(results["fsdp"]["metrics"]["loss"], rel=1e-6)
+
+
+def test_ddp_resumes_from_an_fsdp_checkpoint_and_back(fsdp_and_ddp):
+    r = torchrun(2, "train", CHARLM, *TINY, "trainer.max_steps=25", "trainer.strategy=ddp", "run_dir=fsdp",
+                 "--resume", "auto", cwd=fsdp_and_ddp)
+    assert r.returncode == 0, r.output
+    r = torchrun(2, "train", CHARLM, *TINY, "trainer.max_steps=25", "trainer.strategy=fsdp", "run_dir=ddp",
+                 "--resume", "auto", cwd=fsdp_and_ddp)
+    assert r.returncode == 0, r.output
+    a, b = load_ckpt(fsdp_and_ddp / "fsdp/checkpoints/last.pt"), load_ckpt(fsdp_and_ddp / "ddp/checkpoints/last.pt")
+    assert a["step"] == b["step"] == 25
+    for key in a["model"]:
+        torch.testing.assert_close(a["model"][key], b["model"][key], rtol=1e-3, atol=1e-4)  # float order differs
+
+
+def test_fsdp_resume_equals_uninterrupted(tmp_path):
+    args = [*TINY, "trainer.strategy=fsdp", "+model.dropout=0.1"]
+    full = torchrun(2, "train", CHARLM, *args, "trainer.max_steps=16", "run_dir=full", cwd=tmp_path)
+    part = torchrun(2, "train", CHARLM, *args, "trainer.max_steps=7", "run_dir=part", cwd=tmp_path)
+    assert full.returncode == 0 and part.returncode == 0, full.output + part.output
+    resumed = torchrun(2, "train", CHARLM, *args, "trainer.max_steps=16", "run_dir=part", "--resume", "auto",
+                       cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.output
+    a, b = load_ckpt(tmp_path / "full/checkpoints/last.pt"), load_ckpt(tmp_path / "part/checkpoints/last.pt")
+    assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
+
+
+def _dcp_to_dict(path):
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    out = path.parent.parent / f"{path.parent.parent.name}-converted.pt"
+    dcp_to_torch_save(str(path), str(out))
+    return torch.load(out, weights_only=True)["model"]
+
+
+def test_sharded_checkpoint_round_trips(tmp_path):
+    args = [*TINY, "trainer.strategy=fsdp", "trainer.checkpoint_format=sharded"]
+    full = torchrun(2, "train", CHARLM, *args, "trainer.max_steps=12", "run_dir=full", cwd=tmp_path)
+    part = torchrun(2, "train", CHARLM, *args, "trainer.max_steps=6", "run_dir=part", cwd=tmp_path)
+    assert full.returncode == 0 and part.returncode == 0, full.output + part.output
+    ckpts = tmp_path / "part/checkpoints"
+    assert (ckpts / "last.dcp").is_symlink() and (ckpts / "last.dcp/meta.pt").exists()
+    assert not list(ckpts.glob(".*"))  # no temporary directory under any name
+    resumed = torchrun(2, "train", CHARLM, *args, "trainer.max_steps=12", "run_dir=part", "--resume", "auto",
+                       cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.output
+    assert "resumed from" in resumed.stderr and "last.dcp" in resumed.stderr
+    a = _dcp_to_dict(tmp_path / "full/checkpoints/last.dcp")
+    b = _dcp_to_dict(tmp_path / "part/checkpoints/last.dcp")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_an_option_that_does_not_combine_is_exit_2_once(tmp_path):
+    r = torchrun(2, "train", CHARLM, *TINY, "trainer.max_steps=2", "trainer.strategy=fsdp",
+                 "trainer.fsdp.cpu_offload=true", cwd=tmp_path)
+    assert r.returncode != 0
+    assert r.stderr.count("trainer.fsdp.cpu_offload needs CUDA GPUs") == 1, r.stderr  # rank 0 alone says it
+    assert "mgpucli/engine" not in r.stderr  # no traceback from the workers

@@ -1,0 +1,70 @@
+"""Strategy resolution and the options that don't combine (pure: a fake runtime, no process group)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from mgpucli.config.schema import TrainerSchema
+from mgpucli.dist.env import RankEnv
+from mgpucli.dist.runtime import Runtime
+from mgpucli.engine.strategy import _fsdp_targets, check_combinations, resolve_strategy
+from mgpucli.errors import UsageError
+
+
+def rt(world=2, device="cpu"):
+    return Runtime(env=RankEnv(0, 0, world, world), device=torch.device(device), backend="gloo" if world > 1 else None)
+
+
+def trainer(**overrides):
+    cfg = OmegaConf.structured(TrainerSchema)
+    for key, value in overrides.items():
+        OmegaConf.update(cfg, key, value)
+    return cfg
+
+
+@pytest.mark.parametrize("name, world, expected", [
+    ("auto", 1, "single"), ("auto", 2, "ddp"), ("ddp", 1, "single"), ("fsdp", 1, "single"), ("fsdp", 2, "fsdp"),
+])
+def test_resolve(name, world, expected):
+    assert resolve_strategy(name, rt(world)) == expected
+
+
+@pytest.mark.parametrize("name, world, fragment", [
+    ("dp", 1, "needs CUDA GPUs"),
+    ("single", 2, "trains on one process, but 2 were started"),
+])
+def test_impossible_strategies(name, world, fragment):
+    with pytest.raises(UsageError, match=fragment):
+        resolve_strategy(name, rt(world))
+
+
+def test_dp_with_several_processes_on_gpus_is_refused():
+    with pytest.raises(UsageError, match="one process spanning the GPUs"):
+        resolve_strategy("dp", rt(2, "cuda"))
+
+
+@pytest.mark.parametrize("overrides, fragment", [
+    ({"strategy": "fsdp", "fsdp.cpu_offload": True}, "trainer.fsdp.cpu_offload needs CUDA GPUs"),
+    ({"strategy": "ddp", "fsdp.wrap": ["Block"]}, "FSDP options need strategy fsdp"),
+    ({"strategy": "ddp", "checkpoint_format": "sharded"}, "checkpoint_format=sharded needs trainer.strategy=fsdp"),
+    ({"strategy": "fsdp", "sync_batchnorm": True}, "sync_batchnorm is a DDP option"),
+])
+def test_options_that_do_not_combine(overrides, fragment):
+    with pytest.raises(UsageError, match=fragment):
+        check_combinations(trainer(**overrides), rt())
+
+
+def test_fsdp_cpu_offload_is_allowed_on_gpus():
+    check_combinations(trainer(strategy="fsdp", **{"fsdp.cpu_offload": True}), rt(2, "cuda"))
+
+
+def test_fsdp_wrap_targets():
+    from mgpucli.components.models import CharTransformer
+
+    model = CharTransformer(d_model=16, n_head=2, n_layer=3)
+    assert len(_fsdp_targets(model, None)) == 3  # default: the blocks of the ModuleList
+    assert [type(m).__name__ for m in _fsdp_targets(model, ["LayerNorm"])].count("LayerNorm") == 7
+    with pytest.raises(UsageError, match="names Blok, which the model doesn't contain"):
+        _fsdp_targets(model, ["Blok"])
