@@ -1,0 +1,202 @@
+"""The benchmark's probe inside mgpu's workers (B); inert unless MGPU_BENCH_OUT is set.
+
+benchmarks/overhead.py puts this directory first on PYTHONPATH for the ``mgpu launch`` runs only. Python
+imports ``sitecustomize`` at start-up in every process (launcher and workers); this one registers an import
+hook and nothing else, so the launcher pays nothing and a worker pays only when it imports
+``mgpucli.engine.trainer``. Then it wraps two methods of the real Trainer:
+
+* ``_optimizer_step``: after it returns, one ``(step, epoch, perf_counter, process_time)`` record, the
+  same record the hand-written loop takes at the same point (after ``optimizer.step()`` and the scheduler);
+* ``fit``: when training ends, rank 0 saves the final weights and every rank writes its ``rank<N>.json``.
+
+mgpu's code runs unchanged. With MGPU_BENCH_AUDIT=1 (an untimed run) it also counts, per optimizer step,
+host synchronisations made from mgpu's own code (``.item()``, ``.tolist()``, ``.cpu()``...), Python-level
+collectives, and the number of live Python objects, so overhead.py can check the hot-path rules.
+"""
+
+from __future__ import annotations
+
+import importlib.machinery
+import importlib.util
+import os
+import sys
+
+_TARGET = "mgpucli.engine.trainer"
+
+
+def _patch(module) -> None:
+    import json
+    import resource
+    import time
+
+    import torch
+
+    trainer_cls = module.Trainer
+    out_dir = os.environ["MGPU_BENCH_OUT"]
+    audit = _Audit() if os.environ.get("MGPU_BENCH_AUDIT") == "1" else None
+    orig_step, orig_fit, orig_epoch = trainer_cls._optimizer_step, trainer_cls.fit, trainer_cls.train_epoch
+    records: list[tuple[int, int, float, float]] = []
+    first: list[float] = []
+
+    def _optimizer_step(self):
+        result = orig_step(self)
+        if self.rt.device.type == "cuda":  # per-step timestamps on a GPU need its work done (both sides)
+            torch.cuda.synchronize()
+        records.append((self.step, self.epoch, time.perf_counter(), time.process_time()))
+        if not first:
+            first.append(time.time())
+        if audit is not None:
+            audit.end_step(self.step, self.tcfg.log_every)
+        return result
+
+    def fit(self):
+        if audit is not None:
+            audit.install(self.rt.device)
+        result = orig_fit(self)
+        rank = self.rt.rank
+        if rank == 0:
+            torch.save(self.wrapped.raw.state_dict(), os.path.join(out_dir, "weights.pt"))
+        cuda = self.rt.device.type == "cuda"
+        info = {"rank": rank, "steps": records, "first_step_at": first[0] if first else None,
+                "maxrss_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
+                "cuda_peak_bytes": torch.cuda.max_memory_allocated(self.rt.device) if cuda else None,
+                "threads": torch.get_num_threads(), "world_size": self.rt.world_size,
+                "audit": audit.report() if audit is not None else None,
+                "ddp": _ddp_facts(self.wrapped.train)}
+        with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as fh:
+            json.dump(info, fh)
+        return result
+
+    def train_epoch(self, *a, **k):
+        if audit is not None:
+            audit.epoch_start()  # what ran between epochs (validation, checkpoint) is no step's
+        return orig_epoch(self, *a, **k)
+
+    trainer_cls._optimizer_step, trainer_cls.fit = _optimizer_step, fit
+    if audit is not None:
+        trainer_cls.train_epoch = train_epoch
+
+
+def _ddp_facts(model) -> dict | None:
+    from torch.nn.parallel import DistributedDataParallel
+
+    if not isinstance(model, DistributedDataParallel):
+        return None
+    return {"gradient_as_bucket_view": model.gradient_as_bucket_view,
+            "bucket_bytes_cap": model.bucket_bytes_cap, "find_unused_parameters": model.find_unused_parameters,
+            "static_graph": model.static_graph}
+
+
+class _Audit:
+    """Counts, per optimizer step, what the hot-path rules forbid outside the log interval."""
+
+    SYNC_METHODS = ("item", "tolist", "cpu", "numpy", "__bool__", "__float__", "__int__")
+    COLLECTIVES = ("all_reduce", "all_gather", "all_gather_object", "broadcast", "broadcast_object_list",
+                   "barrier", "reduce", "gather", "scatter", "all_gather_into_tensor", "reduce_scatter_tensor")
+
+    def __init__(self) -> None:
+        self.syncs = 0
+        self.collectives = 0
+        self.per_step: list[tuple[int, int, int, int]] = []  # (step, syncs, collectives, live objects)
+        self.between_epochs = [0, 0]  # syncs, collectives outside train_epoch (validation, checkpoints)
+        self.cuda_sync_warnings = 0
+
+    def install(self, device) -> None:
+        import warnings
+
+        import torch
+        import torch.distributed as dist
+
+        audit = self
+
+        def from_mgpu() -> bool:
+            frame = sys._getframe(2)
+            return f"{os.sep}mgpucli{os.sep}" in frame.f_code.co_filename
+
+        for name in self.SYNC_METHODS:
+            original = getattr(torch.Tensor, name)
+
+            def counted(self, *a, _orig=original, **k):
+                if from_mgpu():
+                    audit.syncs += 1
+                return _orig(self, *a, **k)
+
+            setattr(torch.Tensor, name, counted)
+        for name in self.COLLECTIVES:
+            original = getattr(dist, name, None)
+            if original is None:
+                continue
+
+            def counted_c(*a, _orig=original, **k):
+                audit.collectives += 1
+                return _orig(*a, **k)
+
+            setattr(dist, name, counted_c)
+        if device.type == "cuda":
+            torch.cuda.set_sync_debug_mode("warn")
+            original_showwarning = warnings.showwarning
+
+            def show(message, category, filename, lineno, file=None, line=None):
+                if "synchroniz" in str(message):
+                    audit.cuda_sync_warnings += 1
+                    return None
+                return original_showwarning(message, category, filename, lineno, file, line)
+
+            warnings.showwarning = show
+            warnings.simplefilter("always")
+
+    def epoch_start(self) -> None:
+        self.between_epochs[0] += self.syncs
+        self.between_epochs[1] += self.collectives
+        self.syncs = self.collectives = 0
+
+    def end_step(self, step: int, log_every: int) -> None:
+        """Counts since the previous step; live objects (after a full collection) at log-interval steps only,
+        so that every sample is taken at the same point of the loop."""
+        import gc
+
+        objects = -1
+        if step % log_every == 0:
+            gc.collect()
+            objects = len(gc.get_objects())
+        self.per_step.append((step, self.syncs, self.collectives, objects))
+        self.syncs = self.collectives = 0
+
+    def report(self) -> dict:
+        return {"per_step": self.per_step, "cuda_sync_warnings": self.cuda_sync_warnings,
+                "between_epochs": self.between_epochs}
+
+
+class _Hook:
+    """A meta-path finder (duck-typed: importing importlib.abc would cost every process)."""
+
+    def find_spec(self, name, path, target=None):
+        if name != _TARGET:
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)
+        if spec is None or spec.loader is None:
+            return spec
+        exec_module = spec.loader.exec_module
+
+        def exec_and_patch(module):
+            exec_module(module)
+            _patch(module)
+
+        spec.loader.exec_module = exec_and_patch
+        return spec
+
+
+def _chain_next_sitecustomize() -> None:
+    """Run the sitecustomize this one shadows, if the environment has one."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    rest = [p for p in sys.path if os.path.abspath(p or ".") != here]
+    spec = importlib.machinery.PathFinder.find_spec("sitecustomize", rest)
+    if spec is not None and spec.loader is not None:
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+
+
+if os.environ.get("MGPU_BENCH_OUT"):
+    sys.meta_path.insert(0, _Hook())
+_chain_next_sitecustomize()

@@ -1,0 +1,95 @@
+"""Pure statistics for the benchmarks: step intervals from timestamps, medians, quantiles, ratio summaries.
+
+No torch, no processes: unit-tested in tests/unit/test_bench_stats.py.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from itertools import pairwise
+
+
+def quantile(values: Sequence[float], q: float) -> float:
+    """The ``q`` quantile (0..1) with linear interpolation between order statistics (numpy's default)."""
+    if not values:
+        return math.nan
+    if not 0.0 <= q <= 1.0:
+        raise ValueError(f"q must be within [0, 1], got {q}")
+    xs = sorted(values)
+    pos = q * (len(xs) - 1)
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def median(values: Sequence[float]) -> float:
+    return quantile(values, 0.5)
+
+
+def step_intervals(steps: Sequence[tuple[int, int, float]], warmup: int) -> list[float]:
+    """Durations of single steps from ``(step, epoch, clock)`` records taken when each step finished.
+
+    An interval counts only between two consecutive steps of the same epoch (what lies between epochs,
+    validation and checkpoints, is not a training step), and only once ``warmup`` steps have finished.
+    """
+    out = []
+    for (s0, e0, t0), (s1, e1, t1) in pairwise(steps):
+        if s0 >= warmup and s1 == s0 + 1 and e1 == e0:
+            out.append(t1 - t0)
+    return out
+
+
+def window(steps: Sequence[tuple[int, int, float]], warmup: int) -> tuple[int, float]:
+    """(steps, elapsed) summed over the counted intervals: the same intervals as :func:`step_intervals`."""
+    n, total = 0, 0.0
+    for (s0, e0, t0), (s1, e1, t1) in pairwise(steps):
+        if s0 >= warmup and s1 == s0 + 1 and e1 == e0:
+            n += 1
+            total += t1 - t0
+    return n, total
+
+
+@dataclass(frozen=True)
+class Spread:
+    """A distribution of per-round values, summarised."""
+
+    n: int
+    median: float
+    q25: float
+    q75: float
+    low: float
+    high: float
+
+    def fmt(self, digits: int = 3) -> str:
+        if self.n == 0:
+            return "-"
+        f = f"{{:.{digits}f}}"
+        return (f"{f.format(self.median)} (IQR {f.format(self.q25)}-{f.format(self.q75)}, "
+                f"range {f.format(self.low)}-{f.format(self.high)}, n={self.n})")
+
+
+def spread(values: Sequence[float]) -> Spread:
+    vals = [v for v in values if not math.isnan(v)]
+    if not vals:
+        return Spread(0, math.nan, math.nan, math.nan, math.nan, math.nan)
+    return Spread(len(vals), median(vals), quantile(vals, 0.25), quantile(vals, 0.75), min(vals), max(vals))
+
+
+def paired_ratios(b: Sequence[float], a: Sequence[float]) -> list[float]:
+    """Per-round ratios b[i] / a[i] of two equally long series (a round where either is missing is skipped)."""
+    if len(a) != len(b):
+        raise ValueError(f"paired series differ in length: {len(b)} vs {len(a)}")
+    return [y / x for y, x in zip(b, a, strict=True) if x and x > 0 and not (math.isnan(x) or math.isnan(y))]
+
+
+def round_orders(rounds: int) -> list[tuple[str, str]]:
+    """A/B interleaving: AB, BA, AB, ... so that a slow drift of the machine's load favours neither side."""
+    return [("A", "B") if i % 2 == 0 else ("B", "A") for i in range(rounds)]
+
+
+def verdict(value: float, limit: float) -> str:
+    if math.isnan(value):
+        return "n/a"
+    return "ok" if value <= limit else "MISSED"
