@@ -138,3 +138,28 @@ def test_charlm_reports_loss_and_perplexity(tmp_path):
     val = [m for m in metrics(tmp_path / "runs/charlm") if m["split"] == "val"][-1]
     assert val["perplexity"] == pytest.approx(2.718281828 ** val["loss"], rel=1e-9)
     assert 1.0 < val["perplexity"] < 96  # better than uniform over the vocabulary
+
+
+def test_grad_accum_matches_the_larger_batch_on_two_processes(tmp_path):
+    common = [*SMALL, "trainer.epochs=1", "trainer.cpu_threads=1", "~scheduler"]
+    accum = torchrun(2, "train", QUICK, *common, "data.batch_size=8", "trainer.grad_accum=2", "run_dir=accum",
+                     cwd=tmp_path)
+    assert accum.returncode == 0, accum.output
+    big = torchrun(2, "train", QUICK, *common, "data.batch_size=16", "run_dir=big", cwd=tmp_path)
+    assert big.returncode == 0, big.output
+    a, b = load_ckpt(tmp_path / "accum/checkpoints/last.pt"), load_ckpt(tmp_path / "big/checkpoints/last.pt")
+    assert a["step"] == b["step"] == 32
+    for key in a["model"]:
+        torch.testing.assert_close(a["model"][key], b["model"][key], rtol=1e-4, atol=1e-5)
+    assert "global batch 32 = 8 per process x 2 process(es) x 2 accumulation step(s)" in accum.stderr
+
+
+def test_loader_workers_bf16_and_per_epoch_scheduler(tmp_path):
+    r = mgpu("train", QUICK, *SMALL, "trainer.epochs=2", "data.num_workers=1", "trainer.precision=bf16",
+             "trainer.scheduler_interval=epoch", "scheduler.T_max=2", "trainer.keep_checkpoints=1", cwd=tmp_path)
+    assert r.returncode == 0, r.output
+    ckpts = tmp_path / "runs/quickstart/checkpoints"
+    assert sorted(p.name for p in ckpts.iterdir()) == ["best.pt", "last.pt", "step-00000064.pt"]
+    ckpt = load_ckpt(ckpts / "last.pt")
+    assert ckpt["scheduler"]["last_epoch"] == 2  # stepped once per epoch
+    assert metrics(tmp_path / "runs/quickstart")[-1]["accuracy"] > 0.5
