@@ -3,6 +3,9 @@
 Parse, call ``run_doctor``, render (a table on stderr, or one JSON object on stdout), map to exit codes:
 0 nothing failed, 1 something failed, 2 bad options. The doctor itself never imports torch: torch runs in
 bounded child processes, so a broken install or a hung driver is reported, not suffered.
+
+``mgpu doctor RUN_DIR`` is the post-mortem of a run instead (``mgpucli.postmortem``): 0 the run finished,
+1 it did not (diagnosed or not), 2 the path is not a run directory.
 """
 
 from __future__ import annotations
@@ -20,6 +23,10 @@ STYLE = {"ok": "[green]ok[/]", "warn": "[yellow]warn[/]", "fail": "[bold red]FAI
 
 
 def doctor(
+    run_dir: str | None = typer.Argument(
+        None, metavar="RUN_DIR", show_default=False,
+        help="A run directory of `mgpu launch`: explain why that run failed instead of checking the machine.",
+    ),
     gpus: str | None = typer.Option(
         None, "--gpus", help="Check for these GPUs: a count, a list (0,2,3) or 'all'. Default: every visible GPU."
     ),
@@ -32,7 +39,17 @@ def doctor(
     """Check this machine for multi-process training and say how to fix what is wrong.
 
     Without --gpus/--cpu it checks every visible GPU; on a machine without GPUs, 2 CPU processes (gloo).
+
+    With RUN_DIR (a run directory of mgpu launch): did the run finish; if not, which rank failed first, when, why.
+
+    That diagnosis quotes the log lines that show it and gives the fix; it is also written to RUN_DIR/postmortem.json.
     """
+    if run_dir is not None:
+        given = {"--gpus": gpus is not None, "--cpu": cpu, "--nproc": nproc is not None, "--quick": quick,
+                 "--timeout": timeout != 30.0}
+        machine_only = [name for name, used in given.items() if used]
+        postmortem(run_dir, json_out, machine_only)
+        return
     from mgpucli.console import err_console, print_error
     from mgpucli.doctor.plan import DeviceOptions
     from mgpucli.doctor.report import DoctorOptions, run_doctor
@@ -82,3 +99,31 @@ def render(report: Report) -> None:
     console.print(table)
     color = {"ok": "green", "warn": "yellow", "fail": "bold red"}[report.status]
     console.print(Text(report.verdict, style=color))
+
+
+def postmortem(run_dir: str, json_out: bool, machine_only: list[str]) -> None:
+    """``mgpu doctor RUN_DIR``: diagnose, write postmortem.json, render; exit 0 finished / 1 not / 2 bad path."""
+    from mgpucli.console import print_error
+    from mgpucli.errors import EXIT_USAGE, MgpuError
+    from mgpucli.postmortem import diagnose_run, render, write_report
+
+    if machine_only:
+        print_error(f"{', '.join(machine_only)} check(s) this machine; with a run directory mgpu doctor reads that "
+                    f"run's logs instead.\nRun `mgpu doctor {' '.join(machine_only)}` and `mgpu doctor {run_dir}` "
+                    "separately.")
+        sys.exit(EXIT_USAGE)
+    try:
+        report = diagnose_run(run_dir)
+    except MgpuError as err:
+        print_error(str(err))
+        sys.exit(err.exit_code)
+    written = write_report(report)
+    if json_out:
+        sys.stdout.write(json.dumps(report.to_json(), indent=2) + "\n")
+    else:
+        render(report)
+        if written:
+            from mgpucli.console import err_console
+
+            err_console().print(f"  report: {written}", markup=False, highlight=False, style="dim")
+    sys.exit(report.exit_code)

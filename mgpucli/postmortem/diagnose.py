@@ -1,0 +1,346 @@
+"""The diagnosis: did the run finish; if not, which rank failed first, when, why, and what to do.
+
+Which rank failed *first* matters more than which ranks failed: when one rank dies, the others fail too
+(a lost peer, a collective that times out, the launcher's SIGTERM). So every failed rank is explained by
+the matchers, and ranks are ordered: a cause (an OOM, a NaN, an exception in the user's code, a SIGKILL...)
+before an unexplained failure before an echo (a lost peer, a timeout while waiting); within a tier, the
+launcher's own order (``mgpu.launch.failures.collect``: signal deaths, exceptions, then time).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from mgpucli.launch import failures as fl
+from mgpucli.launch.index import Attempt
+from mgpucli.launch.records import FailureRecord
+from mgpucli.postmortem.lines import LogLine
+from mgpucli.postmortem.matchers import Match, explain, signal_fix
+from mgpucli.postmortem.reader import RankRun, RunRecord, rank_runs, read_run, steps_per_epoch
+
+UNKNOWN_LINES = 8
+_NOISE = ("FutureWarning", "UserWarning", "DeprecationWarning", "warnings.warn(", "train = DDP(")
+
+
+@dataclass
+class Failure:
+    """How one rank failed in one attempt."""
+
+    rank: int | None  # None: not a rank's failure (the whole job was stopped)
+    local_rank: int | None
+    attempt: int
+    match: Match
+    step: int | None = None
+    step_source: str | None = None  # "failure record", "log message", "last logged metrics"
+    epoch: int | None = None
+    time: float | None = None
+    exitcode: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        m = self.match
+        return {
+            "rank": self.rank, "local_rank": self.local_rank, "attempt": self.attempt, "step": self.step,
+            "step_source": self.step_source, "epoch": self.epoch,
+            "time": _iso(self.time), "exit_code": self.exitcode, "signature": m.signature, "title": m.title,
+            "cause": m.cause, "evidence": [e.to_json() for e in m.evidence], "fix": m.fix, "details": m.details,
+        }
+
+
+@dataclass
+class Report:
+    """The post-mortem of one run directory (``postmortem.json``)."""
+
+    run_dir: str
+    status: str  # succeeded | failed | stopped | running | launcher_gone | not_started
+    finished: bool
+    verdict: str
+    attempts: int
+    world_size: int | None
+    first_failure: Failure | None = None
+    others: list[Failure] = field(default_factory=list)
+    earlier_attempts: list[Failure] = field(default_factory=list)
+    last_train: dict[str, Any] | None = None
+    last_val: dict[str, Any] | None = None
+    checkpoint: str | None = None
+    resume_command: str | None = None
+    logs: str | None = None
+    launch_json: str | None = None
+
+    @property
+    def exit_code(self) -> int:
+        """``mgpu doctor RUN_DIR``'s exit code: 0 the run finished, 1 it did not (diagnosed or not)."""
+        return 0 if self.finished else 1
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "run_dir": self.run_dir, "finished": self.finished, "status": self.status, "verdict": self.verdict,
+            "attempts": self.attempts, "world_size": self.world_size,
+            "first_failure": self.first_failure.to_json() if self.first_failure else None,
+            "other_failures": [_brief(f) for f in self.others],
+            "earlier_attempts": [_brief(f) for f in self.earlier_attempts],
+            "last_metrics": {"train": self.last_train, "val": self.last_val},
+            "checkpoint": self.checkpoint, "resume_command": self.resume_command, "logs": self.logs,
+            "launch_json": self.launch_json, "diagnosed_at": _iso(time.time()),
+        }
+
+
+def _brief(f: Failure) -> dict[str, Any]:
+    return {"rank": f.rank, "attempt": f.attempt, "signature": f.match.signature, "title": f.match.title,
+            "step": f.step, "exit_code": f.exitcode}
+
+
+def _iso(stamp: float | None) -> str | None:
+    return time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(stamp)) if stamp else None
+
+
+# ------------------------------------------------------------------------------------------ one attempt
+def _unknown(run: RankRun) -> Match:
+    """No signature matched: show the rank's last error lines plainly instead of guessing."""
+    shown = _meaningful(run.lines)[-UNKNOWN_LINES:]
+    if not run.left_error and run.exitcode is None:
+        # No exception handler ran (no torch error file, no mgpu record): the process was killed outright.
+        return Match("killed_by_signal", f"rank {run.rank} died without an error: killed by a signal (the exit "
+                     "code was not recorded; most likely SIGKILL, the host's out-of-memory killer)", run.rank,
+                     shown[-3:], signal_fix(None), details={"signal": None, "inferred": True})
+    first = (run.error_message or "").strip().splitlines()
+    title = f"rank {run.rank} failed: {first[0]}" if first else f"rank {run.rank} failed (exit code {run.exitcode})"
+    return Match("unknown", title, run.rank, shown,
+                 "No known failure signature matched. The lines above are this rank's last output; the full log is "
+                 f"{run.files.stderr or run.files.stdout}.")
+
+
+def _meaningful(lines: list[LogLine]) -> list[LogLine]:
+    return [line for line in lines if line.text.strip() and not any(n in line.text for n in _NOISE)]
+
+
+def _tier(match: Match) -> int:
+    """0: a cause; 1: unexplained (or a death inferred from silence); 2: an echo of another rank's failure."""
+    if match.signature == "unknown" or match.details.get("inferred"):
+        return 1
+    return 0 if match.cause else 2
+
+
+def _failed_ranks(runs: dict[int, RankRun], collected: list[fl.RankFailure], hint: int | None,
+                  exitcodes_known: bool) -> list[int]:
+    """Ranks that failed, in the launcher's order (``hint``: the rank launch.json names first)."""
+    order = [f.rank for f in collected]
+    if hint is not None and hint in runs and hint not in order:
+        order.insert(0, hint)
+    if not exitcodes_known:  # ranks whose logs show a failure although they left no error file
+        order += [r for r, run in runs.items() if r not in order and explain(run.lines) is not None]
+    return order
+
+
+def diagnose_attempt(run: RunRecord, attempt: Attempt, hint: int | None = None) -> list[Failure]:
+    """Every failed rank of ``attempt``, the one that failed first at the front."""
+    runs = rank_runs(run, attempt)
+    last = bool(run.attempts) and attempt.attempt == run.attempts[-1].attempt
+    codes = {r: c for r, c in run.exitcodes.items() if c != 0} if last and run.exitcodes else None
+    collected = fl.collect(attempt, codes) if codes is not None else fl.collect(attempt)
+    ranks = _failed_ranks(runs, collected, hint if last else None, codes is not None)
+    failures = []
+    for position, rank in enumerate(ranks):
+        r = runs[rank]
+        match = explain(r.lines) or _unknown(r)
+        if match.rank != rank:  # a matcher may quote an interleaved line of another rank: keep this rank's story
+            match.rank = rank
+        failures.append((_tier(match), position, Failure(rank, r.local_rank, attempt.attempt, match, time=r.time,
+                                                         exitcode=r.exitcode)))
+    ordered = [f for _, _, f in sorted(failures, key=lambda t: (t[0], t[1]))]
+    _explain_timeouts(ordered, runs)
+    for failure in ordered:
+        tailor(failure.match, run)
+    spe = steps_per_epoch(runs)
+    for failure in ordered:
+        _when(failure, runs[failure.rank].record if failure.rank is not None else None, run, spe)
+    return ordered
+
+
+def _explain_timeouts(ordered: list[Failure], runs: dict[int, RankRun]) -> None:
+    """A collective timeout: name the late ranks (those not waiting), and let it explain their deaths.
+
+    A late rank killed by a signal was either killed first (the others then waited for it) or killed by the
+    launcher's teardown after its grace period; both are the timeout's story, told with the late rank's fate.
+    """
+    timeouts = [f for f in ordered if f.match.signature == "collective_timeout"]
+    if not timeouts:
+        return
+    main = timeouts[0].match
+    waiting = sorted({f.rank for f in timeouts} | set(main.details.get("waiting_ranks", [])))
+    late = main.details.get("late_ranks") or [r for r in sorted(runs) if r not in waiting]
+    main.details["waiting_ranks"] = waiting
+    main.details["late_ranks"] = late
+    fates = {str(f.rank): fate(f.match) for f in ordered if f.rank in late}
+    if fates:
+        main.details["late_rank_fates"] = fates
+    if late:
+        ranks = ", ".join(str(r) for r in late)
+        main.title += f"; rank{'s' if len(late) > 1 else ''} {ranks} never arrived"
+        for rank in late[:2]:
+            tail = [line for line in _meaningful(runs[rank].lines) if line.line is not None]  # its own log
+            if tail:
+                main.evidence.append(tail[-1])
+    if any(f.match.signature == "killed_by_signal" for f in ordered if f.rank in late):
+        main.fix += (" A late rank was killed by a signal: if it was SIGKILL before the timeout, the host's "
+                     "out-of-memory killer is the likely cause (`dmesg -T | grep -i 'killed process'`).")
+    first = ordered[0]
+    if first.match.signature == "killed_by_signal" and first.rank in late and first.match.details.get("signal") \
+            in (None, "SIGKILL", "SIGTERM"):
+        ordered.remove(timeouts[0])
+        ordered.insert(0, timeouts[0])
+
+
+_SETTINGS = ("data.batch_size", "data.num_workers", "trainer.grad_accum", "trainer.timeout_s", "optim.lr")
+
+
+def tailor(match: Match, run: RunRecord) -> None:
+    """Put this run's own values into the fix ("data.batch_size (now 64)"), and tell a port mgpu was given
+    from one torch picked."""
+    for key in _SETTINGS:
+        value = run.recipe_value(key)
+        if value is not None:
+            match.fix = re.sub(rf"\b{re.escape(key)}\b(?![=\w]| \(now)", f"{key} (now {value})", match.fix, count=1)
+    if match.signature == "address_in_use" and match.details.get("port"):
+        port = match.details["port"]
+        endpoint = str((run.launch.get("rendezvous") or {}).get("endpoint") or "")
+        if endpoint.rsplit(":", 1)[-1] == str(port):
+            match.fix = (f"Port {port}, the rendezvous port this job was given, was taken by another process (an "
+                         f"earlier job or its workers still running? `ss -ltnp | grep :{port}` names it). Stop it or "
+                         "pick another --master-port; on one node, leave --master-port out and mgpu uses a private "
+                         "rendezvous on a free port.")
+        else:
+            match.fix = (f"torch picked port {port} for the workers' store (it was free when the launcher chose it), "
+                         "and another program took it before rank 0 could listen on it. Nothing in the job needs to "
+                         f"change: run it again. If it keeps happening, find what grabs ports (`ss -ltnp | grep "
+                         f":{port}`).")
+
+
+def fate(match: Match) -> str:
+    """A few words for what happened to a rank (for lists of ranks)."""
+    if match.signature == "killed_by_signal":
+        return f"killed by {match.details.get('signal') or 'a signal'}"
+    short = {"peer_lost": "lost its connection to a peer", "collective_timeout": "timed out in a collective",
+             "python_exception": match.details.get("exception", "an exception"), "nan_loss": "NaN loss",
+             "cuda_oom": "CUDA out of memory", "unknown": "failed", "stopped": "stopped"}
+    return short.get(match.signature, match.signature.replace("_", " "))
+
+
+def _when(failure: Failure, record: FailureRecord | None, run: RunRecord, spe: int | None) -> None:
+    """The step (and epoch) of the failure: the worker's own record, its message, or the last metrics."""
+    if record is not None and record.step is not None:
+        failure.step, failure.step_source = record.step, "failure record"
+    elif failure.match.step is not None:
+        failure.step, failure.step_source = failure.match.step, "log message"
+    else:
+        train = run.last_metrics("train")
+        if train is not None and isinstance(train.get("step"), int):
+            failure.step, failure.step_source = train["step"], "last logged metrics"
+    if failure.step is not None and spe:
+        failure.epoch = max(0, (failure.step - 1) // spe)
+    else:
+        train = run.last_metrics("train")
+        failure.epoch = train.get("epoch") if train else None
+
+
+# ------------------------------------------------------------------------------------------ the run
+def diagnose_run(run_dir: str) -> Report:
+    """Read ``run_dir`` and diagnose it (UsageError, exit 2, when it is not a run directory)."""
+    run = read_run(run_dir)
+    result = run.result
+    status = str(result.get("status") or "unknown")
+    launch = run.launch
+    devices = launch.get("devices") or {}
+    nproc = devices.get("nproc_per_node")
+    world = nproc * int(launch.get("nnodes") or 1) if isinstance(nproc, int) else None
+    report = Report(run_dir=run.run_dir, status=status, finished=status == "succeeded", verdict="",
+                    attempts=len(run.attempts), world_size=world, last_train=run.last_metrics("train"),
+                    last_val=run.last_metrics("val"), checkpoint=run.checkpoint, launch_json=run.launch_paths[0],
+                    logs=run.attempts[-1].dir if run.attempts else launch.get("log_dir"))
+    report.resume_command = _resume_command(launch) if run.checkpoint else None
+    if status == "running" and _launcher_alive(launch):
+        report.verdict = _running_verdict(run)
+        return report
+    if status == "running":
+        report.status = status = "launcher_gone"
+    hint = result.get("first_failed_rank")
+    for attempt in run.attempts[:-1]:
+        found = diagnose_attempt(run, attempt)
+        if found:
+            report.earlier_attempts.append(found[0])
+    if run.attempts and status != "succeeded":
+        found = diagnose_attempt(run, run.attempts[-1], hint if isinstance(hint, int) else None)
+        if found:
+            report.first_failure, report.others = found[0], found[1:]
+    if status == "stopped" and (report.first_failure is None or not report.first_failure.match.cause):
+        sig = result.get("signal") or "a signal"
+        report.first_failure = Failure(None, None, run.attempts[-1].attempt if run.attempts else 0, Match(
+            "stopped", f"the launcher was stopped by {sig}", None, [], signal_fix(str(sig)), cause=False))
+        _when(report.first_failure, None, run, None)
+    report.verdict = _verdict(report, run, status)
+    return report
+
+
+def _launcher_alive(launch: dict[str, Any]) -> bool:
+    """The recorded launcher pid still runs ``mgpu launch`` (launch.json is rewritten at the end)."""
+    pid = (launch.get("env") or {}).get("MGPU_LAUNCH_PID")
+    try:
+        with open(f"/proc/{int(pid)}/cmdline", "rb") as fh:
+            return b"mgpu" in fh.read()
+    except (TypeError, ValueError, OSError):
+        return False
+
+
+def _running_verdict(run: RunRecord) -> str:
+    train = run.last_metrics("train")
+    if not train:
+        return "still running: the launcher is alive and no step has been logged yet."
+    age = time.time() - float(train.get("time", time.time()))
+    return f"still running: last logged step {train.get('step')} (epoch {train.get('epoch')}), {age:.0f} s ago."
+
+
+def _resume_command(launch: dict[str, Any]) -> str | None:
+    argv = [str(a) for a in launch.get("argv") or []]
+    if not argv:
+        return None
+    cleaned, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+            continue
+        if arg == "--resume":
+            skip = True
+            continue
+        if arg.startswith("--resume=") or arg == "--overwrite":
+            continue
+        cleaned.append(arg)
+    return " ".join(shlex.quote(a) for a in cleaned) + " --resume auto"
+
+
+def _verdict(report: Report, run: RunRecord, status: str) -> str:
+    rel = os.path.relpath(run.run_dir)
+    where = run.run_dir if rel.startswith("..") else rel
+    n = report.attempts
+    if status == "succeeded":
+        extra = f" after {n - 1} restart(s)" if n > 1 else ""
+        return f"{where} finished{extra}."
+    f = report.first_failure
+    what = {"failed": "failed", "stopped": "was stopped", "launcher_gone":
+            "did not finish: the launcher stopped without recording a result (killed, or the machine went down)"}
+    head = f"{where} {what.get(status, 'did not finish')}"
+    if f is None:
+        return head + ", and no rank left an error to read."
+    when = ""
+    if f.step is not None:
+        when = f" at step {f.step}" if f.step_source != "last logged metrics" else f" after step {f.step}"
+        if f.epoch is not None:
+            when += f" (epoch {f.epoch})"
+    attempt = f" in attempt {f.attempt + 1} of {n}" if n > 1 else ""
+    if f.rank is None:
+        return f"{head}{when}: {f.match.title}."
+    return f"{head}: rank {f.rank} failed first{when}{attempt}: {f.match.title}."
+

@@ -1,0 +1,237 @@
+"""Read a run directory: the launch record, every rank's logs and error files per attempt, metrics, recipe.
+
+``mgpu launch`` writes ``RUN_DIR/launch.json`` (node K of a multi-node job: ``launch.nodeK.json``) with an
+index from global rank to its stdout/stderr/error files for every restart attempt; the workers leave torch's
+``error.json`` and mgpu's ``mgpu_failure.json`` beside them; rank 0 writes ``metrics.jsonl``, ``recipe.yaml``
+and ``checkpoints/``. A run dir copied elsewhere (from a cluster to a laptop) still reads: recorded paths
+that no longer exist are looked up again under the directory actually given.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import re
+import signal
+from dataclasses import dataclass, field
+from typing import Any
+
+from mgpucli.errors import UsageError
+from mgpucli.launch.index import Attempt, RankFiles
+from mgpucli.launch.records import RECORD_NAME, FailureRecord, read_error_file, read_record
+from mgpucli.postmortem.lines import LogLine, parse, read_log
+
+LAUNCH_JSON = "launch.json"
+_SPE = re.compile(r"\b(\d+) steps per epoch\b")
+
+
+@dataclass
+class RankRun:
+    """One rank in one attempt: its files, its last log lines and whatever it left about its failure."""
+
+    rank: int
+    local_rank: int
+    attempt: int
+    files: RankFiles
+    lines: list[LogLine]
+    record: FailureRecord | None
+    error_message: str | None
+    error_time: float | None
+    exitcode: int | None  # known for the last attempt when the launcher recorded it
+
+    @property
+    def left_error(self) -> bool:
+        return self.record is not None or self.error_message is not None
+
+    @property
+    def time(self) -> float | None:
+        return self.record.time if self.record is not None else self.error_time
+
+
+@dataclass
+class RunRecord:
+    """Everything ``mgpu doctor RUN_DIR`` reads, already parsed."""
+
+    run_dir: str
+    launch_paths: list[str]
+    launch: dict[str, Any]
+    attempts: list[Attempt]
+    exitcodes: dict[int, int]
+    metrics: list[dict[str, Any]] = field(default_factory=list)  # the last records of metrics.jsonl
+    recipe: dict[str, Any] | None = None
+    checkpoint: str | None = None
+
+    @property
+    def result(self) -> dict[str, Any]:
+        return self.launch.get("result") or {}
+
+    def last_metrics(self, split: str) -> dict[str, Any] | None:
+        return next((m for m in reversed(self.metrics) if m.get("split") == split), None)
+
+    def recipe_value(self, dotted: str) -> Any:
+        node: Any = self.recipe
+        for key in dotted.split("."):
+            if not isinstance(node, dict) or key not in node:
+                return None
+            node = node[key]
+        return node
+
+
+def read_run(path: str) -> RunRecord:
+    """Read ``path`` (a run dir, or its launch.json); UsageError (exit 2) when it is not a run directory."""
+    run_dir = os.path.dirname(os.path.abspath(path)) if os.path.isfile(path) else os.path.abspath(path)
+    if not os.path.isdir(run_dir):
+        raise UsageError(f"{path}: no such directory.", "Give the run directory of a `mgpu launch` run, e.g. "
+                         "mgpu doctor runs/quickstart (the run_dir of its recipe).")
+    paths = sorted(glob.glob(os.path.join(run_dir, "launch*.json")), key=lambda p: (p != os.path.join(
+        run_dir, LAUNCH_JSON), p))
+    paths = [p for p in paths if re.fullmatch(r"launch(\.node\d+)?\.json", os.path.basename(p))]
+    if not paths:
+        raise UsageError(
+            f"{path} is not a run directory of `mgpu launch`: it holds no {LAUNCH_JSON}.",
+            "Give the directory `mgpu launch` trained into (its recipe's run_dir, e.g. runs/quickstart). Runs "
+            "started with `mgpu train` or torchrun directly leave no launch record to read.",
+        )
+    records = [_load_json(p) for p in paths]
+    if records[0] is None:
+        raise UsageError(f"{paths[0]} cannot be read as JSON (truncated or not written by mgpu launch).",
+                         "Give the run directory of a `mgpu launch` run.")
+    launch = records[0]
+    recorded_root = str(launch.get("run_dir") or run_dir)
+    attempts = _merge_attempts([r for r in records if r], run_dir, recorded_root)
+    exitcodes: dict[int, int] = {}
+    for rec in records:
+        for rank, code in ((rec or {}).get("result") or {}).get("exitcodes", {}).items():
+            exitcodes[int(rank)] = int(code)
+    run = RunRecord(run_dir=run_dir, launch_paths=paths, launch=launch, attempts=attempts, exitcodes=exitcodes)
+    run.metrics = _read_metrics(os.path.join(run_dir, "metrics.jsonl"))
+    run.recipe = _read_recipe(os.path.join(run_dir, "recipe.yaml"))
+    last = os.path.join(run_dir, "checkpoints", "last.pt")
+    run.checkpoint = last if os.path.isfile(last) else None
+    return run
+
+
+def _load_json(path: str) -> dict[str, Any] | None:
+    try:
+        with open(path) as fh:
+            data = json.load(fh)
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _relocate(path: str, run_dir: str, recorded_root: str) -> str:
+    """``path`` as recorded, or the same file under the run dir given (a run dir that was moved or copied)."""
+    if not path or os.path.exists(path):
+        return path
+    root = os.path.abspath(recorded_root)
+    if os.path.commonpath([root, os.path.abspath(path)]) == root:
+        moved = os.path.join(run_dir, os.path.relpath(path, root))
+        if os.path.exists(moved) or os.path.exists(os.path.dirname(moved)):
+            return moved
+    return path
+
+
+def _merge_attempts(records: list[dict[str, Any]], run_dir: str, recorded_root: str) -> list[Attempt]:
+    """Attempts by number, with the ranks of every node's record."""
+    merged: dict[int, Attempt] = {}
+    for rec in records:
+        for item in rec.get("attempts") or []:
+            number = int(item.get("attempt", 0))
+            att = merged.setdefault(number, Attempt(number, _relocate(item.get("dir", ""), run_dir, recorded_root)))
+            for key, files in (item.get("ranks") or {}).items():
+                fix = {k: _relocate(files.get(k, ""), run_dir, recorded_root)
+                       for k in ("stdout", "stderr", "error_file")}
+                rank = int(files.get("rank", key))
+                att.ranks[rank] = RankFiles(rank, int(files.get("local_rank", rank)), **fix)
+    return [merged[n] for n in sorted(merged)]
+
+
+def rank_runs(run: RunRecord, attempt: Attempt) -> dict[int, RankRun]:
+    """Every rank of ``attempt`` with its log tail and its error records (exit codes for the last attempt)."""
+    last = bool(run.attempts) and attempt.attempt == run.attempts[-1].attempt
+    out = {}
+    for rank, files in sorted(attempt.ranks.items()):
+        record = read_record(os.path.join(os.path.dirname(files.error_file), RECORD_NAME)) if files.error_file \
+            else None
+        message, trace, stamp = read_error_file(files.error_file)
+        lines = read_log(files.stderr, rank) + read_log(files.stdout, rank)
+        lines += _unless_logged(lines, message, trace, rank, files.error_file)
+        if record is not None:
+            lines += _unless_logged(lines, f"{record.type}: {record.message}", None, rank,
+                                    os.path.join(os.path.dirname(files.error_file), RECORD_NAME), record.message)
+        code = run.exitcodes.get(rank) if last else None
+        if code is not None and code < 0:
+            lines.append(LogLine(rank, f"exit code {code} ({_signal_name(code)}), as recorded by the launcher",
+                                 run.launch_paths[0]))
+        out[rank] = RankRun(rank, files.local_rank, attempt.attempt, files, lines, record, message, stamp, code)
+    return out
+
+
+def _unless_logged(lines: list[LogLine], message: str | None, trace: str | None, rank: int, source: str,
+                   probe: str | None = None) -> list[LogLine]:
+    """The error file's text as lines, unless the log already shows it (then the log, with line numbers, is
+    the better evidence). ``probe``: the part of the message to look for in the log."""
+    if not message or not message.strip():
+        return []
+    head = message.strip().splitlines()[0][-100:]
+    look = (probe or message).strip().splitlines()[0][-100:] if (probe or message).strip() else head
+    if any(look in line.text for line in lines):
+        return []
+    return parse((trace or "") + ("" if (trace or "").rstrip().endswith(head) else f"\n{message}"), rank, source)
+
+
+def _signal_name(code: int) -> str:
+    try:
+        return signal.Signals(-code).name
+    except ValueError:
+        return f"signal {-code}"
+
+
+def _read_metrics(path: str, max_bytes: int = 256 * 1024) -> list[dict[str, Any]]:
+    """The last records of metrics.jsonl (a partial last line, from a killed writer, is skipped)."""
+    if not os.path.isfile(path):
+        return []
+    with open(path, "rb") as fh:
+        size = fh.seek(0, os.SEEK_END)
+        fh.seek(max(0, size - max_bytes))
+        data = fh.read().decode("utf-8", errors="replace")
+    out = []
+    for line in data.splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict):
+            out.append(record)
+    return out
+
+
+def _read_recipe(path: str) -> dict[str, Any] | None:
+    """The resolved recipe rank 0 wrote (PyYAML comes with omegaconf; without it the fixes stay generic)."""
+    try:
+        import yaml
+
+        with open(path) as fh:
+            data = yaml.safe_load(fh)
+    except Exception:
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def steps_per_epoch(runs: dict[int, RankRun]) -> int | None:
+    """From rank 0's start-up line ("... 8 steps per epoch; ..."), read from the head of its log."""
+    first = runs.get(0) or next(iter(runs.values()), None)
+    if first is None:
+        return None
+    for path in (first.files.stderr, first.files.stdout):
+        try:
+            with open(path, errors="replace") as fh:
+                for _, line in zip(range(80), fh, strict=False):
+                    found = _SPE.search(line)
+                    if found:
+                        return int(found.group(1))
+        except OSError:
+            continue
+    return None

@@ -1,0 +1,141 @@
+"""Show a post-mortem in one screen at most (rich, on stderr), and write ``RUN_DIR/postmortem.json``."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import TYPE_CHECKING, Any
+
+from mgpucli.postmortem.diagnose import Failure, Report, fate
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+REPORT_NAME = "postmortem.json"
+MAX_EVIDENCE = 5
+MAX_TEXT = 200
+
+
+def write_report(report: Report) -> str | None:
+    """Write ``postmortem.json`` into the run dir atomically; None when the run dir is read-only."""
+    path = os.path.join(report.run_dir, REPORT_NAME)
+    tmp = f"{path}.tmp{os.getpid()}"
+    try:
+        with open(tmp, "w") as fh:
+            json.dump(report.to_json(), fh, indent=2)
+            fh.write("\n")
+        os.replace(tmp, path)
+    except OSError:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        return None
+    return path
+
+
+def _short(text: str, width: int = MAX_TEXT) -> str:
+    text = text.strip()
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def _grouped(items: list[tuple[Any, str]]) -> str:
+    """``rank 1, 2 (lost its connection to a peer); rank 3 (killed by SIGKILL)``: ranks grouped by what happened."""
+    groups: dict[str, list[str]] = {}
+    for rank, what in items:
+        groups.setdefault(what, []).append(str(rank))
+    out = []
+    for what, ranks in groups.items():
+        shown = ", ".join(ranks[:8]) + (f" and {len(ranks) - 8} more" if len(ranks) > 8 else "")
+        out.append(f"rank{'s' if len(ranks) > 1 else ''} {shown} ({what})")
+    return "; ".join(out)
+
+
+def detail_line(f: Failure) -> str | None:
+    """The one line of specifics a signature has (which collective, how much memory, which signal...)."""
+    d: dict[str, Any] = f.match.details
+    sig = f.match.signature
+    if sig == "collective_timeout":
+        parts = []
+        if d.get("timeout_s") is not None:
+            parts.append(f"timeout {d['timeout_s']:g} s")
+        if d.get("waiting_ranks"):
+            parts.append("waited: rank " + ", ".join(str(r) for r in d["waiting_ranks"]))
+        if d.get("late_ranks"):
+            parts.append("late: " + _grouped([(r, (d.get("late_rank_fates") or {}).get(str(r), "no error"))
+                                              for r in d["late_ranks"]]))
+        return "; ".join(parts) or None
+    if sig == "cuda_oom":
+        bits = [f"{k}: {d[k]}" for k in ("size", "total", "free", "mine", "reserved") if d.get(k)]
+        return ", ".join(bits).replace("size:", "tried to allocate").replace("mine:", "this process:") or None
+    if sig == "dataloader_worker":
+        return f"worker pid(s) {d.get('pids')}; {d.get('kind')}" if d.get("pids") else None
+    if sig in ("nan_loss", "cuda_oom", "ddp_unused_parameters") and d.get("ranks") and len(d["ranks"]) > 1:
+        return "seen on ranks " + ", ".join(str(r) for r in d["ranks"])
+    return None
+
+
+def render(report: Report, console: Console | None = None, compact: bool = False) -> None:
+    """The verdict, the first failure's evidence and fix, the other ranks, where to look next.
+
+    ``compact`` (the end of ``mgpu launch``'s failure summary, which already showed the traceback): the
+    verdict, three evidence lines and the fix.
+    """
+    from rich.text import Text
+
+    from mgpucli.console import err_console
+
+    console = console or err_console()
+    color = "green" if report.finished else "bold red"
+    console.print(Text("diagnosis: " if compact else "mgpu doctor: ", style="bold") + Text(report.verdict, style=color))
+    f = report.first_failure
+    if f is not None:
+        extra = detail_line(f)
+        if extra:
+            console.print(Text(f"  {extra}"))
+        evidence = f.match.evidence[: 3 if compact else MAX_EVIDENCE]
+        if evidence:
+            console.print(Text("  evidence:", style="bold"))
+            for line in evidence:  # one terminal line each: the full text is in postmortem.json
+                room = max(60, min(MAX_TEXT, console.width - len(line.cite()) - 7))
+                console.print(Text(f"    {line.cite()}  ", style="dim") + Text(_short(line.text, room)))
+        console.print(Text("  fix: ", style="bold cyan") + Text(f.match.fix, style="cyan"))
+    if compact:
+        return
+    if report.others:
+        console.print(Text("  also failed: " + _grouped([(o.rank, fate(o.match)) for o in report.others]), style="dim"))
+    for e in report.earlier_attempts[:3]:
+        step = f" at step {e.step}" if e.step is not None else ""
+        console.print(Text(f"  attempt {e.attempt + 1}: rank {e.rank}{step}: {e.match.title}", style="dim"))
+    if report.last_train:
+        t = report.last_train
+        console.print(Text(f"  last logged: step {t.get('step')}, epoch {t.get('epoch')}"
+                           + (f", loss {t['loss']:.4g}" if isinstance(t.get("loss"), (int, float)) else ""),
+                           style="dim"))
+    if report.resume_command and not report.finished:
+        console.print(Text("  continue from checkpoints/last.pt: ", style="bold") + Text(report.resume_command))
+    if report.logs:
+        console.print(Text(f"  logs: {report.logs}", style="dim"))
+
+
+def after_launch_failure(run_dir: str) -> str | None:
+    """For ``mgpu launch``: diagnose the failed run, end its summary with the diagnosis, write the report.
+
+    Never raises: a bug in the diagnosis must not hide the job's own failure (it is printed instead).
+    Returns the path of ``postmortem.json`` (None when it could not be written).
+    """
+    from mgpucli.console import err_console
+    from mgpucli.postmortem.diagnose import diagnose_run
+
+    try:
+        report = diagnose_run(run_dir)
+        path = write_report(report)
+        render(report, compact=True)
+        if path:
+            err_console().print(f"  full report: {path} (again any time: mgpu doctor {run_dir})", markup=False,
+                                highlight=False)
+        return path
+    except Exception as err:  # noqa: BLE001 - the launch already failed; say why the diagnosis did not work
+        err_console().print(f"mgpu launch: could not diagnose the failure ({type(err).__name__}: {err}); "
+                            f"run mgpu doctor {run_dir}.", markup=False, highlight=False)
+        return None

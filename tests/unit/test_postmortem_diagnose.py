@@ -1,0 +1,290 @@
+"""The diagnosis of whole run directories, built here in launch's own layout (files only, no processes)."""
+
+from __future__ import annotations
+
+import io
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from mgpucli.errors import UsageError
+from mgpucli.launch.index import build_attempt
+from mgpucli.launch.records import FailureRecord, record_path, write_record
+from mgpucli.postmortem import diagnose_run, render, write_report
+
+FIXTURES = Path(__file__).parent / "fixtures" / "postmortem"
+CRASH_TRACE = (
+    "Traceback (most recent call last):\n"
+    '  File "/work/main/mgpucli/engine/trainer.py", line 241, in _forward_backward\n'
+    "    if self._faults and faults.maybe_fault(...):\n"
+    '  File "/work/main/mgpucli/faults.py", line 69, in maybe_fault\n'
+    '    raise RuntimeError(f"injected fault: crash at step {step} on rank {rank}")\n'
+    "RuntimeError: injected fault: crash at step 3 on rank 1\n"
+)
+PEER = "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:23226"
+
+
+class RunDir:
+    """A run directory as `mgpu launch` leaves it: launch.json, per-attempt per-rank logs, error files."""
+
+    def __init__(self, root: Path, nranks: int = 2, attempts: int = 1, status: str = "failed", **result):
+        self.root = root
+        self.nranks = nranks
+        self.attempts = [self._attempt(n) for n in range(attempts)]
+        self.data = {
+            "mgpu_version": "0.1.0",
+            "argv": ["mgpu", "launch", "--cpu", "--nproc", str(nranks), "r.yaml", "--overwrite"],
+            "run_dir": str(root), "devices": {"kind": "cpu", "nproc_per_node": nranks}, "nnodes": 1,
+            "rendezvous": {"backend": "c10d", "endpoint": "localhost:0", "id": "mgpu-x"}, "log_dir": str(root / "logs"),
+            "env": {"MGPU_LAUNCH_PID": "999999999"},
+            "attempts": [a.to_json() for a in self.attempts],
+            "result": {"status": status, "exit_code": 0 if status == "succeeded" else 1, **result},
+        }
+        self.write()
+
+    def _attempt(self, n: int):
+        base = self.root / "logs" / "mgpu-x_abc" / f"attempt_{n}"
+        paths = {}
+        for lr in range(self.nranks):
+            (base / str(lr)).mkdir(parents=True)
+            paths[lr] = {k: str(base / str(lr) / f) for k, f in
+                         (("out", "stdout.log"), ("err", "stderr.log"), ("ef", "error.json"))}
+            Path(paths[lr]["out"]).write_text("")
+            Path(paths[lr]["err"]).write_text("")
+        return build_attempt(n, {lr: {"RANK": str(lr)} for lr in range(self.nranks)},
+                             {lr: p["out"] for lr, p in paths.items()}, {lr: p["err"] for lr, p in paths.items()},
+                             {lr: p["ef"] for lr, p in paths.items()})
+
+    def write(self) -> None:
+        (self.root / "launch.json").write_text(json.dumps(self.data))
+
+    def log(self, rank: int, text: str, attempt: int = -1) -> None:
+        with open(self.attempts[attempt].ranks[rank].stderr, "a") as fh:
+            fh.write(text if text.endswith("\n") else text + "\n")
+
+    def error(self, rank: int, message: str, trace: str = "", step: int | None = None, when: float = 100.0,
+              attempt: int = -1, kind: str = "RuntimeError") -> None:
+        files = self.attempts[attempt].ranks[rank]
+        Path(files.error_file).write_text(json.dumps({"message": {"message": f"{kind}: {message}", "extraInfo": {
+            "py_callstack": trace, "timestamp": str(int(when))}}}))
+        write_record(record_path(files.error_file), FailureRecord(rank, rank, self.attempts[attempt].attempt, when,
+                                                                  kind, message, step, 1))
+
+    def metrics(self, *records: dict) -> None:
+        with open(self.root / "metrics.jsonl", "a") as fh:
+            for rec in records:
+                fh.write(json.dumps(rec) + "\n")
+
+
+def crash_run(root: Path) -> RunDir:
+    run = RunDir(root, first_failed_rank=1)
+    run.log(0, "mgpu train quickstart: 2 process(es) on cpu\nglobal batch 64; 8 steps per epoch; run dir x\n"
+               "step 2 epoch 0  loss 1.38\n" + "\n".join(f"[rank0]: {line}" for line in ["Traceback (most recent "
+               "call last):", '  File "/x/torch/_tensor.py", line 623, in backward', "    torch.autograd.backward(",
+               PEER]))
+    run.error(0, PEER.split(": ", 1)[1], when=101.0)
+    run.log(1, "\n".join(f"[rank1]: {line}" for line in CRASH_TRACE.splitlines()))
+    run.error(1, "injected fault: crash at step 3 on rank 1", CRASH_TRACE, step=3, when=100.5)
+    run.metrics({"split": "train", "step": 2, "epoch": 0, "loss": 1.38})
+    return run
+
+
+def test_user_exception_on_rank_1_is_the_first_failure_with_step_and_evidence(tmp_path: Path):
+    crash_run(tmp_path)
+    report = diagnose_run(str(tmp_path))
+    assert not report.finished and report.exit_code == 1 and report.status == "failed"
+    f = report.first_failure
+    assert (f.rank, f.step, f.step_source, f.epoch) == (1, 3, "failure record", 0)
+    assert f.match.signature == "python_exception" and "not a distributed problem" in f.match.title
+    assert [(e.rank, e.line) for e in f.match.evidence] == [(1, 4), (1, 5), (1, 6)]
+    assert f.match.evidence[-1].text.strip() == "RuntimeError: injected fault: crash at step 3 on rank 1"
+    assert [(o.rank, o.match.signature) for o in report.others] == [(0, "peer_lost")]
+    assert "rank 1 failed first at step 3 (epoch 0)" in report.verdict
+
+
+def test_json_report_has_the_contract_fields_and_is_written(tmp_path: Path):
+    crash_run(tmp_path)
+    report = diagnose_run(str(tmp_path))
+    path = write_report(report)
+    data = json.loads(Path(path).read_text())
+    assert path == str(tmp_path / "postmortem.json") and data == json.loads(json.dumps(report.to_json()))
+    first = data["first_failure"]
+    assert data["finished"] is False
+    assert (first["rank"], first["step"], first["signature"]) == (1, 3, "python_exception")
+    assert first["fix"] and first["evidence"][-1] == {"rank": 1, "file": report.first_failure.match.evidence[-1].source,
+                                                      "line": 6, "text": first["evidence"][-1]["text"]}
+    assert data["other_failures"][0]["rank"] == 0
+
+
+def test_sigkill_recorded_by_the_launcher_is_the_cause_not_the_peers_echo(tmp_path: Path):
+    run = RunDir(tmp_path, first_failed_rank=0, exitcodes={"0": -9, "1": 1})
+    run.log(0, "step 8 epoch 0  loss 1.1\nval step 8  loss 0.97  accuracy 0.78  (101 samples)")
+    run.log(1, f"[rank1]: {PEER}")
+    run.error(1, PEER.split(": ", 1)[1])
+    report = diagnose_run(str(tmp_path))
+    f = report.first_failure
+    assert f.rank == 0 and f.match.signature == "killed_by_signal" and f.match.details["signal"] == "SIGKILL"
+    assert f.exitcode == -9 and "out-of-memory killer" in f.match.title
+    assert f.match.evidence[0].source.endswith("launch.json")
+
+
+def test_sigkill_without_recorded_exit_codes_is_inferred_from_silence(tmp_path: Path):
+    run = RunDir(tmp_path, first_failed_rank=0)
+    run.log(0, "step 8 epoch 0  loss 1.1\nval step 8  loss 0.97  accuracy 0.78  (101 samples)")
+    run.metrics({"split": "train", "step": 8, "epoch": 0, "loss": 1.1})
+    report = diagnose_run(str(tmp_path))
+    f = report.first_failure
+    assert f.rank == 0 and f.match.signature == "killed_by_signal" and f.match.details["inferred"]
+    assert (f.step, f.step_source) == (8, "last logged metrics")
+    assert "after step 8" in report.verdict and [e.line for e in f.match.evidence] == [1, 2]
+
+
+def test_timeout_explains_a_late_rank_killed_at_teardown(tmp_path: Path):
+    run = RunDir(tmp_path, first_failed_rank=1, exitcodes={"0": 1, "1": -9})
+    gloo = (FIXTURES / "gloo_timeout.log").read_text()
+    run.log(0, gloo)
+    run.error(0, gloo.strip().splitlines()[-1].split("RuntimeError: ", 1)[1])
+    run.log(1, "loading shard 17 of 40")
+    report = diagnose_run(str(tmp_path))
+    f = report.first_failure
+    assert f.rank == 0 and f.match.signature == "collective_timeout"
+    d = f.match.details
+    assert d["waiting_ranks"] == [0] and d["late_ranks"] == [1] and "SIGKILL" in d["late_rank_fates"]["1"]
+    assert "rank 1 never arrived" in f.match.title and "dmesg" in f.match.fix
+    assert f.match.evidence[-1].text == "loading shard 17 of 40"  # where the late rank was
+    assert "trainer.timeout_s (now" not in f.match.fix  # no recipe.yaml here: nothing to quote
+
+
+def test_fix_quotes_the_runs_own_settings(tmp_path: Path):
+    run = RunDir(tmp_path, first_failed_rank=2, nranks=3)
+    oom = (FIXTURES / "cuda_oom.log").read_text()
+    run.log(2, oom)
+    run.error(2, "CUDA out of memory. Tried to allocate 2.00 GiB.", kind="torch.OutOfMemoryError")
+    (tmp_path / "recipe.yaml").write_text("data:\n  batch_size: 64\ntrainer:\n  grad_accum: 1\n  timeout_s: 600\n")
+    f = diagnose_run(str(tmp_path)).first_failure
+    assert f.rank == 2 and f.match.signature == "cuda_oom"
+    assert "data.batch_size (now 64)" in f.match.fix and "trainer.grad_accum (now 1)" in f.match.fix
+
+
+def test_unknown_failure_shows_the_last_error_lines_plainly(tmp_path: Path):
+    run = RunDir(tmp_path, first_failed_rank=0)
+    run.log(0, "step 4 epoch 0  loss 1.3\nsomething odd happened in the C++ extension\nwith no known words")
+    run.error(0, "the widget frobnicated", kind="WidgetProblem")
+    f = diagnose_run(str(tmp_path)).first_failure
+    assert f.match.signature == "unknown" and f.rank == 0
+    assert "WidgetProblem: the widget frobnicated" in f.match.title
+    assert [e.text for e in f.match.evidence][-2:] == ["with no known words", "WidgetProblem: the widget frobnicated"]
+    assert "No known failure signature" in f.match.fix
+
+
+def test_a_finished_run_exits_0_and_mentions_earlier_attempts(tmp_path: Path):
+    run = RunDir(tmp_path, attempts=2, status="succeeded")
+    run.log(1, "\n".join(f"[rank1]: {line}" for line in CRASH_TRACE.splitlines()), attempt=0)
+    run.error(1, "injected fault: crash at step 3 on rank 1", CRASH_TRACE, step=3, attempt=0)
+    report = diagnose_run(str(tmp_path))
+    assert report.finished and report.exit_code == 0 and report.first_failure is None
+    assert "finished after 1 restart(s)" in report.verdict
+    assert [(e.attempt, e.rank, e.match.signature) for e in report.earlier_attempts] == [(0, 1, "python_exception")]
+
+
+def test_the_last_attempt_is_the_one_diagnosed(tmp_path: Path):
+    run = RunDir(tmp_path, attempts=2, first_failed_rank=0)
+    run.error(1, "injected fault: crash at step 3 on rank 1", CRASH_TRACE, step=3, attempt=0)
+    run.log(0, (FIXTURES / "nan_mgpu.log").read_text().replace("[rank 1]", "[rank 0]"))
+    run.error(0, "the loss became NaN or inf at step 23; the run stopped without saving that state.", step=23,
+              kind="JobFailed")
+    report = diagnose_run(str(tmp_path))
+    f = report.first_failure
+    assert (f.attempt, f.rank, f.match.signature, f.step) == (1, 0, "nan_loss", 23)
+    assert "in attempt 2 of 2" in report.verdict
+
+
+def test_stopped_run(tmp_path: Path):
+    RunDir(tmp_path, status="stopped", signal="SIGINT")
+    report = diagnose_run(str(tmp_path))
+    assert report.status == "stopped" and report.exit_code == 1
+    assert report.first_failure.match.signature == "stopped" and report.first_failure.rank is None
+    assert "stopped by SIGINT" in report.verdict
+
+
+def test_a_launcher_that_died_without_a_result(tmp_path: Path):
+    run = RunDir(tmp_path, status="running")
+    run.data["result"] = {"status": "running"}
+    run.write()
+    report = diagnose_run(str(tmp_path))
+    assert report.status == "launcher_gone" and not report.finished and "without recording a result" in report.verdict
+
+
+def test_resume_command_drops_overwrite_when_a_checkpoint_exists(tmp_path: Path):
+    crash_run(tmp_path)
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "checkpoints" / "last.pt").write_bytes(b"x")
+    report = diagnose_run(str(tmp_path))
+    assert report.resume_command == "mgpu launch --cpu --nproc 2 r.yaml --resume auto"
+
+
+def test_a_moved_run_dir_still_reads(tmp_path: Path):
+    crash_run(tmp_path / "cluster")
+    shutil.move(str(tmp_path / "cluster"), str(tmp_path / "laptop"))
+    f = diagnose_run(str(tmp_path / "laptop")).first_failure
+    assert f.rank == 1 and f.match.signature == "python_exception"
+    assert f.match.evidence[0].source.startswith(str(tmp_path / "laptop"))
+
+
+def test_multi_node_records_are_merged(tmp_path: Path):
+    run = RunDir(tmp_path, first_failed_rank=None)
+    node1 = json.loads(json.dumps(run.data))
+    (tmp_path / "node1").mkdir()
+    other = RunDir(tmp_path / "node1", nranks=2)
+    att = other.attempts[0].to_json()
+    att["ranks"] = {str(int(k) + 2): {**v, "rank": int(k) + 2} for k, v in att["ranks"].items()}
+    node1["attempts"] = [att]
+    (tmp_path / "launch.node1.json").write_text(json.dumps(node1))
+    unused = (FIXTURES / "ddp_unused.log").read_text().replace("[rank1]", "[rank3]")
+    Path(att["ranks"]["3"]["stderr"]).write_text(unused)
+    f = diagnose_run(str(tmp_path)).first_failure
+    assert f.rank == 3 and f.match.signature == "ddp_unused_parameters"
+
+
+@pytest.mark.parametrize("setup", ["missing", "empty_dir", "a_file", "bad_json"])
+def test_not_a_run_directory_is_a_usage_error(tmp_path: Path, setup: str):
+    target = tmp_path / "x"
+    if setup == "empty_dir":
+        target.mkdir()
+    elif setup == "a_file":
+        target.write_text("hello")
+    elif setup == "bad_json":
+        target.mkdir()
+        (target / "launch.json").write_text('{"attempts": [')
+    with pytest.raises(UsageError) as err:
+        diagnose_run(str(target))
+    assert err.value.exit_code == 2 and str(target) in str(err.value)
+
+
+def test_render_fits_one_screen(tmp_path: Path):
+    from rich.console import Console
+
+    codes = {**{str(r): -6 for r in (0, 2, 3)}, **{str(r): 1 for r in range(4, 8)}, "1": -15}
+    run = RunDir(tmp_path, first_failed_rank=0, nranks=8, exitcodes=codes)
+    for line in (FIXTURES / "nccl_timeout_interleaved.log").read_text().splitlines() * 20:  # each rank its own
+        run.log(int(line[5]), line)
+    for rank in range(4, 8):
+        run.log(rank, f"[rank{rank}]: {PEER}")
+        run.error(rank, PEER.split(": ", 1)[1], when=200.0 + rank)
+    report = diagnose_run(str(tmp_path))
+    f = report.first_failure
+    assert f.rank == 0 and f.match.details["waiting_ranks"] == [0, 2, 3]  # SIGABRT by NCCL's watchdog: explained
+    assert f.match.details["late_ranks"] == [1, 4, 5, 6, 7]
+    out = io.StringIO()
+    render(report, Console(file=out, width=120))
+    text = out.getvalue()
+    flat = " ".join(text.split())
+    assert "a collective timed out on rank 0: all-reduce (NCCL ALLREDUCE, sequence number 1580)" in flat
+    assert "late: rank 1 (killed by SIGTERM); ranks 4, 5, 6, 7 (lost its connection to a peer)" in flat
+    assert "also failed: ranks 2, 3 (timed out in a collective); ranks 4, 5, 6, 7 (lost" in flat and "fix:" in flat
+    assert len(text.splitlines()) <= 24, text
+    compact = io.StringIO()
+    render(report, Console(file=compact, width=120), compact=True)
+    assert len(compact.getvalue().splitlines()) < len(text.splitlines())
