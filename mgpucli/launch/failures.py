@@ -21,13 +21,15 @@ import signal
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from mgpucli.errors import EXIT_PREEMPTED
 from mgpucli.launch.index import Attempt
 from mgpucli.launch.records import RECORD_NAME, FailureRecord, read_error_file, read_record
 
 TEARDOWN_SIGNALS = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1}
 _PEER = re.compile(
     r"connection (closed|reset|refused)|broken pipe|DistBackendError|ProcessGroupGloo|NCCL|timed? ?out|"
-    r"Socket Timeout|recvBytes|sendBytes|stopped by a signal|SignalException|KeyboardInterrupt",
+    r"Socket Timeout|recvBytes|sendBytes|stopped by (a signal|SIG[A-Z0-9]+)|SignalException|KeyboardInterrupt|"
+    r"Preempted",
     re.IGNORECASE,
 )
 TAIL_LINES = 10
@@ -108,6 +110,20 @@ def collect(attempt: Attempt, exitcodes: Mapping[int, int] | None = None) -> lis
         ))
     failures.sort(key=lambda f: (f.category, f.time if f.time is not None else float("inf"), f.rank))
     return failures
+
+
+def preempted(attempt: Attempt) -> list[FailureRecord]:
+    """The ranks of ``attempt`` (on this node) that stopped gracefully on a signal with a checkpoint saved (exit
+    code EXIT_PREEMPTED), or [] unless every rank that left a record did."""
+    records = []
+    for files in attempt.ranks.values():
+        if files.error_file:
+            rec = read_record(os.path.join(os.path.dirname(files.error_file), RECORD_NAME))
+            if rec is not None:
+                records.append(rec)
+    if records and all(r.exit_code == EXIT_PREEMPTED for r in records):
+        return records
+    return []
 
 
 def tail(path: str, lines: int = TAIL_LINES, max_bytes: int = 65536) -> list[str]:

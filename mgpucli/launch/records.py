@@ -14,6 +14,8 @@ import os
 import re
 from dataclasses import asdict, dataclass
 
+from mgpucli.errors import EXIT_PREEMPTED, EXIT_USAGE
+
 RECORD_NAME = "mgpu_failure.json"
 
 # A non-finite loss comes back on every retry from the same checkpoint: retrying only burns restarts.
@@ -43,8 +45,9 @@ class FailureRecord:
 
 
 def is_retryable(exc: BaseException, exit_code: int | None) -> bool:
-    """False for failures a restart from the last checkpoint reproduces: bad input, a NaN, or an error that says so."""
-    if exit_code == 2:
+    """False for failures a restart from the last checkpoint reproduces (bad input, a NaN, an error that says so),
+    and for a graceful stop on a signal (preemption: the job is meant to stop, not to start over)."""
+    if exit_code in (EXIT_USAGE, EXIT_PREEMPTED):
         return False  # UsageError: the same input gives the same answer
     flag = getattr(exc, "retryable", None)
     if flag is not None:

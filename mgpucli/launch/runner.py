@@ -31,7 +31,7 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import elastic_launch
 
 from mgpucli.console import err_console, print_error
-from mgpucli.errors import EXIT_FAILED, EXIT_OK
+from mgpucli.errors import EXIT_FAILED, EXIT_OK, EXIT_PREEMPTED
 from mgpucli.launch import failures as fl
 from mgpucli.launch.index import LaunchRecord, build_attempt
 from mgpucli.launch.plan import LaunchPlan
@@ -151,6 +151,21 @@ def _signals_for_torch(requested: str) -> str:
     return ",".join(n for n in names if n not in ("SIGINT", "SIGTERM")) or "SIGHUP"
 
 
+def _preempted(plan: LaunchPlan, record: LaunchRecord, attempt, signal_name: str | None) -> int:
+    """Every worker stopped on a signal after saving a checkpoint: exit EXIT_PREEMPTED, for a scheduler to requeue."""
+    recs = fl.preempted(attempt)
+    step = max((r.step for r in recs if r.step is not None), default=None)
+    record.set_result("preempted", EXIT_PREEMPTED, signal=signal_name, step=step)
+    where = f" at step {step}" if step is not None else ""
+    err_console().print(
+        f"mgpu launch: stopped{' by ' + signal_name if signal_name else ' on a signal'}{where}; every rank agreed "
+        f"and the checkpoint is complete. Exit code {EXIT_PREEMPTED} (requeue). Continue with the same command "
+        f"plus --resume auto. Logs: {plan.log_dir}",
+        markup=False, highlight=False,
+    )
+    return EXIT_PREEMPTED
+
+
 def run_plan(plan: LaunchPlan, record: LaunchRecord) -> int:
     """Start the job, wait for it, report; returns the exit code for ``mgpu launch``."""
     os.environ.update(plan.env)
@@ -174,6 +189,8 @@ def run_plan(plan: LaunchPlan, record: LaunchRecord) -> int:
         finally:
             handler.active = False
     except ChildFailedError as err:
+        if record.attempts and all(f.exitcode == EXIT_PREEMPTED for f in err.failures.values()):
+            return _preempted(plan, record, record.attempts[-1], None)
         if not record.attempts:
             record.set_result("failed", EXIT_FAILED)
             print_error(str(err))
@@ -186,6 +203,8 @@ def run_plan(plan: LaunchPlan, record: LaunchRecord) -> int:
         return EXIT_FAILED
     except RestartRefused as err:
         attempt = record.attempt(err.failed_attempt) or record.attempts[-1]
+        if fl.preempted(attempt):
+            return _preempted(plan, record, attempt, None)
         found = fl.collect(attempt)
         first = found[0].rank if found else None
         record.set_result("failed", EXIT_FAILED, first_failed_rank=first, attempts=len(record.attempts),
@@ -195,6 +214,8 @@ def run_plan(plan: LaunchPlan, record: LaunchRecord) -> int:
         return EXIT_FAILED
     except SignalException as err:
         sig = int(err.sigval)
+        if record.attempts and fl.preempted(record.attempts[-1]):
+            return _preempted(plan, record, record.attempts[-1], signal.Signals(sig).name)
         code = 128 + sig
         record.set_result("stopped", code, signal=signal.Signals(sig).name)
         err_console().print(

@@ -263,7 +263,7 @@ def test_sigkill_of_a_worker_stops_the_job_naming_the_rank(tmp_path: Path, tag: 
         launch.cleanup()
 
 
-def test_ctrl_c_to_the_process_group_leaves_no_process(tmp_path: Path, tag: str):
+def test_ctrl_c_to_the_process_group_stops_gracefully_and_leaves_no_process(tmp_path: Path, tag: str):
     run_dir = tmp_path / "run"
     launch = Launch(["--cpu", "--nproc", "2", RECIPE, *LONG, f"run_dir={run_dir}"], tmp_path, tag)
     try:
@@ -271,10 +271,34 @@ def test_ctrl_c_to_the_process_group_leaves_no_process(tmp_path: Path, tag: str)
         workers = launch.workers()
         os.killpg(launch.pid, signal.SIGINT)  # what a terminal's Ctrl-C does
         code = launch.wait(timeout=45)  # torch's shutdown window is 30 s
-        assert code == 128 + signal.SIGINT, launch.output
-        assert "stopped by SIGINT" in launch.output
+        assert code == 75, launch.output  # the workers agreed on a step and saved: a scheduler may requeue
+        assert "stopped by SIGINT at step" in launch.output and "--resume auto" in launch.output
+        assert (run_dir / "checkpoints" / "last.pt").is_file()
         assert wait_until(lambda: not [p for p in workers.values() if _state(p) not in (None, "Z")], 5)
-        assert json.loads((run_dir / "launch.json").read_text())["result"]["status"] == "stopped"
+        result = json.loads((run_dir / "launch.json").read_text())["result"]
+        assert result["status"] == "preempted" and result["step"] > 0
+    finally:
+        launch.cleanup()
+
+
+def test_a_second_ctrl_c_kills_the_workers_at_once(tmp_path: Path, tag: str):
+    run_dir = tmp_path / "run"
+    # rank 1 sleeps inside step 30, so the graceful stop the first Ctrl-C asks for cannot finish
+    env = {"MGPU_FAULT": "sleep@rank=1@step=30", "MGPU_FAULT_SLEEP": "120"}
+    launch = Launch(["--cpu", "--nproc", "2", RECIPE, *LONG, f"run_dir={run_dir}"], tmp_path, tag, env)
+    try:
+        assert wait_until(lambda: (log := rank0_log(run_dir)) and "step 25 epoch" in log.read_text(), 60), \
+            launch.output
+        time.sleep(1.5)  # rank 0 now waits for rank 1 in step 30
+        os.killpg(launch.pid, signal.SIGINT)
+        time.sleep(1.0)
+        assert launch.proc.poll() is None, launch.output  # still stopping gracefully (torch would wait 30 s)
+        second = time.monotonic()
+        os.killpg(launch.pid, signal.SIGINT)
+        code = launch.wait(timeout=30)
+        assert time.monotonic() - second < 5, launch.output
+        assert code == 128 + signal.SIGINT, launch.output
+        assert "again; killed 2 worker(s)" in launch.output
     finally:
         launch.cleanup()
 

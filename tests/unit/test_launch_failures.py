@@ -136,3 +136,15 @@ def test_port_check_sees_a_listener():
             require_free_port(port, "--master-port")
         assert f"--master-port {port}" in str(info.value)
     assert port_is_free(port)
+
+
+def test_preempted_only_when_every_recorded_rank_stopped_with_a_checkpoint(tmp_path: Path):
+    attempt = make_attempt(tmp_path)
+    assert fl.preempted(attempt) == []
+    for rank in (0, 1):
+        write_record(record_path(attempt.ranks[rank].error_file),
+                     FailureRecord(rank, rank, 0, 1.0, "Preempted", "stopped by SIGTERM at step 80", 80, 75, False))
+    assert [r.rank for r in fl.preempted(attempt)] == [0, 1]
+    write_record(record_path(attempt.ranks[1].error_file),
+                 FailureRecord(1, 1, 0, 1.0, "RuntimeError", "boom", 80, 1))
+    assert fl.preempted(attempt) == []

@@ -82,6 +82,7 @@ def test_is_retryable():
     assert is_retryable(RuntimeError("connection reset"), 1)
     assert not is_retryable(UsageError("bad recipe"), 2)
     assert not is_retryable(JobFailed("the loss became NaN or inf at step 12; the run stopped"), 1)
+    assert not is_retryable(RuntimeError("stopped by SIGTERM at step 80"), 75)  # preempted: stop, don't restart
     err = RuntimeError("flaky")
     err.retryable = False  # type: ignore[attr-defined]
     assert not is_retryable(err, 1)
