@@ -12,6 +12,7 @@ import typer
 from mgpucli import __version__
 from mgpucli.cli import doctor as doctor_cmd
 from mgpucli.cli import launch as launch_cmd
+from mgpucli.cli import recipes as recipes_cmd
 from mgpucli.cli import train as train_cmd
 from mgpucli.cli import validate as validate_cmd
 from mgpucli.errors import MgpuError
@@ -56,6 +57,7 @@ app.command("train", context_settings={"allow_extra_args": False})(train_cmd.tra
 app.command("validate")(validate_cmd.validate)
 app.command("launch", context_settings={"allow_extra_args": False})(launch_cmd.launch)
 app.command("doctor")(doctor_cmd.doctor)
+app.add_typer(recipes_cmd.app, name="recipes")
 
 
 def main() -> None:

@@ -10,7 +10,7 @@ from mgpucli.errors import MgpuError
 
 
 def launch(
-    recipe: str = typer.Argument(..., help="Path to a recipe YAML file."),
+    recipe: str = typer.Argument(..., help="A recipe YAML file, or a shipped recipe's name (see `mgpu recipes`)."),
     overrides: list[str] | None = typer.Argument(
         None, help="Hydra overrides for every worker: key=value, +key=value, ~key.", show_default=False
     ),
@@ -49,6 +49,10 @@ def launch(
     overwrite: bool = typer.Option(
         False, "--overwrite", help="Passed to every worker: start afresh in a run dir that holds checkpoints."
     ),
+    check: bool = typer.Option(
+        False, "--check", help="Check the workers' recipe in full (schema, every _target_, the datasets), print it "
+        "resolved, exit. No devices needed, nothing started or written."
+    ),
 ) -> None:
     """Train a recipe on all visible GPUs (or --gpus, or --cpu --nproc N) with one worker process each."""
     from mgpucli.console import print_error
@@ -61,6 +65,12 @@ def launch(
         rdzv_id=rdzv_id, max_restarts=max_restarts, log_dir=log_dir, resume=resume, overwrite=overwrite,
     )
     try:
+        if check:  # the recipe as every worker gets it (with --cpu's override); no devices or processes needed
+            from mgpucli.cli.check import check_and_print
+            from mgpucli.launch.plan import worker_overrides
+
+            check_and_print(recipe, worker_overrides(opts))
+            sys.exit(0)
         code = run_launch(opts, dry_run=dry_run)
     except MgpuError as err:
         print_error(str(err))

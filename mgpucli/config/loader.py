@@ -61,20 +61,17 @@ def _yaml_problem(err: Exception) -> str:
 
 
 def compose_recipe(path: str | Path, overrides: list[str]) -> DictConfig:
-    """Compose the recipe file with overrides (no schema check yet)."""
+    """Compose the recipe (a file, or a shipped recipe's name) with overrides (no schema check yet)."""
     import yaml
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    recipe = Path(path)
+    from mgpucli.recipes import resolve
+
     source = str(path)
-    if not recipe.exists():
-        raise RecipeError(source, [f"recipe file {source} does not exist"], "Check the path (relative to the "
-                          f"current directory {Path.cwd()}).")
-    if not recipe.is_file():
-        raise RecipeError(source, [f"{source} is not a file"], "Pass the path of a recipe .yaml file.")
+    recipe = resolve(path)  # an existing file, else a shipped recipe's name (exit 2 if neither)
     prepared = prepare_overrides(overrides, source)
     tmp = None
     config_dir = recipe.resolve().parent

@@ -1,0 +1,30 @@
+"""``--check`` on ``mgpu train`` and ``mgpu launch``: the whole recipe checked in seconds, nothing trained.
+
+The resolved recipe goes to stdout (it is the output: redirect it to a file to keep it); what was checked goes
+to stderr. Problems raise an MgpuError (exit 2) that the calling command prints.
+"""
+
+from __future__ import annotations
+
+
+def check_and_print(recipe: str, overrides: list[str], quiet: bool = False) -> None:
+    """Run the deep check (see :mod:`mgpucli.config.check`) and report it; ``quiet`` for non-zero ranks."""
+    from mgpucli.config.check import check_deep
+    from mgpucli.console import err_console
+    from mgpucli.engine.run import ensure_cwd_on_path
+
+    ensure_cwd_on_path()  # user components in the working directory, as a run finds them
+    result = check_deep(recipe, overrides)
+    if quiet:
+        return
+    print(result.resolved_yaml(), end="", flush=True)
+    where = f"shipped recipe {result.source} ({result.file})" if result.shipped else f"recipe {result.file}"
+    lines = [f"ok: {where} checks out",
+             f"  schema ok; {result.targets} _target_(s) import and their arguments fit"]
+    for ds in result.datasets:
+        size = f"{ds.size} samples" if ds.size is not None else "iterable (no length)"
+        lines.append(f"  {ds.path}: {ds.target}, {size}, first sample {ds.sample}")
+    lines.append("  nothing was trained or written; the resolved recipe is on stdout. Drop --check to train.")
+    console = err_console()
+    for line in lines:  # no markup: paths and sample shapes hold brackets
+        console.print(line, markup=False, highlight=False)

@@ -1,0 +1,118 @@
+"""``mgpu recipes``: list the shipped recipes, ``show`` one, ``copy`` one to edit (torchtune's ls / cp).
+
+Never imports torch, omegaconf or hydra: listing reads the recipe files with PyYAML alone.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import typer
+
+from mgpucli.errors import MgpuError
+
+app = typer.Typer(
+    help="The recipes mgpu ships: list them, show one, copy one to edit. Run any by name: mgpu train quickstart.",
+    invoke_without_command=True,
+    no_args_is_help=False,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+def _fail(err: MgpuError) -> None:
+    from mgpucli.console import print_error
+
+    print_error(str(err))
+    sys.exit(err.exit_code)
+
+
+@app.callback()
+def recipes(
+    ctx: typer.Context,
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object on stdout (and nothing else there)."),
+) -> None:
+    """List the shipped recipes: name, what it does, what it needs and whether that is installed."""
+    if ctx.invoked_subcommand is not None:
+        return
+    from mgpucli.recipes import catalogue
+
+    try:
+        found = catalogue()
+    except MgpuError as err:
+        _fail(err)
+    if as_json:
+        print(json.dumps({"recipes": [
+            {"name": r.name, "description": r.description, "path": str(r.path), "ready": r.ready,
+             "requires": [{"module": q.module, "label": q.label, "installed": q.installed, "install": q.install_hint}
+                          for q in r.requires]}
+            for r in found]}))
+        return
+    _render(found)
+
+
+def _render(found) -> None:
+    """A name per line, the description beside it and what it needs under it (plain lines: no table to squash
+    in a narrow or redirected terminal)."""
+    from rich.markup import escape
+
+    from mgpucli.console import err_console
+
+    console = err_console()
+    where = found[0].path.parent if found else "none found"
+    console.print(f"mgpu's recipes ({escape(str(where))}):", highlight=False)
+    width = max((len(r.name) for r in found), default=0)
+    pad = " " * (width + 4)
+    for r in found:
+        console.print(f"  [bold]{escape(r.name.ljust(width))}[/]  {escape(r.description)}", highlight=False)
+        if not r.requires:
+            needs = "needs: nothing extra"
+        else:
+            parts = [f"{escape(q.label)}, [green]installed[/]" if q.installed
+                     else f"{escape(q.label)}, [yellow]not installed[/]: {escape(q.install_hint)}" for q in r.requires]
+            needs = "needs: " + ", ".join(parts)
+        console.print(f"{pad}{needs}", highlight=False)
+    console.print("Run one by name: mgpu train quickstart, mgpu launch --cpu --nproc 2 quickstart. "
+                  "Check one: mgpu train NAME --check. Edit a copy: mgpu recipes copy NAME [DEST].",
+                  markup=False, highlight=False)
+
+
+@app.command("show")
+def show(name: str = typer.Argument(..., help="A shipped recipe's name (see `mgpu recipes`).")) -> None:
+    """Print a shipped recipe, comments and all, on stdout (its location on stderr)."""
+    from mgpucli.console import err_console
+    from mgpucli.recipes import shipped_path, unknown_recipe
+
+    try:
+        path = shipped_path(name)
+        if path is None:
+            raise unknown_recipe(name)
+    except MgpuError as err:
+        _fail(err)
+    err_console().print(f"# {path}", markup=False, highlight=False)
+    sys.stdout.write(path.read_text(encoding="utf-8"))
+    sys.stdout.flush()
+
+
+@app.command("copy")
+def copy(
+    name: str = typer.Argument(..., help="A shipped recipe's name (see `mgpu recipes`)."),
+    dest: str | None = typer.Argument(None, help="File or directory to write (default: ./NAME.yaml).",
+                                      show_default=False),
+    force: bool = typer.Option(False, "--force", help="Overwrite DEST if it exists."),
+) -> None:
+    """Write an editable copy of a shipped recipe (refuses to overwrite a file unless --force)."""
+    from mgpucli.console import err_console
+    from mgpucli.recipes import copy_recipe
+
+    try:
+        target = copy_recipe(name, Path(dest) if dest else None, force=force)
+    except MgpuError as err:
+        _fail(err)
+    shown = str(target) if target.parent != Path(".") else f"./{target}"  # ./x.yaml: a path, not a name
+    err_console().print(
+        f"wrote {target} (a copy of the shipped recipe {name}). Edit it, then: mgpu train {shown} --check, "
+        f"and mgpu launch ... {shown}. Change its name: to give its runs a directory of their own "
+        f"(runs/<name>).", markup=False, highlight=False)
