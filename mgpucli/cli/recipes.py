@@ -14,7 +14,8 @@ import typer
 from mgpucli.errors import MgpuError
 
 app = typer.Typer(
-    help="The recipes mgpu ships: list them, show one, copy one to edit. Run any by name: mgpu train quickstart.",
+    help="The recipes mgpu ships: list them (no command), show one, copy one to edit. Run any by name: "
+    "mgpu train quickstart.",
     invoke_without_command=True,
     no_args_is_help=False,
     add_completion=False,
