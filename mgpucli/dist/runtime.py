@@ -89,8 +89,26 @@ def setup(env: RankEnv, device_pref: str, timeout_s: int, cpu_threads: int | Non
         kwargs: dict[str, Any] = {"backend": backend, "timeout": timedelta(seconds=timeout_s)}
         if device.type == "cuda":
             kwargs["device_id"] = device
+        store = _attempt_store(env, timeout_s)
+        if store is not None:
+            kwargs.update(store=store, rank=env.rank, world_size=env.world_size)
         dist.init_process_group(**kwargs)
     return Runtime(env=env, device=device, backend=backend, cpu_threads=threads)
+
+
+def _attempt_store(env: RankEnv, timeout_s: int):
+    """Under torchrun's agent store, a key space of this restart attempt's own.
+
+    torch 2.13: a restarted worker group can read the previous attempt's gloo addresses from the shared
+    store and fail to connect (pytorch#135712), intermittently with a static rendezvous (--master-port).
+    Prefixing the keys with the attempt number keeps each attempt's rendezvous apart.
+    """
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), env.world_size,
+                          is_master=False, timeout=timedelta(seconds=timeout_s))
+    return dist.PrefixStore(f"mgpu/attempt_{attempt}", store)
 
 
 def teardown() -> None:
