@@ -332,11 +332,14 @@ def baseline(tmp_path_factory) -> dict:
     return final_weights(cwd / "run")
 
 
-def test_max_restarts_resumes_after_a_one_time_crash_with_the_same_weights(tmp_path: Path, tag: str, baseline):
+@pytest.mark.parametrize("rendezvous", ["standalone", "static"])
+def test_max_restarts_resumes_after_a_one_time_crash_with_the_same_weights(tmp_path: Path, tag: str, baseline,
+                                                                           rendezvous: str):
     run_dir = tmp_path / "run"
     env = {"MGPU_FAULT": "crash@rank=1@step=30", "MGPU_FAULT_ONCE": str(tmp_path / "fired")}
-    code, launch = run_launch(["--cpu", "--nproc", "2", "--max-restarts", "1", RECIPE, *SHORT, f"run_dir={run_dir}"],
-                              tmp_path, tag, env)
+    port = ["--master-port", str(free_port())] if rendezvous == "static" else []
+    code, launch = run_launch(["--cpu", "--nproc", "2", "--max-restarts", "1", *port, RECIPE, *SHORT,
+                               f"run_dir={run_dir}"], tmp_path, tag, env)
     assert code == 0, launch.output
     assert (tmp_path / "fired").exists()  # the crash did happen
     data = json.loads((run_dir / "launch.json").read_text())
