@@ -54,7 +54,8 @@ class TrainerSchema:
     sync_batchnorm: bool = False
     ddp: DDPOptions = field(default_factory=DDPOptions)
     fsdp: FSDPOptions = field(default_factory=FSDPOptions)
-    checkpoint_format: str = "full"  # full: one file, any strategy reads it; sharded: a torch.distributed.checkpoint dir
+    # full: one file any strategy reads; sharded: a torch.distributed.checkpoint directory
+    checkpoint_format: str = "full"
     scheduler_interval: str = "step"
     log_every: int = 10  # optimizer steps between train-metric reductions (the only per-step host sync)
     val_every: int = 1  # epochs between validations (0: never)
