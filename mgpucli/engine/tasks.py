@@ -7,6 +7,7 @@ vectors into metric values. Sums, not means, so that batches and ranks combine e
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -29,13 +30,24 @@ class Task:
         raise NotImplementedError
 
 
+@functools.lru_cache(maxsize=256)
+def _constant(value: float, device: torch.device) -> torch.Tensor:
+    """A float64 scalar on ``device``, made once (torch.full: a fill kernel, no host-to-device copy) and reused:
+    the counts in a stats vector (batch size, tokens) repeat step after step. Never modified in place."""
+    return torch.full((), value, dtype=torch.float64, device=device)
+
+
 def _vec(device: torch.device, *values: torch.Tensor | float) -> torch.Tensor:
-    """Stack scalars (tensors or numbers) into one float64 vector on ``device``."""
-    return torch.stack([
-        v.detach().to(torch.float64).reshape(()) if isinstance(v, torch.Tensor)
-        else torch.full((), float(v), dtype=torch.float64, device=device)  # no host-to-device copy
-        for v in values
-    ])
+    """Stack scalars (tensors or numbers) into one float64 vector on ``device``.
+
+    One ``stack`` does it: next to a float64 value it promotes float32 sums and integer counts to float64
+    exactly (the same values as converting each first), so a training step pays one op here, not three per value.
+    """
+    parts = [(v.detach() if v.dim() == 0 else v.detach().reshape(())) if isinstance(v, torch.Tensor)
+             else _constant(float(v), device) for v in values]
+    if not any(p.dtype == torch.float64 for p in parts):  # promotion alone would stop short of float64
+        parts = [p.to(torch.float64) for p in parts]
+    return torch.stack(parts)
 
 
 class Classification(Task):

@@ -1,17 +1,22 @@
 """The Trainer: setup, train_step, evaluate, checkpoint, fit. Runs the same on 1 or N processes.
 
 Hot-path rules: no host sync per step (losses and metrics accumulate on the device as sums and are reduced
-with one collective per log interval); ``no_sync`` on non-final accumulation micro-steps; the first non-finite
-loss step is kept on the device and checked at each log interval and before every save.
+with one collective per log interval); ``no_sync`` on non-final accumulation micro-steps; the interval's losses
+stay on the device, and the first non-finite one is found at each log interval and before every save.
+Every tensor op on the step path costs a few microseconds of dispatch even when its data is tiny, and an
+OmegaConf attribute read costs more: the step path reads plain settings and adds as few ops as it can
+(benchmarks/overhead.py holds it against a hand-written DDP loop).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import signal
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +40,27 @@ from mgpucli.engine.tasks import build_task
 from mgpucli.errors import JobFailed, Preempted
 
 _NO_BAD = 2**62  # "no non-finite step yet" (min-reducible)
+_FOLD_EVERY = 1024  # pending losses are folded into first_bad at the latest after this many micro-steps
+
+
+@dataclass(frozen=True, slots=True)
+class StepSettings:
+    """The trainer settings the step path reads, as plain values (a DictConfig read costs ~7 us; a step made 9)."""
+
+    grad_accum: int
+    channels_last: bool
+    clip_grad_norm: float | None
+    scheduler_interval: str
+    log_every: int
+    checkpoint_every_steps: int | None
+    max_steps: int | None
+
+    @classmethod
+    def of(cls, tcfg) -> StepSettings:
+        return cls(grad_accum=int(tcfg.grad_accum), channels_last=bool(tcfg.channels_last),
+                   clip_grad_norm=tcfg.clip_grad_norm, scheduler_interval=str(tcfg.scheduler_interval),
+                   log_every=int(tcfg.log_every), checkpoint_every_steps=tcfg.checkpoint_every_steps,
+                   max_steps=tcfg.max_steps)
 
 
 class Trainer:
@@ -44,6 +70,7 @@ class Trainer:
                  overwrite: bool = False):
         self.cfg, self.rt, self.reporter = cfg, rt, reporter
         self.tcfg = cfg.trainer
+        self.hot = StepSettings.of(self.tcfg)
         self.resume, self.overwrite = resume, overwrite
         self.step = 0
         self.epoch = 0
@@ -72,6 +99,15 @@ class Trainer:
         self.scaler = torch.amp.GradScaler(rt.device.type) if self.tcfg.precision == "fp16" else None
         self.acc = torch.zeros(len(self.task.stat_names), dtype=torch.float64, device=rt.device)
         self.first_bad = torch.full((), _NO_BAD, dtype=torch.int64, device=rt.device)
+        self._losses: list[torch.Tensor] = []  # detached losses not yet checked for NaN/inf (bounded: see _fold)
+        self._loss_steps: list[int] = []  # the step each of them belongs to
+        # Precomputed for the step path: a disabled torch.autocast still costs an enter/exit of C calls.
+        self._autocast = (functools.partial(torch.autocast, rt.device.type, dtype=self.autocast_dtype)
+                          if self.autocast_dtype is not None else contextlib.nullcontext)
+        self._no_sync = self.wrapped.train.no_sync if self.wrapped.is_ddp else contextlib.nullcontext
+        self._fsdp_accum = self.wrapped.is_fsdp and self.hot.grad_accum > 1
+        self._backward_phase = ("backward (gradient all-reduce)" if rt.distributed
+                                and self.wrapped.strategy in ("ddp", "fsdp") else "backward")
         self.signal_received: str | None = None  # set by the signal handler, on this rank only
         self.stop_agreed = False  # set when the ranks agreed (at a log-interval reduction) to stop
         self._faults = faults.enabled()
@@ -258,11 +294,11 @@ class Trainer:
         )
 
     def _done(self) -> bool:
-        return self.tcfg.max_steps is not None and self.step >= self.tcfg.max_steps
+        return self.hot.max_steps is not None and self.step >= self.hot.max_steps
 
     def train_epoch(self, steps_per_epoch: int) -> dict[str, Any] | None:
         """One pass over this rank's shard (from the saved position when resuming mid-epoch)."""
-        tcfg, loader = self.tcfg, self.loaders.train
+        hot, loader = self.hot, self.loaders.train
         self.loaders.sampler.set_epoch(self.epoch)
         pending, self._pending = self._pending, None
         if pending and pending["loader"] is not None:
@@ -279,7 +315,7 @@ class Trainer:
         micro = 0
         for batch in batches:
             micro += 1
-            final = micro == tcfg.grad_accum
+            final = micro == hot.grad_accum
             self._forward_backward(batch, sync=final)
             if final:
                 micro = 0
@@ -291,63 +327,64 @@ class Trainer:
         self._mid_epoch = False
         if self._interval_steps:
             metrics = self._reduce_and_log()
-        if self.scheduler is not None and tcfg.scheduler_interval == "epoch":
+        if self.scheduler is not None and hot.scheduler_interval == "epoch":
             self.scheduler.step()
         return metrics
 
     def _forward_backward(self, batch, sync: bool) -> None:
         inputs, targets = to_device(batch, self.rt.device, non_blocking=self.rt.device.type == "cuda")
-        if self.tcfg.channels_last and inputs.dim() == 4:
+        if self.hot.channels_last and inputs.dim() == 4:
             inputs = inputs.contiguous(memory_format=torch.channels_last)
         # DDP decides in forward whether backward all-reduces: skip it on non-final micro-steps.
-        no_sync = self.wrapped.train.no_sync if (self.wrapped.is_ddp and not sync) else contextlib.nullcontext
+        no_sync = contextlib.nullcontext if sync else self._no_sync
         self.progress.step, self.progress.phase = self.step + 1, "forward"  # two attribute writes: no I/O
-        if self.wrapped.is_fsdp and self.tcfg.grad_accum > 1:  # FSDP2's no_sync: reduce-scatter on the last only
+        if self._fsdp_accum:  # FSDP2's no_sync: reduce-scatter on the last micro-step only
             self.wrapped.train.set_requires_gradient_sync(sync)
         with no_sync():
-            with torch.autocast(self.rt.device.type, dtype=self.autocast_dtype,
-                                enabled=self.autocast_dtype is not None):
+            with self._autocast():
                 outputs = self.wrapped.train(inputs)
                 loss = self.task.loss(outputs, targets)
             if self._faults and faults.maybe_fault("step", self.rt.rank, self.step + 1):
                 loss = loss * float("nan")
-            self.acc += self.task.stats(outputs, targets, loss)
-            # Remember the first non-finite step on the device (torch.full: a kernel argument, no copy/sync).
-            here = torch.full((), self.step + 1, dtype=torch.int64, device=self.rt.device)
-            self.first_bad = torch.where(torch.isfinite(loss.detach()), self.first_bad,
-                                         torch.minimum(self.first_bad, here))
-            scaled = loss / self.tcfg.grad_accum
-            self.progress.phase = ("backward (gradient all-reduce)" if sync and self.rt.distributed
-                                   and self.wrapped.strategy in ("ddp", "fsdp") else "backward")
+            detached = loss.detach()
+            self.acc += self.task.stats(outputs, targets, detached)
+            # Keep the loss on the device; _fold finds the first non-finite one once per interval (no sync here).
+            self._losses.append(detached)
+            self._loss_steps.append(self.step + 1)
+            if len(self._losses) >= _FOLD_EVERY:
+                self._fold()
+            scaled = loss if self.hot.grad_accum == 1 else loss / self.hot.grad_accum
+            self.progress.phase = self._backward_phase if sync else "backward"
             (self.scaler.scale(scaled) if self.scaler is not None else scaled).backward()
 
     def _optimizer_step(self) -> dict[str, Any] | None:
-        tcfg = self.tcfg
-        if tcfg.clip_grad_norm is not None:
+        hot = self.hot
+        if hot.clip_grad_norm is not None:
             if self.scaler is not None:
                 self.scaler.unscale_(self.optimizer)
-            torch.nn.utils.clip_grad_norm_(self.wrapped.raw.parameters(), tcfg.clip_grad_norm)
+            torch.nn.utils.clip_grad_norm_(self.wrapped.raw.parameters(), hot.clip_grad_norm)
         if self.scaler is not None:
             self.scaler.step(self.optimizer)
             self.scaler.update()
         else:
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        if self.scheduler is not None and tcfg.scheduler_interval == "step":
+        if self.scheduler is not None and hot.scheduler_interval == "step":
             self.scheduler.step()
         self.step += 1
         self._interval_steps += 1
         self.reporter.step(self.step)
         metrics = None
-        if self.step % tcfg.log_every == 0:
+        if self.step % hot.log_every == 0:
             metrics = self._reduce_and_log()
-        if tcfg.checkpoint_every_steps and self.step % tcfg.checkpoint_every_steps == 0 and not self._done():
+        if hot.checkpoint_every_steps and self.step % hot.checkpoint_every_steps == 0 and not self._done():
             self.save(mid_epoch=True)
         return metrics
 
     # ------------------------------------------------------------------------------ metrics and flags
     def _reduce_and_log(self) -> dict[str, Any]:
         """The one collective per log interval: metric sums + the NaN flag + the stop flag."""
+        self._fold()
         flags = torch.stack([(self.first_bad < _NO_BAD).to(torch.float64),
                              torch.full((), float(self.signal_received is not None), dtype=torch.float64,
                                         device=self.rt.device)])
@@ -368,8 +405,20 @@ class Trainer:
         self._interval_start, self._interval_steps = time.perf_counter(), 0
         return metrics
 
+    def _fold(self) -> None:
+        """Fold the pending losses into ``first_bad`` on the device: a few ops per interval, no host sync (the
+        step numbers go host-to-device without blocking)."""
+        if not self._losses:
+            return
+        finite = torch.isfinite(torch.stack(self._losses))
+        steps = torch.tensor(self._loss_steps, dtype=torch.int64).to(self.rt.device, non_blocking=True)
+        self.first_bad = torch.minimum(self.first_bad, torch.where(finite, _NO_BAD, steps).min())
+        self._losses.clear()
+        self._loss_steps.clear()
+
     def _check_finite(self) -> None:
         """Before a save: all ranks agree that no step so far produced a non-finite loss."""
+        self._fold()
         with self.progress.in_phase("checkpoint: NaN check all-reduce"):
             flag = dist_rt.all_reduce_sum((self.first_bad < _NO_BAD).to(torch.float64).reshape(1), self.rt)
         if flag.item():

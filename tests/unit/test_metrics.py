@@ -81,3 +81,17 @@ def test_summing_rows_in_batch_order_is_identical_for_any_split():
 
     assert table(1) == table(2) == table(3)
     assert table(1)[2] == 101.0
+
+
+def test_stats_vector_is_float64_and_exact_like_converting_each_value():
+    """_vec stacks with dtype promotion (one op on the step path): the values must be those of converting each."""
+    from mgpucli.engine.tasks import _vec
+
+    loss_sum, count = torch.tensor(1.2345678, dtype=torch.float32), torch.tensor(2**40 + 1)
+    vec = _vec(torch.device("cpu"), loss_sum, count, 32)
+    expected = torch.stack([loss_sum.to(torch.float64), count.to(torch.float64),
+                            torch.tensor(32.0, dtype=torch.float64)])
+    assert vec.dtype == torch.float64 and torch.equal(vec, expected)
+    # without a float64 part, promotion alone would round the count through float32: each value is converted first
+    vec = _vec(torch.device("cpu"), loss_sum, torch.tensor(2**25 + 1))
+    assert vec.dtype == torch.float64 and vec[1].item() == 2**25 + 1
