@@ -6,7 +6,7 @@ import hashlib
 import os
 import socket
 
-from mgpucli.errors import UsageError
+from mgpucli.errors import EXIT_FAILED, UsageError
 from mgpucli.launch.plan import LaunchOptions, LaunchPlan, Machine, RecipeFacts, build_plan, worker_overrides
 
 
@@ -114,4 +114,9 @@ def launch(opts: LaunchOptions, dry_run: bool = False) -> int:
 
     for line in _banner(plan):
         err_console().print(line, markup=False, highlight=False)
-    return run_plan(plan, LaunchRecord(plan.launch_json, plan, opts))
+    code = run_plan(plan, LaunchRecord(plan.launch_json, plan, opts))
+    if code == EXIT_FAILED:  # end the failure summary with the post-mortem (= `mgpu doctor RUN_DIR`), write it
+        from mgpucli.postmortem import after_launch_failure
+
+        after_launch_failure(plan.run_dir)
+    return code

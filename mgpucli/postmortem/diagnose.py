@@ -119,10 +119,13 @@ def _meaningful(lines: list[LogLine]) -> list[LogLine]:
 
 
 def _tier(match: Match) -> int:
-    """0: a cause; 1: unexplained (or a death inferred from silence); 2: an echo of another rank's failure."""
+    """0: a cause; 1: unexplained (or a death inferred from silence); 2: a rank that waited in a collective until
+    it timed out; 3: another echo of a rank's failure (a lost peer, the launcher's SIGTERM)."""
     if match.signature == "unknown" or match.details.get("inferred"):
         return 1
-    return 0 if match.cause else 2
+    if match.cause:
+        return 0
+    return 2 if match.signature == "collective_timeout" else 3
 
 
 def _failed_ranks(runs: dict[int, RankRun], collected: list[fl.RankFailure], hint: int | None,
@@ -149,9 +152,13 @@ def diagnose_attempt(run: RunRecord, attempt: Attempt, hint: int | None = None) 
         match = explain(r.lines) or _unknown(r)
         if match.rank != rank:  # a matcher may quote an interleaved line of another rank: keep this rank's story
             match.rank = rank
-        failures.append((_tier(match), position, Failure(rank, r.local_rank, attempt.attempt, match, time=r.time,
+        tier = _tier(match)
+        # Causes keep the launcher's order (signal deaths first); echoes are ordered by time: the first rank to
+        # time out or to lose its peer is closest to the cause.
+        when = (r.time if r.time is not None else float("inf")) if tier >= 2 else 0.0
+        failures.append(((tier, when, position), Failure(rank, r.local_rank, attempt.attempt, match, time=r.time,
                                                          exitcode=r.exitcode)))
-    ordered = [f for _, _, f in sorted(failures, key=lambda t: (t[0], t[1]))]
+    ordered = [f for _, f in sorted(failures, key=lambda t: t[0])]
     _explain_timeouts(ordered, runs)
     for failure in ordered:
         tailor(failure.match, run)
@@ -181,10 +188,11 @@ def _explain_timeouts(ordered: list[Failure], runs: dict[int, RankRun]) -> None:
     if late:
         ranks = ", ".join(str(r) for r in late)
         main.title += f"; rank{'s' if len(late) > 1 else ''} {ranks} never arrived"
-        for rank in late[:2]:
-            tail = [line for line in _meaningful(runs[rank].lines) if line.line is not None]  # its own log
-            if tail:
-                main.evidence.append(tail[-1])
+        explained = {f.rank: f.match for f in ordered}
+        for rank in late[:2]:  # what the late rank said, else the last line of its own log
+            tail = [line for line in _meaningful(runs[rank].lines) if line.line is not None]
+            said = [e for e in (explained[rank].evidence if rank in explained else []) if e.line is not None]
+            main.evidence += said[:1] or tail[-1:]
     if any(f.match.signature == "killed_by_signal" for f in ordered if f.rank in late):
         main.fix += (" A late rank was killed by a signal: if it was SIGKILL before the timeout, the host's "
                      "out-of-memory killer is the likely cause (`dmesg -T | grep -i 'killed process'`).")
@@ -231,11 +239,12 @@ def fate(match: Match) -> str:
 
 
 def _when(failure: Failure, record: FailureRecord | None, run: RunRecord, spe: int | None) -> None:
-    """The step (and epoch) of the failure: the worker's own record, its message, or the last metrics."""
-    if record is not None and record.step is not None:
-        failure.step, failure.step_source = record.step, "failure record"
-    elif failure.match.step is not None:
+    """The step (and epoch) of the failure: the message's own step (a NaN is detected steps after it happened:
+    the message names the step it happened at), the worker's record, or the last metrics."""
+    if failure.match.step is not None:
         failure.step, failure.step_source = failure.match.step, "log message"
+    elif record is not None and record.step is not None:
+        failure.step, failure.step_source = record.step, "failure record"
     else:
         train = run.last_metrics("train")
         if train is not None and isinstance(train.get("step"), int):
@@ -276,13 +285,28 @@ def diagnose_run(run_dir: str) -> Report:
         found = diagnose_attempt(run, run.attempts[-1], hint if isinstance(hint, int) else None)
         if found:
             report.first_failure, report.others = found[0], found[1:]
-    if status == "stopped" and (report.first_failure is None or not report.first_failure.match.cause):
-        sig = result.get("signal") or "a signal"
-        report.first_failure = Failure(None, None, run.attempts[-1].attempt if run.attempts else 0, Match(
-            "stopped", f"the launcher was stopped by {sig}", None, [], signal_fix(str(sig)), cause=False))
-        _when(report.first_failure, None, run, None)
+    if status in ("stopped", "preempted") and (report.first_failure is None or not report.first_failure.match.cause):
+        report.first_failure = _stopped(run, status)
     report.verdict = _verdict(report, run, status)
     return report
+
+
+def _stopped(run: RunRecord, status: str) -> Failure:
+    """The job was stopped from outside (Ctrl-C, a scheduler): not a failure of any rank."""
+    result = run.result
+    sig = result.get("signal") or "a signal"
+    attempt = run.attempts[-1].attempt if run.attempts else 0
+    if status == "preempted":
+        match = Match("preempted", f"stopped by {sig}; every rank agreed on the step and the checkpoint is complete",
+                      None, [], "Nothing is broken: continue with the same command plus --resume auto.", cause=False)
+    else:
+        match = Match("stopped", f"the launcher was stopped by {sig}", None, [], signal_fix(str(sig)), cause=False)
+    failure = Failure(None, None, attempt, match)
+    if isinstance(result.get("step"), int):
+        failure.step, failure.step_source = result["step"], "failure record"
+    else:
+        _when(failure, None, run, None)
+    return failure
 
 
 def _launcher_alive(launch: dict[str, Any]) -> bool:
@@ -329,7 +353,7 @@ def _verdict(report: Report, run: RunRecord, status: str) -> str:
         extra = f" after {n - 1} restart(s)" if n > 1 else ""
         return f"{where} finished{extra}."
     f = report.first_failure
-    what = {"failed": "failed", "stopped": "was stopped", "launcher_gone":
+    what = {"failed": "failed", "stopped": "was stopped", "preempted": "was preempted", "launcher_gone":
             "did not finish: the launcher stopped without recording a result (killed, or the machine went down)"}
     head = f"{where} {what.get(status, 'did not finish')}"
     if f is None:

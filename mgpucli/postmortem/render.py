@@ -97,7 +97,7 @@ def render(report: Report, console: Console | None = None, compact: bool = False
         if evidence:
             console.print(Text("  evidence:", style="bold"))
             for line in evidence:  # one terminal line each: the full text is in postmortem.json
-                room = max(60, min(MAX_TEXT, console.width - len(line.cite()) - 7))
+                room = max(100, min(MAX_TEXT, console.width - len(line.cite()) - 7))
                 console.print(Text(f"    {line.cite()}  ", style="dim") + Text(_short(line.text, room)))
         console.print(Text("  fix: ", style="bold cyan") + Text(f.match.fix, style="cyan"))
     if compact:

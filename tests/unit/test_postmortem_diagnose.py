@@ -193,11 +193,12 @@ def test_the_last_attempt_is_the_one_diagnosed(tmp_path: Path):
     run = RunDir(tmp_path, attempts=2, first_failed_rank=0)
     run.error(1, "injected fault: crash at step 3 on rank 1", CRASH_TRACE, step=3, attempt=0)
     run.log(0, (FIXTURES / "nan_mgpu.log").read_text().replace("[rank 1]", "[rank 0]"))
-    run.error(0, "the loss became NaN or inf at step 23; the run stopped without saving that state.", step=23,
+    # The record holds the step the NaN was detected at (the next log interval); the message, when it happened.
+    run.error(0, "the loss became NaN or inf at step 23; the run stopped without saving that state.", step=25,
               kind="JobFailed")
     report = diagnose_run(str(tmp_path))
     f = report.first_failure
-    assert (f.attempt, f.rank, f.match.signature, f.step) == (1, 0, "nan_loss", 23)
+    assert (f.attempt, f.rank, f.match.signature, f.step, f.step_source) == (1, 0, "nan_loss", 23, "log message")
     assert "in attempt 2 of 2" in report.verdict
 
 
@@ -207,6 +208,14 @@ def test_stopped_run(tmp_path: Path):
     assert report.status == "stopped" and report.exit_code == 1
     assert report.first_failure.match.signature == "stopped" and report.first_failure.rank is None
     assert "stopped by SIGINT" in report.verdict
+
+
+def test_preempted_run_says_nothing_is_broken(tmp_path: Path):
+    RunDir(tmp_path, status="preempted", signal="SIGUSR1", step=40)
+    report = diagnose_run(str(tmp_path))
+    f = report.first_failure
+    assert report.exit_code == 1 and f.match.signature == "preempted" and f.step == 40
+    assert "--resume auto" in f.match.fix and "was preempted at step 40" in report.verdict
 
 
 def test_a_launcher_that_died_without_a_result(tmp_path: Path):

@@ -94,12 +94,14 @@ def collective_timeout(lines: Sequence[LogLine]) -> Match | None:
 
 
 # ----------------------------------------------------------------------------------------- peer lost
+_MGPU_PEER = re.compile(r"lost its connection to another rank")
 _PEER = re.compile(r"Connection closed by peer|Connection reset by peer|Broken pipe|NCCL communicator was aborted|"
-                   r"lost its connection to another rank|Socket unexpectedly closed|recvBytes|sendBytes")
+                   r"Socket unexpectedly closed|recvBytes|sendBytes")
 
 
 def peer_lost(lines: Sequence[LogLine]) -> Match | None:
-    hits = find_all(lines, _PEER)
+    """A rank that lost its connection to another: an echo. mgpu's own message (which says where) is preferred."""
+    hits = find_all(lines, _MGPU_PEER) or find_all(lines, _PEER)
     if not hits:
         return None
     anchor = hits[0][0]

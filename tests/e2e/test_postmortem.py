@@ -1,0 +1,208 @@
+"""``mgpu doctor RUN_DIR`` on runs that really failed: ``mgpu launch --cpu --nproc 2`` with gloo and the fault hooks.
+
+Each run is short (512 samples, 1 epoch: 8 steps). Every process a test starts carries a unique tag in its
+environment; after each test no process with that tag may be left (they are killed by pid if one is).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from tests.procs import free_port, mgpu, stop_tree
+
+REPO = Path(__file__).resolve().parents[2]
+RECIPE = str(REPO / "recipes" / "quickstart.yaml")
+SMALL = ["data.train.num_samples=512", "data.val.num_samples=101", "trainer.epochs=1", "trainer.log_every=2"]
+TAG = "MGPU_POSTMORTEM_TAG"
+
+
+def tagged(tag: str) -> list[int]:
+    needle = f"{TAG}={tag}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            env = (entry / "environ").read_bytes()
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if needle in env.split(b"\0") and state != "Z":
+            found.append(int(entry.name))
+    return found
+
+
+@pytest.fixture
+def env():
+    """A clean environment for one test, tagged; asserts at teardown that nothing carrying the tag survived."""
+    tag = uuid.uuid4().hex
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("MGPU_FAULT", "RANK", "WORLD_SIZE",
+                                                                        "LOCAL_RANK", "MASTER_", "OMP_NUM"))}
+    yield {**clean, TAG: tag}
+    deadline = time.monotonic() + 5
+    while tagged(tag) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    left = tagged(tag)
+    for pid in left:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    assert not left, f"processes left behind: {left}"
+
+
+def launch(run_dir: Path, env: dict, *extra: str, faults: dict | None = None, timeout: float = 90):
+    return mgpu("launch", "--cpu", "--nproc", "2", RECIPE, *SMALL, f"run_dir={run_dir}", *extra, cwd=REPO,
+                env={**env, **(faults or {})}, timeout=timeout)
+
+
+def doctor(run_dir: Path, env: dict, *args: str):
+    """``mgpu doctor RUN_DIR --json``: (exit code, the JSON object on stdout, stderr)."""
+    res = mgpu("doctor", str(run_dir), "--json", *args, cwd=REPO, env=env, timeout=60)
+    return res.returncode, (json.loads(res.stdout) if res.stdout.strip() else None), res.stderr
+
+
+def assert_evidence_is_real(first: dict) -> None:
+    """Every quoted line is the line at that number in that file (the ``[rankN]:`` prefix aside)."""
+    assert first["evidence"], first
+    for ev in first["evidence"]:
+        if ev["line"] is None:
+            continue
+        text = Path(ev["file"]).read_text(errors="replace").splitlines()[ev["line"] - 1]
+        assert text.rstrip().endswith(ev["text"]), (ev, text)
+
+
+def test_user_exception_on_rank_1(tmp_path: Path, env: dict):
+    run_dir = tmp_path / "run"
+    res = launch(run_dir, env, faults={"MGPU_FAULT": "crash@rank=1@step=3"})
+    assert res.returncode == 1, res.output
+    assert "diagnosis:" in res.stderr and "not a distributed problem" in res.stderr  # launch ends with it
+    code, report, err = doctor(run_dir, env)
+    assert code == 1 and err == "", err
+    first = report["first_failure"]
+    assert report["finished"] is False and report["status"] == "failed"
+    assert (first["rank"], first["step"], first["signature"]) == (1, 3, "python_exception")
+    assert first["evidence"][-1]["text"].strip() == "RuntimeError: injected fault: crash at step 3 on rank 1"
+    assert first["details"]["function"] == "maybe_fault" and first["fix"]
+    assert_evidence_is_real(first)
+    assert [o["rank"] for o in report["other_failures"]] == [0]
+    written = json.loads((run_dir / "postmortem.json").read_text())
+    assert {k: v for k, v in written.items() if k != "diagnosed_at"} == \
+        {k: v for k, v in report.items() if k != "diagnosed_at"}
+    human = mgpu("doctor", str(run_dir), cwd=REPO, env=env, timeout=60)  # the same, for a human, on stderr
+    assert human.returncode == 1 and human.stdout == ""
+    assert "rank 1 failed first at step 3" in " ".join(human.stderr.split()) and "fix:" in human.stderr
+
+
+def test_nan_loss(tmp_path: Path, env: dict):
+    run_dir = tmp_path / "run"
+    assert launch(run_dir, env, faults={"MGPU_FAULT": "nan@rank=1@step=3"}).returncode == 1
+    code, report, _ = doctor(run_dir, env)
+    first = report["first_failure"]
+    assert code == 1 and first["signature"] == "nan_loss" and first["step"] == 3
+    assert "trainer.clip_grad_norm" in first["fix"] and "optim.lr (now 0.05)" in first["fix"]
+    assert_evidence_is_real(first)
+
+
+def test_sigkill_of_a_worker(tmp_path: Path, env: dict):
+    run_dir = tmp_path / "run"
+    # Rank 0 SIGKILLs itself while writing the end-of-epoch checkpoint: no exception handler runs.
+    assert launch(run_dir, env, faults={"MGPU_FAULT": "kill_in_save@rank=0"}).returncode == 1
+    code, report, _ = doctor(run_dir, env)
+    first = report["first_failure"]
+    assert code == 1 and first["rank"] == 0 and first["signature"] == "killed_by_signal"
+    assert first["details"]["signal"] in ("SIGKILL", None)  # None: the launcher did not record exit codes
+    assert "out-of-memory killer" in first["title"] and "dmesg" in first["fix"]
+    assert first["step"] == 8  # the last step logged before the save (8 steps per epoch)
+
+
+def test_collective_timeout(tmp_path: Path, env: dict):
+    run_dir = tmp_path / "run"
+    # Rank 1 sleeps 12 s inside step 3; rank 0 waits in DDP's gradient all-reduce with a 4 s timeout.
+    res = launch(run_dir, env, "trainer.timeout_s=4",
+                 faults={"MGPU_FAULT": "sleep@rank=1@step=3", "MGPU_FAULT_SLEEP": "12"})
+    assert res.returncode == 1, res.output
+    code, report, _ = doctor(run_dir, env)
+    first = report["first_failure"]
+    assert code == 1 and first["signature"] == "collective_timeout" and first["rank"] == 0, first
+    assert first["details"]["late_ranks"] == [1] and first["details"]["waiting_ranks"] == [0]
+    assert "backward" in first["details"]["collective"] and first["details"]["timeout_s"] == 4
+    assert "trainer.timeout_s (now 4)" in first["fix"]
+    assert first["step"] in (2, 3)  # 3 when the worker recorded it; else the last logged step (2)
+
+
+def _hold_the_workers_store_port(proc: subprocess.Popen, deadline: float) -> socket.socket | None:
+    """Listen on the port torch picked for the workers' store, as soon as a worker exists, before rank 0 binds it
+    (torch finds the port free, closes it, and rank 0 binds it seconds later, after importing torch)."""
+    me = str(proc.pid).encode()
+    while time.monotonic() < deadline and proc.poll() is None:
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                environ = dict(i.split(b"=", 1) for i in (entry / "environ").read_bytes().split(b"\0") if b"=" in i)
+            except OSError:
+                continue
+            if environ.get(b"MGPU_LAUNCH_PID") == me and b"RANK" in environ and b"MASTER_PORT" in environ:
+                sock = socket.socket()
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                sock.bind(("0.0.0.0", int(environ[b"MASTER_PORT"])))
+                sock.listen(1)
+                return sock
+        time.sleep(0.01)
+    return None
+
+
+def test_port_in_use(tmp_path: Path, env: dict):
+    run_dir = tmp_path / "run"
+    args = [sys.executable, "-m", "mgpucli", "launch", "--cpu", "--nproc", "2", RECIPE, *SMALL, f"run_dir={run_dir}"]
+    proc = subprocess.Popen(args, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    held = None
+    try:
+        held = _hold_the_workers_store_port(proc, time.monotonic() + 60)
+        assert held is not None, "no worker appeared"
+        port = held.getsockname()[1]
+        _, err = proc.communicate(timeout=90)
+        assert proc.returncode == 1, err
+    finally:
+        stop_tree(proc)
+        if held is not None:
+            held.close()
+    code, report, _ = doctor(run_dir, env)
+    first = report["first_failure"]
+    assert code == 1 and first["signature"] == "address_in_use" and first["rank"] == 0
+    assert first["details"]["port"] == port
+    assert "torch picked port" in first["fix"] and "run it again" in first["fix"]
+
+
+def test_busy_master_port_is_refused_before_a_run_dir_exists(tmp_path: Path, env: dict):
+    with socket.socket() as sock:
+        sock.bind(("0.0.0.0", free_port()))
+        sock.listen(1)
+        port = sock.getsockname()[1]
+        res = launch(tmp_path / "run", env, "--master-port", str(port))
+    assert res.returncode == 2 and f"--master-port {port}" in res.stderr
+    code, report, err = doctor(tmp_path / "run", env)
+    assert code == 2 and report is None and "no such directory" in err and "Traceback" not in err
+
+
+def test_a_finished_run_and_a_path_that_is_not_a_run_dir(tmp_path: Path, env: dict):
+    run_dir = tmp_path / "run"
+    assert launch(run_dir, env).returncode == 0
+    code, report, _ = doctor(run_dir, env)
+    assert code == 0 and report["finished"] is True and report["first_failure"] is None
+    assert report["last_metrics"]["val"]["step"] == 8
+    code, report, err = doctor(tmp_path, env)  # a directory, but no launch.json
+    assert code == 2 and report is None and "not a run directory" in err and "Traceback" not in err
+    machine = mgpu("doctor", str(run_dir), "--quick", cwd=REPO, env=env, timeout=60)  # machine-check options
+    assert machine.returncode == 2 and "--quick" in machine.stderr
