@@ -9,6 +9,7 @@ launcher's own order (``mgpu.launch.failures.collect``: signal deaths, exception
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -285,10 +286,43 @@ def diagnose_run(run_dir: str) -> Report:
         found = diagnose_attempt(run, run.attempts[-1], hint if isinstance(hint, int) else None)
         if found:
             report.first_failure, report.others = found[0], found[1:]
+    disagree = nodes_disagree(run) if status != "succeeded" else None
+    if disagree is not None:
+        first = report.first_failure
+        if first is None or _tier(first.match) > 0 or first.match.signature == "ranks_disagree":
+            if first is not None:
+                report.others.insert(0, first)
+            report.first_failure = Failure(None, None, run.attempts[-1].attempt if run.attempts else 0, disagree)
     if status in ("stopped", "preempted") and (report.first_failure is None or not report.first_failure.match.cause):
         report.first_failure = _stopped(run, status)
     report.verdict = _verdict(report, run, status)
     return report
+
+
+# What every node of one job must agree on (the recipe's path may differ between machines; its content and the
+# overrides give the rendezvous id, so a different recipe shows there).
+_NODE_KEYS = (("overrides", "overrides"), ("nnodes", "nnodes"), ("devices", "nproc_per_node"),
+              ("rendezvous", "id"), ("mgpu_version", "mgpu_version"))
+
+
+def nodes_disagree(run: RunRecord) -> Match | None:
+    """Several nodes' launch records (launch.json, launch.nodeK.json) that disagree on what the job is."""
+    if len(run.node_records) < 2:
+        return None
+    evidence, differ = [], []
+    for key, sub in _NODE_KEYS:
+        values = [(path, (rec.get(key) or {}).get(sub) if key != sub else rec.get(key))
+                  for path, rec in run.node_records]
+        if len({json.dumps(v, sort_keys=True) for _, v in values}) > 1:
+            name = f"{key}.{sub}" if key != sub else key
+            differ.append(name)
+            evidence += [LogLine(None, f"{name} = {json.dumps(v)}", path) for path, v in values]
+    if not differ:
+        return None
+    return Match("ranks_disagree", f"the nodes were launched differently ({', '.join(differ)} differ)", None,
+                 evidence[:6], "Start every node with the same recipe (same content), the same overrides, the same "
+                 "--nnodes and --nproc/--gpus and the same mgpu version; the nodes' launch records are compared here.",
+                 details={"differ": differ})
 
 
 def _stopped(run: RunRecord, status: str) -> Failure:

@@ -30,7 +30,7 @@ class LogLine:
 
     def cite(self) -> str:
         """``rank 1 stderr.log:57`` (the short file name; the full path is in the JSON report)."""
-        who = f"rank {self.rank}" if self.rank is not None else "rank ?"
+        who = f"rank {self.rank}" if self.rank is not None else ""
         where = os.path.basename(self.source) if self.source else ""
         if where and self.line is not None:
             where += f":{self.line}"

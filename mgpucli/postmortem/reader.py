@@ -58,6 +58,7 @@ class RunRecord:
     launch: dict[str, Any]
     attempts: list[Attempt]
     exitcodes: dict[int, int]
+    node_records: list[tuple[str, dict[str, Any]]] = field(default_factory=list)  # every node's launch record
     metrics: list[dict[str, Any]] = field(default_factory=list)  # the last records of metrics.jsonl
     recipe: dict[str, Any] | None = None
     checkpoint: str | None = None
@@ -104,7 +105,8 @@ def read_run(path: str) -> RunRecord:
     for rec in records:
         for rank, code in ((rec or {}).get("result") or {}).get("exitcodes", {}).items():
             exitcodes[int(rank)] = int(code)
-    run = RunRecord(run_dir=run_dir, launch_paths=paths, launch=launch, attempts=attempts, exitcodes=exitcodes)
+    run = RunRecord(run_dir=run_dir, launch_paths=paths, launch=launch, attempts=attempts, exitcodes=exitcodes,
+                    node_records=[(p, r) for p, r in zip(paths, records, strict=True) if r])
     run.metrics = _read_metrics(os.path.join(run_dir, "metrics.jsonl"))
     run.recipe = _read_recipe(os.path.join(run_dir, "recipe.yaml"))
     last = os.path.join(run_dir, "checkpoints", "last.pt")

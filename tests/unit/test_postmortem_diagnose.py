@@ -257,6 +257,22 @@ def test_multi_node_records_are_merged(tmp_path: Path):
     assert f.rank == 3 and f.match.signature == "ddp_unused_parameters"
 
 
+def test_nodes_launched_with_different_overrides_disagree(tmp_path: Path):
+    run = RunDir(tmp_path, first_failed_rank=0)
+    gloo = (FIXTURES / "gloo_timeout.log").read_text()
+    run.log(0, gloo)
+    run.error(0, gloo.strip().splitlines()[-1].split("RuntimeError: ", 1)[1])
+    node1 = {**run.data, "overrides": ["optim.lr=0.1"], "rendezvous": {**run.data["rendezvous"], "id": "mgpu-y"}}
+    (tmp_path / "launch.node1.json").write_text(json.dumps(node1))
+    report = diagnose_run(str(tmp_path))
+    f = report.first_failure
+    assert f.rank is None and f.match.signature == "ranks_disagree"
+    assert f.match.details["differ"] == ["overrides", "rendezvous.id"]
+    assert [e.cite() for e in f.match.evidence[:2]] == ["launch.json", "launch.node1.json"]
+    assert f.match.evidence[1].text == 'overrides = ["optim.lr=0.1"]'
+    assert report.others[0].match.signature == "collective_timeout"  # the consequence, kept
+
+
 @pytest.mark.parametrize("setup", ["missing", "empty_dir", "a_file", "bad_json"])
 def test_not_a_run_directory_is_a_usage_error(tmp_path: Path, setup: str):
     target = tmp_path / "x"
