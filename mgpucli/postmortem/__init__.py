@@ -4,15 +4,17 @@ Layout (stdlib only: ``mgpu doctor RUN_DIR`` never imports torch):
 
 - ``lines``: log lines tagged with their rank, file and line number (``[rankN]:`` prefixes understood, so
   lines interleaved from several ranks work as well as one rank's own file).
-- ``signatures`` (+ ``tracebacks``): one pure matcher per known failure (log lines -> a ``Match`` with
+- ``matchers`` (+ ``tracebacks``): one pure matcher per known failure (log lines -> a ``Match`` with
   the evidence lines and the fix), in priority order.
 - ``reader``: ``launch.json`` -> every rank's logs, torch error files and mgpu failure records for every
   attempt, plus ``metrics.jsonl`` and the recipe.
-- ``diagnose``: the verdict and the first failure (``diagnose_run``), as a JSON-able ``Report``.
+- ``diagnose``: which rank failed first and why (``diagnose_run``); ``context`` adds what the run's records know
+  (its settings in the fixes, nodes launched differently, the resume command); ``report``: the result as data.
 - ``render``: the report in one screen at most (rich, for stderr), and ``postmortem.json``.
 """
 
-from mgpucli.postmortem.diagnose import Report, diagnose_run
+from mgpucli.postmortem.diagnose import diagnose_run
 from mgpucli.postmortem.render import after_launch_failure, render, write_report
+from mgpucli.postmortem.report import Report
 
 __all__ = ["Report", "after_launch_failure", "diagnose_run", "render", "write_report"]

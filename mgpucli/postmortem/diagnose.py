@@ -3,100 +3,26 @@
 Which rank failed *first* matters more than which ranks failed: when one rank dies, the others fail too
 (a lost peer, a collective that times out, the launcher's SIGTERM). So every failed rank is explained by
 the matchers, and ranks are ordered: a cause (an OOM, a NaN, an exception in the user's code, a SIGKILL...)
-before an unexplained failure before an echo (a lost peer, a timeout while waiting); within a tier, the
-launcher's own order (``mgpu.launch.failures.collect``: signal deaths, exceptions, then time).
+before an unexplained failure before a rank that timed out waiting before another echo (a lost peer);
+causes keep the launcher's order (``mgpucli.launch.failures.collect``: signal deaths, exceptions, time),
+echoes are ordered by time.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import re
-import shlex
-import time
-from dataclasses import dataclass, field
-from typing import Any
-
 from mgpucli.launch import failures as fl
 from mgpucli.launch.index import Attempt
 from mgpucli.launch.records import FailureRecord
+from mgpucli.postmortem.context import launcher_alive, nodes_disagree, resume_command, running_verdict, tailor
 from mgpucli.postmortem.lines import LogLine
 from mgpucli.postmortem.matchers import Match, explain, signal_fix
 from mgpucli.postmortem.reader import RankRun, RunRecord, rank_runs, read_run, steps_per_epoch
+from mgpucli.postmortem.report import Failure, Report, fate, verdict
+
+__all__ = ["Failure", "Report", "diagnose_attempt", "diagnose_run", "fate"]
 
 UNKNOWN_LINES = 8
 _NOISE = ("FutureWarning", "UserWarning", "DeprecationWarning", "warnings.warn(", "train = DDP(")
-
-
-@dataclass
-class Failure:
-    """How one rank failed in one attempt."""
-
-    rank: int | None  # None: not a rank's failure (the whole job was stopped)
-    local_rank: int | None
-    attempt: int
-    match: Match
-    step: int | None = None
-    step_source: str | None = None  # "failure record", "log message", "last logged metrics"
-    epoch: int | None = None
-    time: float | None = None
-    exitcode: int | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        m = self.match
-        return {
-            "rank": self.rank, "local_rank": self.local_rank, "attempt": self.attempt, "step": self.step,
-            "step_source": self.step_source, "epoch": self.epoch,
-            "time": _iso(self.time), "exit_code": self.exitcode, "signature": m.signature, "title": m.title,
-            "cause": m.cause, "evidence": [e.to_json() for e in m.evidence], "fix": m.fix, "details": m.details,
-        }
-
-
-@dataclass
-class Report:
-    """The post-mortem of one run directory (``postmortem.json``)."""
-
-    run_dir: str
-    status: str  # succeeded | failed | stopped | running | launcher_gone | not_started
-    finished: bool
-    verdict: str
-    attempts: int
-    world_size: int | None
-    first_failure: Failure | None = None
-    others: list[Failure] = field(default_factory=list)
-    earlier_attempts: list[Failure] = field(default_factory=list)
-    last_train: dict[str, Any] | None = None
-    last_val: dict[str, Any] | None = None
-    checkpoint: str | None = None
-    resume_command: str | None = None
-    logs: str | None = None
-    launch_json: str | None = None
-
-    @property
-    def exit_code(self) -> int:
-        """``mgpu doctor RUN_DIR``'s exit code: 0 the run finished, 1 it did not (diagnosed or not)."""
-        return 0 if self.finished else 1
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "run_dir": self.run_dir, "finished": self.finished, "status": self.status, "verdict": self.verdict,
-            "attempts": self.attempts, "world_size": self.world_size,
-            "first_failure": self.first_failure.to_json() if self.first_failure else None,
-            "other_failures": [_brief(f) for f in self.others],
-            "earlier_attempts": [_brief(f) for f in self.earlier_attempts],
-            "last_metrics": {"train": self.last_train, "val": self.last_val},
-            "checkpoint": self.checkpoint, "resume_command": self.resume_command, "logs": self.logs,
-            "launch_json": self.launch_json, "diagnosed_at": _iso(time.time()),
-        }
-
-
-def _brief(f: Failure) -> dict[str, Any]:
-    return {"rank": f.rank, "attempt": f.attempt, "signature": f.match.signature, "title": f.match.title,
-            "step": f.step, "exit_code": f.exitcode}
-
-
-def _iso(stamp: float | None) -> str | None:
-    return time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(stamp)) if stamp else None
 
 
 # ------------------------------------------------------------------------------------------ one attempt
@@ -204,41 +130,6 @@ def _explain_timeouts(ordered: list[Failure], runs: dict[int, RankRun]) -> None:
         ordered.insert(0, timeouts[0])
 
 
-_SETTINGS = ("data.batch_size", "data.num_workers", "trainer.grad_accum", "trainer.timeout_s", "optim.lr")
-
-
-def tailor(match: Match, run: RunRecord) -> None:
-    """Put this run's own values into the fix ("data.batch_size (now 64)"), and tell a port mgpu was given
-    from one torch picked."""
-    for key in _SETTINGS:
-        value = run.recipe_value(key)
-        if value is not None:
-            match.fix = re.sub(rf"\b{re.escape(key)}\b(?![=\w]| \(now)", f"{key} (now {value})", match.fix, count=1)
-    if match.signature == "address_in_use" and match.details.get("port"):
-        port = match.details["port"]
-        endpoint = str((run.launch.get("rendezvous") or {}).get("endpoint") or "")
-        if endpoint.rsplit(":", 1)[-1] == str(port):
-            match.fix = (f"Port {port}, the rendezvous port this job was given, was taken by another process (an "
-                         f"earlier job or its workers still running? `ss -ltnp | grep :{port}` names it). Stop it or "
-                         "pick another --master-port; on one node, leave --master-port out and mgpu uses a private "
-                         "rendezvous on a free port.")
-        else:
-            match.fix = (f"torch picked port {port} for the workers' store (it was free when the launcher chose it), "
-                         "and another program took it before rank 0 could listen on it. Nothing in the job needs to "
-                         f"change: run it again. If it keeps happening, find what grabs ports (`ss -ltnp | grep "
-                         f":{port}`).")
-
-
-def fate(match: Match) -> str:
-    """A few words for what happened to a rank (for lists of ranks)."""
-    if match.signature == "killed_by_signal":
-        return f"killed by {match.details.get('signal') or 'a signal'}"
-    short = {"peer_lost": "lost its connection to a peer", "collective_timeout": "timed out in a collective",
-             "python_exception": match.details.get("exception", "an exception"), "nan_loss": "NaN loss",
-             "cuda_oom": "CUDA out of memory", "unknown": "failed", "stopped": "stopped"}
-    return short.get(match.signature, match.signature.replace("_", " "))
-
-
 def _when(failure: Failure, record: FailureRecord | None, run: RunRecord, spe: int | None) -> None:
     """The step (and epoch) of the failure: the message's own step (a NaN is detected steps after it happened:
     the message names the step it happened at), the worker's record, or the last metrics."""
@@ -271,9 +162,9 @@ def diagnose_run(run_dir: str) -> Report:
                     attempts=len(run.attempts), world_size=world, last_train=run.last_metrics("train"),
                     last_val=run.last_metrics("val"), checkpoint=run.checkpoint, launch_json=run.launch_paths[0],
                     logs=run.attempts[-1].dir if run.attempts else launch.get("log_dir"))
-    report.resume_command = _resume_command(launch) if run.checkpoint else None
-    if status == "running" and _launcher_alive(launch):
-        report.verdict = _running_verdict(run)
+    report.resume_command = resume_command(launch) if run.checkpoint else None
+    if status == "running" and launcher_alive(launch):
+        report.verdict = running_verdict(run)
         return report
     if status == "running":
         report.status = status = "launcher_gone"
@@ -295,34 +186,8 @@ def diagnose_run(run_dir: str) -> Report:
             report.first_failure = Failure(None, None, run.attempts[-1].attempt if run.attempts else 0, disagree)
     if status in ("stopped", "preempted") and (report.first_failure is None or not report.first_failure.match.cause):
         report.first_failure = _stopped(run, status)
-    report.verdict = _verdict(report, run, status)
+    report.verdict = verdict(report, run, status)
     return report
-
-
-# What every node of one job must agree on (the recipe's path may differ between machines; its content and the
-# overrides give the rendezvous id, so a different recipe shows there).
-_NODE_KEYS = (("overrides", "overrides"), ("nnodes", "nnodes"), ("devices", "nproc_per_node"),
-              ("rendezvous", "id"), ("mgpu_version", "mgpu_version"))
-
-
-def nodes_disagree(run: RunRecord) -> Match | None:
-    """Several nodes' launch records (launch.json, launch.nodeK.json) that disagree on what the job is."""
-    if len(run.node_records) < 2:
-        return None
-    evidence, differ = [], []
-    for key, sub in _NODE_KEYS:
-        values = [(path, (rec.get(key) or {}).get(sub) if key != sub else rec.get(key))
-                  for path, rec in run.node_records]
-        if len({json.dumps(v, sort_keys=True) for _, v in values}) > 1:
-            name = f"{key}.{sub}" if key != sub else key
-            differ.append(name)
-            evidence += [LogLine(None, f"{name} = {json.dumps(v)}", path) for path, v in values]
-    if not differ:
-        return None
-    return Match("ranks_disagree", f"the nodes were launched differently ({', '.join(differ)} differ)", None,
-                 evidence[:6], "Start every node with the same recipe (same content), the same overrides, the same "
-                 "--nnodes and --nproc/--gpus and the same mgpu version; the nodes' launch records are compared here.",
-                 details={"differ": differ})
 
 
 def _stopped(run: RunRecord, status: str) -> Failure:
@@ -342,63 +207,4 @@ def _stopped(run: RunRecord, status: str) -> Failure:
         _when(failure, None, run, None)
     return failure
 
-
-def _launcher_alive(launch: dict[str, Any]) -> bool:
-    """The recorded launcher pid still runs ``mgpu launch`` (launch.json is rewritten at the end)."""
-    pid = (launch.get("env") or {}).get("MGPU_LAUNCH_PID")
-    try:
-        with open(f"/proc/{int(pid)}/cmdline", "rb") as fh:
-            return b"mgpu" in fh.read()
-    except (TypeError, ValueError, OSError):
-        return False
-
-
-def _running_verdict(run: RunRecord) -> str:
-    train = run.last_metrics("train")
-    if not train:
-        return "still running: the launcher is alive and no step has been logged yet."
-    age = time.time() - float(train.get("time", time.time()))
-    return f"still running: last logged step {train.get('step')} (epoch {train.get('epoch')}), {age:.0f} s ago."
-
-
-def _resume_command(launch: dict[str, Any]) -> str | None:
-    argv = [str(a) for a in launch.get("argv") or []]
-    if not argv:
-        return None
-    cleaned, skip = [], False
-    for arg in argv:
-        if skip:
-            skip = False
-            continue
-        if arg == "--resume":
-            skip = True
-            continue
-        if arg.startswith("--resume=") or arg == "--overwrite":
-            continue
-        cleaned.append(arg)
-    return " ".join(shlex.quote(a) for a in cleaned) + " --resume auto"
-
-
-def _verdict(report: Report, run: RunRecord, status: str) -> str:
-    rel = os.path.relpath(run.run_dir)
-    where = run.run_dir if rel.startswith("..") else rel
-    n = report.attempts
-    if status == "succeeded":
-        extra = f" after {n - 1} restart(s)" if n > 1 else ""
-        return f"{where} finished{extra}."
-    f = report.first_failure
-    what = {"failed": "failed", "stopped": "was stopped", "preempted": "was preempted", "launcher_gone":
-            "did not finish: the launcher stopped without recording a result (killed, or the machine went down)"}
-    head = f"{where} {what.get(status, 'did not finish')}"
-    if f is None:
-        return head + ", and no rank left an error to read."
-    when = ""
-    if f.step is not None:
-        when = f" at step {f.step}" if f.step_source != "last logged metrics" else f" after step {f.step}"
-        if f.epoch is not None:
-            when += f" (epoch {f.epoch})"
-    attempt = f" in attempt {f.attempt + 1} of {n}" if n > 1 else ""
-    if f.rank is None:
-        return f"{head}{when}: {f.match.title}."
-    return f"{head}: rank {f.rank} failed first{when}{attempt}: {f.match.title}."
 

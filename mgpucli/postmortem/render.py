@@ -6,7 +6,7 @@ import json
 import os
 from typing import TYPE_CHECKING, Any
 
-from mgpucli.postmortem.diagnose import Failure, Report, fate
+from mgpucli.postmortem.report import Failure, Report, fate
 
 if TYPE_CHECKING:
     from rich.console import Console

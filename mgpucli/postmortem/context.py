@@ -1,0 +1,100 @@
+"""What the run's own records add to a diagnosis: its settings in the fixes, nodes that were launched
+differently, whether the launcher still runs, and the command that continues the run."""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import time
+from typing import Any
+
+from mgpucli.postmortem.lines import LogLine
+from mgpucli.postmortem.matchers import Match
+from mgpucli.postmortem.reader import RunRecord
+
+_SETTINGS = ("data.batch_size", "data.num_workers", "trainer.grad_accum", "trainer.timeout_s", "optim.lr")
+
+
+def tailor(match: Match, run: RunRecord) -> None:
+    """Put this run's own values into the fix ("data.batch_size (now 64)"), and tell a port mgpu was given
+    from one torch picked."""
+    for key in _SETTINGS:
+        value = run.recipe_value(key)
+        if value is not None:
+            match.fix = re.sub(rf"\b{re.escape(key)}\b(?![=\w]| \(now)", f"{key} (now {value})", match.fix, count=1)
+    if match.signature == "address_in_use" and match.details.get("port"):
+        port = match.details["port"]
+        endpoint = str((run.launch.get("rendezvous") or {}).get("endpoint") or "")
+        if endpoint.rsplit(":", 1)[-1] == str(port):
+            match.fix = (f"Port {port}, the rendezvous port this job was given, was taken by another process (an "
+                         f"earlier job or its workers still running? `ss -ltnp | grep :{port}` names it). Stop it or "
+                         "pick another --master-port; on one node, leave --master-port out and mgpu uses a private "
+                         "rendezvous on a free port.")
+        else:
+            match.fix = (f"torch picked port {port} for the workers' store (it was free when the launcher chose it), "
+                         "and another program took it before rank 0 could listen on it. Nothing in the job needs to "
+                         f"change: run it again. If it keeps happening, find what grabs ports (`ss -ltnp | grep "
+                         f":{port}`).")
+
+
+# What every node of one job must agree on (the recipe's path may differ between machines; its content and the
+# overrides give the rendezvous id, so a different recipe shows there).
+_NODE_KEYS = (("overrides", "overrides"), ("nnodes", "nnodes"), ("devices", "nproc_per_node"),
+              ("rendezvous", "id"), ("mgpu_version", "mgpu_version"))
+
+
+def nodes_disagree(run: RunRecord) -> Match | None:
+    """Several nodes' launch records (launch.json, launch.nodeK.json) that disagree on what the job is."""
+    if len(run.node_records) < 2:
+        return None
+    evidence, differ = [], []
+    for key, sub in _NODE_KEYS:
+        values = [(path, (rec.get(key) or {}).get(sub) if key != sub else rec.get(key))
+                  for path, rec in run.node_records]
+        if len({json.dumps(v, sort_keys=True) for _, v in values}) > 1:
+            name = f"{key}.{sub}" if key != sub else key
+            differ.append(name)
+            evidence += [LogLine(None, f"{name} = {json.dumps(v)}", path) for path, v in values]
+    if not differ:
+        return None
+    return Match("ranks_disagree", f"the nodes were launched differently ({', '.join(differ)} differ)", None,
+                 evidence[:6], "Start every node with the same recipe (same content), the same overrides, the same "
+                 "--nnodes and --nproc/--gpus and the same mgpu version; the nodes' launch records are compared here.",
+                 details={"differ": differ})
+
+
+def launcher_alive(launch: dict[str, Any]) -> bool:
+    """The recorded launcher pid still runs ``mgpu launch`` (launch.json is rewritten at the end)."""
+    pid = (launch.get("env") or {}).get("MGPU_LAUNCH_PID")
+    try:
+        with open(f"/proc/{int(pid)}/cmdline", "rb") as fh:
+            return b"mgpu" in fh.read()
+    except (TypeError, ValueError, OSError):
+        return False
+
+
+def running_verdict(run: RunRecord) -> str:
+    train = run.last_metrics("train")
+    if not train:
+        return "still running: the launcher is alive and no step has been logged yet."
+    age = time.time() - float(train.get("time", time.time()))
+    return f"still running: last logged step {train.get('step')} (epoch {train.get('epoch')}), {age:.0f} s ago."
+
+
+def resume_command(launch: dict[str, Any]) -> str | None:
+    argv = [str(a) for a in launch.get("argv") or []]
+    if not argv:
+        return None
+    cleaned, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+            continue
+        if arg == "--resume":
+            skip = True
+            continue
+        if arg.startswith("--resume=") or arg == "--overwrite":
+            continue
+        cleaned.append(arg)
+    return " ".join(shlex.quote(a) for a in cleaned) + " --resume auto"
