@@ -10,6 +10,8 @@ echoes are ordered by time.
 
 from __future__ import annotations
 
+import os
+
 from mgpucli.launch import failures as fl
 from mgpucli.launch.index import Attempt
 from mgpucli.launch.records import FailureRecord
@@ -29,6 +31,10 @@ _NOISE = ("FutureWarning", "UserWarning", "DeprecationWarning", "warnings.warn("
 def _unknown(run: RankRun) -> Match:
     """No signature matched: show the rank's last error lines plainly instead of guessing."""
     shown = _meaningful(run.lines)[-UNKNOWN_LINES:]
+    logs = [p for p in (run.files.stderr, run.files.stdout) if p]
+    if logs and not any(os.path.exists(p) for p in logs) and not run.left_error:
+        return Match("unknown", f"rank {run.rank} failed, and its logs are missing ({logs[0]})", run.rank, [],
+                     "The log files listed in launch.json are gone: nothing is left to diagnose this rank from.")
     if not run.left_error and run.exitcode is None:
         # No exception handler ran (no torch error file, no mgpu record): the process was killed outright.
         return Match("killed_by_signal", f"rank {run.rank} died without an error: killed by a signal (the exit "

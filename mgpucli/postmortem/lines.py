@@ -16,6 +16,7 @@ from dataclasses import dataclass
 # "[rank3]:", "[default3]:", "[trainer3]:", repeated, at the start of a line.
 _PREFIX = re.compile(r"^(?:\[(?:rank|default|trainer|worker)(\d+)\]:)+")
 TAIL_BYTES = 1 << 20  # the last MiB of a log is read (line numbers stay exact: newlines before it are counted)
+COUNT_LIMIT = 1 << 28  # ... up to 256 MiB before it; beyond that, line numbers are left out rather than guessed
 TAIL_LINES = 600
 
 
@@ -62,8 +63,11 @@ def read_log(path: str, rank: int | None, max_lines: int = TAIL_LINES) -> list[L
         size = fh.seek(0, os.SEEK_END)
         start = max(0, size - TAIL_BYTES)
         fh.seek(0)
-        skipped = 0
-        remaining = start
+        skipped: int | None = 0
+        remaining = start if start <= COUNT_LIMIT else 0
+        if start > COUNT_LIMIT:
+            skipped = None
+            fh.seek(start)
         while remaining > 0:
             chunk = fh.read(min(remaining, 1 << 22))
             if not chunk:
@@ -74,8 +78,11 @@ def read_log(path: str, rank: int | None, max_lines: int = TAIL_LINES) -> list[L
     if start > 0:  # drop the partial first line
         cut = data.find(b"\n")
         data = data[cut + 1:] if cut >= 0 else b""
-        skipped += 1 if cut >= 0 else 0
-    lines = parse(data.decode("utf-8", errors="replace"), rank, path, first_line=skipped + 1)
+        if skipped is not None and cut >= 0:
+            skipped += 1
+    lines = parse(data.decode("utf-8", errors="replace"), rank, path, first_line=(skipped or 0) + 1)
+    if skipped is None:
+        lines = [LogLine(line.rank, line.text, line.source, None) for line in lines]
     return lines[-max_lines:]
 
 

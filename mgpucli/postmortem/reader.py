@@ -81,6 +81,9 @@ class RunRecord:
 
 def read_run(path: str) -> RunRecord:
     """Read ``path`` (a run dir, or its launch.json); UsageError (exit 2) when it is not a run directory."""
+    if os.path.isfile(path) and not re.fullmatch(r"launch(\.node\d+)?\.json", os.path.basename(path)):
+        raise UsageError(f"{path} is a file, not a run directory.", "Give the directory `mgpu launch` trained into "
+                         "(its recipe's run_dir, e.g. runs/quickstart), or its launch.json.")
     run_dir = os.path.dirname(os.path.abspath(path)) if os.path.isfile(path) else os.path.abspath(path)
     if not os.path.isdir(run_dir):
         raise UsageError(f"{path}: no such directory.", "Give the run directory of a `mgpu launch` run, e.g. "

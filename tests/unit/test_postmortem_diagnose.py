@@ -273,6 +273,14 @@ def test_nodes_launched_with_different_overrides_disagree(tmp_path: Path):
     assert report.others[0].match.signature == "collective_timeout"  # the consequence, kept
 
 
+def test_deleted_logs_are_not_mistaken_for_a_silent_death(tmp_path: Path):
+    run = RunDir(tmp_path, first_failed_rank=0)
+    shutil.rmtree(tmp_path / "logs")
+    f = diagnose_run(str(tmp_path / "launch.json")).first_failure  # launch.json itself is accepted too
+    assert f.rank == 0 and f.match.signature == "unknown" and "logs are missing" in f.match.title
+    assert run.attempts[0].ranks[0].stderr in f.match.title
+
+
 @pytest.mark.parametrize("setup", ["missing", "empty_dir", "a_file", "bad_json"])
 def test_not_a_run_directory_is_a_usage_error(tmp_path: Path, setup: str):
     target = tmp_path / "x"

@@ -61,6 +61,17 @@ def test_read_log_keeps_true_line_numbers_when_only_the_tail_is_read(tmp_path: P
     assert read_log(str(tmp_path / "missing.log"), rank=0) == []
 
 
+def test_line_numbers_are_left_out_rather_than_guessed_past_the_count_limit(tmp_path: Path, monkeypatch):
+    from mgpucli.postmortem import lines as lines_mod
+
+    path = tmp_path / "huge.log"
+    path.write_text("".join(f"line {i}\n" for i in range(1, 200_001)))
+    monkeypatch.setattr(lines_mod, "COUNT_LIMIT", 1000)
+    got = read_log(str(path), rank=0, max_lines=2)
+    assert [(g.line, g.text) for g in got] == [(None, "line 199999"), (None, "line 200000")]
+    assert got[0].cite() == "rank 0 huge.log"
+
+
 def test_tracebacks_are_parsed_behind_a_prefix_with_a_space():
     tb = parse_tracebacks(lines("gloo_timeout.log", rank=0))[-1]
     assert tb.exc_type == "RuntimeError" and "Timed out waiting 5000ms" in tb.message
