@@ -218,6 +218,21 @@ def test_preempted_run_says_nothing_is_broken(tmp_path: Path):
     assert "--resume auto" in f.match.fix and "was preempted at step 40" in report.verdict
 
 
+def test_a_run_whose_launcher_still_runs(tmp_path: Path, monkeypatch):
+    import time
+
+    from mgpucli.postmortem import diagnose
+
+    run = RunDir(tmp_path, status="running")
+    run.data["result"] = {"status": "running"}
+    run.write()
+    run.metrics({"split": "train", "step": 40, "epoch": 1, "loss": 0.5, "time": time.time() - 125})
+    monkeypatch.setattr(diagnose, "launcher_alive", lambda launch: launch["env"]["MGPU_LAUNCH_PID"] == "999999999")
+    report = diagnose_run(str(tmp_path))
+    assert report.status == "running" and report.exit_code == 1 and report.first_failure is None
+    assert report.verdict.startswith("still running: last logged step 40 (epoch 1), 12")  # 125 s ago
+
+
 def test_a_launcher_that_died_without_a_result(tmp_path: Path):
     run = RunDir(tmp_path, status="running")
     run.data["result"] = {"status": "running"}
