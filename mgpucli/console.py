@@ -15,6 +15,6 @@ def err_console() -> Console:
 
 def print_error(message: str, rank: int | None = None) -> None:
     """Print a user-facing error (no traceback)."""
-    prefix = f"[rank {rank}] " if rank is not None else ""
-    err_console().print(f"[bold red]error:[/] {prefix}", end="")
+    prefix = f" [rank {rank}]" if rank is not None else ""
+    err_console().print(f"[bold red]error:[/]{prefix} ", end="")
     err_console().print(message, markup=False, highlight=False)

@@ -29,9 +29,10 @@ TEARDOWN_SIGNALS = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT
 _PEER = re.compile(
     r"connection (closed|reset|refused)|broken pipe|DistBackendError|ProcessGroupGloo|NCCL|timed? ?out|"
     r"Socket Timeout|recvBytes|sendBytes|stopped by (a signal|SIG[A-Z0-9]+)|SignalException|KeyboardInterrupt|"
-    r"Preempted",
+    r"Preempted|lost its connection to another rank",
     re.IGNORECASE,
 )
+_DIAGNOSED_TIMEOUT = "Ranks that had not arrived:"  # mgpucli.engine.failures.collective_failure
 TAIL_LINES = 10
 TRACE_LINES = 12
 _CARETS = re.compile(r"^\s*[\^~]+\s*$")  # Python 3.11's underlining of the failing expression
@@ -64,13 +65,17 @@ class RankFailure:
 
     @property
     def category(self) -> int:
+        text = self.message or (self.record.message if self.record else None)
+        if text and _DIAGNOSED_TIMEOUT in text:
+            # mgpu's own timeout report names the late ranks; they are often SIGKILLed later by torch's
+            # teardown, which must not make them look like the first failure.
+            return -1
         if self.exitcode is not None and self.exitcode < 0:
             try:
                 sig = signal.Signals(-self.exitcode)
             except ValueError:
                 return 0
             return 4 if sig in TEARDOWN_SIGNALS else 0
-        text = self.message or (self.record.message if self.record else None)
         if not text:
             return 2
         return 3 if _PEER.search(text) else 1

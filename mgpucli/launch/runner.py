@@ -198,7 +198,8 @@ def run_plan(plan: LaunchPlan, record: LaunchRecord) -> int:
         attempt = record.attempts[-1]
         found = fl.collect(attempt, {rank: f.exitcode for rank, f in err.failures.items()})
         first = found[0].rank if found else None
-        record.set_result("failed", EXIT_FAILED, first_failed_rank=first, attempts=len(record.attempts))
+        record.set_result("failed", EXIT_FAILED, first_failed_rank=first, attempts=len(record.attempts),
+                          exitcodes={str(rank): f.exitcode for rank, f in err.failures.items()})
         print_error(fl.summarize(found, attempt, total, plan.launch_json))
         return EXIT_FAILED
     except RestartRefused as err:
