@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 import torch
@@ -26,6 +27,7 @@ def fsdp_and_ddp(tmp_path_factory):
         r = torchrun(2, "train", CHARLM, *TINY, "trainer.max_steps=20", f"trainer.strategy={strategy}",
                      f"run_dir={strategy}", cwd=cwd)
         assert r.returncode == 0, r.output
+    shutil.copy(cwd / "fsdp/checkpoints/last.pt", cwd / "fsdp-step20.pt")  # other tests resume run_dir=fsdp
     return cwd
 
 
@@ -64,16 +66,17 @@ def test_ddp_resumes_from_an_fsdp_checkpoint_and_back(fsdp_and_ddp):
         torch.testing.assert_close(a["model"][key], b["model"][key], rtol=1e-3, atol=1e-4)  # float order differs
 
 
-def test_fsdp_resume_equals_uninterrupted(tmp_path):
-    args = [*TINY, "trainer.strategy=fsdp", "+model.dropout=0.1"]
-    full = torchrun(2, "train", CHARLM, *args, "trainer.max_steps=16", "run_dir=full", cwd=tmp_path)
-    part = torchrun(2, "train", CHARLM, *args, "trainer.max_steps=7", "run_dir=part", cwd=tmp_path)
-    assert full.returncode == 0 and part.returncode == 0, full.output + part.output
-    resumed = torchrun(2, "train", CHARLM, *args, "trainer.max_steps=16", "run_dir=part", "--resume", "auto",
-                       cwd=tmp_path)
+def test_fsdp_resume_equals_uninterrupted(fsdp_and_ddp):
+    args = [*TINY, "trainer.strategy=fsdp", "run_dir=part"]
+    part = torchrun(2, "train", CHARLM, *args, "trainer.max_steps=7", cwd=fsdp_and_ddp)
+    assert part.returncode == 0, part.output
+    resumed = torchrun(2, "train", CHARLM, *args, "trainer.max_steps=20", "--resume", "auto", cwd=fsdp_and_ddp)
     assert resumed.returncode == 0, resumed.output
-    a, b = load_ckpt(tmp_path / "full/checkpoints/last.pt"), load_ckpt(tmp_path / "part/checkpoints/last.pt")
+    a, b = load_ckpt(fsdp_and_ddp / "fsdp-step20.pt"), load_ckpt(fsdp_and_ddp / "part/checkpoints/last.pt")
+    assert a["step"] == b["step"] == 20
     assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
+    for key, value in a["optimizer"]["state"].items():
+        assert torch.equal(value["exp_avg"], b["optimizer"]["state"][key]["exp_avg"])
 
 
 def _dcp_to_dict(path):

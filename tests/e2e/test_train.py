@@ -80,7 +80,7 @@ def test_resume_mid_epoch_equals_uninterrupted_bitwise(tmp_path):
 
 
 def test_same_recipe_and_seed_gives_the_same_weights(tmp_path):
-    args = [*SMALL, "trainer.epochs=1"]
+    args = [*SMALL, "trainer.max_steps=12"]
     assert mgpu("train", QUICK, *args, "run_dir=a", cwd=tmp_path).returncode == 0
     assert mgpu("train", QUICK, *args, "run_dir=b", cwd=tmp_path).returncode == 0
     a, b = load_ckpt(tmp_path / "a/checkpoints/last.pt"), load_ckpt(tmp_path / "b/checkpoints/last.pt")
