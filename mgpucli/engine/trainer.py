@@ -234,7 +234,7 @@ class Trainer:
         total_epochs = self.tcfg.epochs if self.tcfg.max_steps is None else max(
             self.tcfg.epochs, math.ceil(self.tcfg.max_steps / steps_per_epoch))
         train_metrics = None
-        with self._stop_signals():
+        with self._stop_signals(), self._tag_failures():
             while self.epoch < total_epochs and not self._done():
                 finished_epoch = self.epoch
                 train_metrics = self.train_epoch(steps_per_epoch)
@@ -262,6 +262,15 @@ class Trainer:
         if saved:
             self.save(mid_epoch=ended_early, best=improved)
         return val, bool(saved)
+
+    @contextlib.contextmanager
+    def _tag_failures(self):
+        """Tag escaping errors with the step, so `mgpu launch` can tell a failure that repeats from a new one."""
+        try:
+            yield
+        except Exception as err:
+            err.mgpu_step = self.step + 1
+            raise
 
     @contextlib.contextmanager
     def _stop_signals(self):
@@ -321,6 +330,8 @@ class Trainer:
                 micro = 0
                 metrics = self._optimizer_step() or metrics
                 if self.stop_agreed or self._done():
+                    if self._interval_steps:  # every rank stops at the same step: report the partial interval
+                        metrics = self._reduce_and_log()
                     return metrics
         if micro:  # a partial accumulation at the end of the epoch still makes a step
             metrics = self._optimizer_step() or metrics
