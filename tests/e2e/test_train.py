@@ -35,6 +35,11 @@ def test_quickstart_one_process_writes_a_clean_run_dir(tmp_path):
     assert all({"step", "epoch", "loss", "accuracy", "samples_per_s"} <= set(m) for m in trains)
     assert "global batch 32 = 32 per process x 1 process(es) x 1" in r.stderr
     assert r.stdout == ""  # human output goes to stderr
+    try:
+        import tensorboard  # noqa: F401 - the `tensorboard` extra (installed by requirements.txt)
+    except ImportError:
+        return
+    assert list((run_dir / "tensorboard").glob("events.out.tfevents.*"))
 
 
 def test_two_processes_match_one_process_with_twice_the_batch(tmp_path):
