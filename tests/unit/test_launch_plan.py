@@ -57,7 +57,9 @@ def test_cpu_workers_get_standalone_rendezvous_and_a_share_of_the_cores():
     assert arg(plan, "--rdzv-endpoint") == "localhost:0"  # the OS picks a free port
     assert arg(plan, "--rdzv-id") == "mgpu-fresh"
     assert plan.env["OMP_NUM_THREADS"] == "4"  # 8 cores / 2 processes, not torchrun's 1
-    assert plan.env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1"
+    assert "TORCH_DISABLE_SHARE_RDZV_TCP_STORE" not in plan.env  # no restarts: torch's shared store, no backoff
+    restarting = plan_for(machine(cores=8), cpu=True, nproc=2, max_restarts=1)
+    assert restarting.env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1"
     assert plan.torchrun_args[-len(plan.worker_args) - 2:] == ["-m", WORKER_MODULE, *plan.worker_args]
     assert plan.worker_args == ["train", "r.yaml", "trainer.device=cpu"]
     assert plan.checked_ports == []  # nothing to check: port 0
