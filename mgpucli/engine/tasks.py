@@ -26,6 +26,17 @@ class Task:
         """A float64 vector of sums over the batch. ``loss`` (the batch mean) may be reused during training."""
         raise NotImplementedError
 
+    def step_stats(self, outputs: torch.Tensor, targets: torch.Tensor, loss: torch.Tensor):
+        """One training step's sums, as cheaply as the task can give them (``loss``: the batch mean, detached).
+
+        The default is :meth:`stats`, a float64 vector the trainer adds at once. A task may return instead a
+        sequence aligned with ``stat_names`` of device scalars, host numbers (summed exactly), or
+        ``(device scalar, host number)`` pairs meaning their product; the trainer adds them up in float64 at
+        the log interval. A step then costs only the tensor ops that need the outputs: each op costs
+        microseconds of dispatch however small its data, which matters on short steps.
+        """
+        return self.stats(outputs, targets, loss)
+
     def metrics(self, sums: list[float]) -> dict[str, float]:
         raise NotImplementedError
 
@@ -65,6 +76,10 @@ class Classification(Task):
         correct = (outputs.detach().argmax(dim=-1) == targets).sum()
         return _vec(outputs.device, loss_sum, correct, n)
 
+    def step_stats(self, outputs, targets, loss):
+        n = targets.shape[0]
+        return (loss, n), (outputs.detach().argmax(dim=-1) == targets).sum(), n
+
     def metrics(self, sums):
         loss_sum, correct, n = sums
         return {"loss": loss_sum / max(n, 1), "accuracy": correct / max(n, 1)}
@@ -103,6 +118,10 @@ class LanguageModel(Task):
         else:
             loss_sum = F.cross_entropy(outputs.float().flatten(0, -2), targets.flatten(), reduction="sum")
         return _vec(outputs.device, loss_sum, tokens, targets.shape[0])
+
+    def step_stats(self, outputs, targets, loss):
+        tokens = targets.numel()
+        return (loss, tokens), tokens, targets.shape[0]
 
     def metrics(self, sums):
         loss_sum, tokens, _ = sums

@@ -101,6 +101,7 @@ class Trainer:
         self.first_bad = torch.full((), _NO_BAD, dtype=torch.int64, device=rt.device)
         self._losses: list[torch.Tensor] = []  # detached losses not yet checked for NaN/inf (bounded: see _fold)
         self._loss_steps: list[int] = []  # the step each of them belongs to
+        self._step_rows: list[Any] = []  # per-step stats pieces, added up by _fold (see Task.step_stats)
         # Precomputed for the step path: a disabled torch.autocast still costs an enter/exit of C calls.
         self._autocast = (functools.partial(torch.autocast, rt.device.type, dtype=self.autocast_dtype)
                           if self.autocast_dtype is not None else contextlib.nullcontext)
@@ -358,7 +359,11 @@ class Trainer:
             if self._faults and faults.maybe_fault("step", self.rt.rank, self.step + 1):
                 loss = loss * float("nan")
             detached = loss.detach()
-            self.acc += self.task.stats(outputs, targets, detached)
+            row = self.task.step_stats(outputs, targets, detached)
+            if isinstance(row, torch.Tensor):
+                self.acc += row
+            else:  # pieces: the tensor work that needs no outputs waits for _fold (one op here, not five)
+                self._step_rows.append(row)
             # Keep the loss on the device; _fold finds the first non-finite one once per interval (no sync here).
             self._losses.append(detached)
             self._loss_steps.append(self.step + 1)
@@ -417,8 +422,11 @@ class Trainer:
         return metrics
 
     def _fold(self) -> None:
-        """Fold the pending losses into ``first_bad`` on the device: a few ops per interval, no host sync (the
-        step numbers go host-to-device without blocking)."""
+        """Fold the pending step pieces into ``acc`` and the pending losses into ``first_bad``, on the device:
+        a few ops per interval, no host sync (host numbers go host-to-device without blocking)."""
+        if self._step_rows:
+            self.acc += self._sum_rows(self._step_rows)
+            self._step_rows.clear()
         if not self._losses:
             return
         finite = torch.isfinite(torch.stack(self._losses))
@@ -426,6 +434,24 @@ class Trainer:
         self.first_bad = torch.minimum(self.first_bad, torch.where(finite, _NO_BAD, steps).min())
         self._losses.clear()
         self._loss_steps.clear()
+
+    def _sum_rows(self, rows: list[Any]) -> torch.Tensor:
+        """Column sums of step pieces as one float64 vector: a device scalar's column is stacked and summed, a
+        host number's is summed exactly in Python, ``(scalar, number)`` is their product (the same float32
+        product a step would have computed), all added in float64."""
+        device, sums = self.rt.device, []
+        for column in zip(*rows, strict=True):
+            head = column[0]
+            if isinstance(head, tuple):
+                values = torch.stack([t for t, _ in column])
+                factors = torch.tensor([m for _, m in column],
+                                       dtype=values.dtype if values.is_floating_point() else None)
+                sums.append((values * factors.to(device, non_blocking=True)).to(torch.float64).sum())
+            elif isinstance(head, torch.Tensor):
+                sums.append(torch.stack(column).to(torch.float64).sum())
+            else:
+                sums.append(torch.tensor(float(sum(column)), dtype=torch.float64).to(device, non_blocking=True))
+        return torch.stack(sums)
 
     def _check_finite(self) -> None:
         """Before a save: all ranks agree that no step so far produced a non-finite loss."""

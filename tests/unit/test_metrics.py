@@ -95,3 +95,22 @@ def test_stats_vector_is_float64_and_exact_like_converting_each_value():
     # without a float64 part, promotion alone would round the count through float32: each value is converted first
     vec = _vec(torch.device("cpu"), loss_sum, torch.tensor(2**25 + 1))
     assert vec.dtype == torch.float64 and vec[1].item() == 2**25 + 1
+
+
+@pytest.mark.parametrize("task, shape, classes", [(Classification(), (16, 5), 5), (LanguageModel(), (4, 8, 7), 7)])
+def test_step_pieces_add_up_to_the_same_sums_as_stats(task, shape, classes):
+    """Training adds Task.step_stats pieces at the log interval; the sums must be stats()' sums, batch by batch."""
+    from types import SimpleNamespace
+
+    from mgpucli.engine.trainer import Trainer
+
+    gen = torch.Generator().manual_seed(1)
+    acc, rows = torch.zeros(len(task.stat_names), dtype=torch.float64), []
+    for size in (shape[0], shape[0], 3):  # a smaller last batch, as at the end of an epoch
+        outputs = torch.randn(size, *shape[1:], generator=gen)
+        targets = torch.randint(classes, (size, *shape[1:-1]), generator=gen)
+        loss = task.loss(outputs, targets)
+        acc += task.stats(outputs, targets, loss)
+        rows.append(task.step_stats(outputs, targets, loss.detach()))
+    summed = Trainer._sum_rows(SimpleNamespace(rt=SimpleNamespace(device=torch.device("cpu"))), rows)
+    assert summed.dtype == torch.float64 and torch.equal(summed, acc)
