@@ -23,14 +23,16 @@ def run_training(recipe: str, overrides: list[str], *, resume: str | None = None
     """Load and check the recipe, set up the process group, train, and always tear down."""
     import torch
 
-    from mgpucli.config import check_recipe, load_recipe
+    from mgpucli.config import check_recipe, handoff, load_recipe
     from mgpucli.dist import runtime
     from mgpucli.engine import failures
     from mgpucli.engine.trainer import Trainer
 
     ensure_cwd_on_path()
-    cfg = load_recipe(recipe, overrides)
-    check_recipe(cfg, recipe)
+    cfg = handoff.read(recipe, overrides)  # launched by `mgpu launch`: the recipe it checked, as is
+    if cfg is None:
+        cfg = load_recipe(recipe, overrides)
+        check_recipe(cfg, recipe)
     reporter = reporter if reporter is not None and env.rank == 0 else NullReporter()
     trainer = None
     try:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import os
 import socket
 
@@ -10,21 +9,17 @@ from mgpucli.errors import EXIT_FAILED, UsageError
 from mgpucli.launch.plan import LaunchOptions, LaunchPlan, Machine, RecipeFacts, build_plan, worker_overrides
 
 
-def _fingerprint(recipe: str, overrides: list[str]) -> str:
-    """Identifies this recipe + overrides on every node (the file's bytes, not its path, which may differ)."""
-    try:
-        with open(recipe, "rb") as fh:
-            content = fh.read()
-    except OSError:
-        content = recipe.encode()
-    return hashlib.sha1(content + b"\0" + "\0".join(overrides).encode()).hexdigest()
-
-
 def load_recipe_facts(opts: LaunchOptions) -> RecipeFacts:
     """Load and check the recipe exactly as every worker will (all problems at once, exit 2), here, once."""
+    return _check_recipe(opts)[0]
+
+
+def _check_recipe(opts: LaunchOptions):
+    """(facts, the checked recipe): the recipe is what the workers get (see mgpucli.config.handoff)."""
     from omegaconf import OmegaConf
 
     from mgpucli.config import check_recipe, load_recipe
+    from mgpucli.config.handoff import fingerprint
     from mgpucli.engine.run import ensure_cwd_on_path
 
     overrides = worker_overrides(opts)
@@ -32,13 +27,14 @@ def load_recipe_facts(opts: LaunchOptions) -> RecipeFacts:
     cfg = load_recipe(opts.recipe, overrides)
     check_recipe(cfg, opts.recipe)
     threads = OmegaConf.select(cfg, "trainer.cpu_threads", default=None)
-    return RecipeFacts(
+    facts = RecipeFacts(
         run_dir=str(OmegaConf.select(cfg, "run_dir", default=f"runs/{cfg.name}")),
         device=str(OmegaConf.select(cfg, "trainer.device", default="auto")),
         strategy=str(OmegaConf.select(cfg, "trainer.strategy", default="auto")),
         cpu_threads=int(threads) if threads is not None else None,
-        fingerprint=_fingerprint(opts.recipe, overrides),
+        fingerprint=fingerprint(opts.recipe, overrides),
     )
+    return facts, cfg
 
 
 def this_machine(need_gpus: bool) -> Machine:
@@ -56,9 +52,13 @@ def this_machine(need_gpus: bool) -> Machine:
 
 
 def prepare(opts: LaunchOptions) -> LaunchPlan:
-    facts = load_recipe_facts(opts)
+    return _prepare(opts)[0]
+
+
+def _prepare(opts: LaunchOptions):
+    facts, cfg = _check_recipe(opts)
     machine = this_machine(need_gpus=not opts.cpu and facts.device != "cpu")
-    return build_plan(opts, facts, machine)
+    return build_plan(opts, facts, machine), cfg
 
 
 def _make_run_dir(run_dir: str) -> None:
@@ -98,17 +98,29 @@ def _banner(plan: LaunchPlan) -> list[str]:
     return lines + [f"  {note}" for note in plan.notes]
 
 
+def _hand_over(cfg, opts: LaunchOptions, plan: LaunchPlan) -> None:
+    """Give the workers the recipe checked here, so they need not compose it again (mgpucli.config.handoff)."""
+    from mgpucli.config import handoff
+
+    try:
+        path = handoff.write(cfg, opts.recipe, worker_overrides(opts), plan.log_dir)
+    except OSError:
+        return  # the workers compose the recipe themselves, as under plain torchrun
+    os.environ[handoff.ENV] = str(path)
+
+
 def launch(opts: LaunchOptions, dry_run: bool = False) -> int:
     """Run ``mgpu launch``; returns its exit code (UsageError for bad input, before any process starts)."""
     from mgpucli.console import err_console
 
-    plan = prepare(opts)
+    plan, cfg = _prepare(opts)
     if dry_run:
         for line in _banner(plan):
             err_console().print(line, markup=False, highlight=False)
         print(plan.command(), flush=True)
         return 0
     _make_run_dir(plan.run_dir)
+    _hand_over(cfg, opts, plan)
     from mgpucli.launch.index import LaunchRecord
     from mgpucli.launch.runner import run_plan
 

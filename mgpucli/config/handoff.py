@@ -1,0 +1,56 @@
+"""A launcher's checked recipe, handed to its workers so that they skip composing it again.
+
+``mgpu launch`` composes and checks the recipe once, before it starts anything; each worker then runs
+``mgpu train`` with the same recipe and overrides. Composing it again there (importing and running Hydra's
+compose, the schema merge, the ``_target_`` checks) cost every worker 0.2-0.3 s of time to first step
+(benchmarks/overhead.py). So the launcher writes the resolved recipe to a file and names it in
+``MGPU_CHECKED_RECIPE``; a worker takes it only when its fingerprint (the recipe file's bytes and the overrides)
+matches the worker's own arguments, and composes as usual otherwise (plain ``torchrun ... mgpu train``, a recipe
+edited since, other overrides, an unreadable file).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+ENV = "MGPU_CHECKED_RECIPE"
+
+
+def fingerprint(recipe: str, overrides: list[str]) -> str:
+    """Identifies this recipe + overrides on every node (the file's bytes, not its path, which may differ)."""
+    try:
+        with open(recipe, "rb") as fh:
+            content = fh.read()
+    except OSError:
+        content = recipe.encode()
+    return hashlib.sha1(content + b"\0" + "\0".join(overrides).encode()).hexdigest()
+
+
+def write(cfg: DictConfig, recipe: str, overrides: list[str], directory: str | Path) -> Path:
+    """Write the checked recipe for the workers (atomically); returns the path to put in ``MGPU_CHECKED_RECIPE``."""
+    mark = fingerprint(recipe, overrides)
+    path = Path(directory) / f"checked-recipe-{mark[:16]}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps({"fingerprint": mark, "recipe": OmegaConf.to_container(cfg)}))
+    os.replace(tmp, path)
+    return path
+
+
+def read(recipe: str, overrides: list[str]) -> DictConfig | None:
+    """The launcher's checked recipe when it is this recipe with these overrides, else None (compose it)."""
+    path = os.environ.get(ENV)
+    if not path:
+        return None
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict) or data.get("fingerprint") != fingerprint(recipe, overrides):
+        return None
+    return OmegaConf.create(data["recipe"])
