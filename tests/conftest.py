@@ -15,3 +15,13 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture
+def no_heavy_imports(tmp_path):
+    """A PYTHONPATH where importing torch, omegaconf or hydra fails loudly."""
+    blocker = tmp_path / "blocker"
+    for name in ("torch", "omegaconf", "hydra"):
+        (blocker / name).mkdir(parents=True)
+        (blocker / name / "__init__.py").write_text(f"raise ImportError('{name} must not be imported here')\n")
+    return {"PYTHONPATH": str(blocker)}

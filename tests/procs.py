@@ -34,6 +34,39 @@ class Result:
         return self.stdout + self.stderr
 
 
+def assert_usage_error(r: Result, *fragments: str) -> None:
+    """Exit 2, no traceback, and every fragment in stderr: how bad input must look to a user."""
+    assert r.returncode == 2, r.output
+    assert "Traceback" not in r.output, r.output
+    for fragment in fragments:
+        assert fragment in r.stderr, r.stderr
+
+
+def proc_state(pid: int) -> str | None:
+    """The one-letter state of ``pid`` (``Z`` for a zombie), None when it is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return None
+
+
+def tagged(var: str, value: str) -> list[int]:
+    """Live (non-zombie) processes whose environment holds ``var=value``: a test's own processes, found by tag
+    wherever they are in the process tree (torch's workers live in sessions of their own)."""
+    needle = f"{var}={value}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            env = (entry / "environ").read_bytes()
+        except OSError:
+            continue
+        if needle in env.split(b"\0") and proc_state(int(entry.name)) not in (None, "Z"):
+            found.append(int(entry.name))
+    return found
+
+
 def group_alive(pgid: int) -> list[int]:
     """Pids still running in process group ``pgid`` (zombies excluded)."""
     alive = []

@@ -8,16 +8,6 @@ from mgpucli import __version__
 from tests.procs import mgpu
 
 
-@pytest.fixture
-def no_heavy_imports(tmp_path):
-    """A PYTHONPATH where importing torch, omegaconf or hydra fails loudly."""
-    blocker = tmp_path / "blocker"
-    for name in ("torch", "omegaconf", "hydra"):
-        (blocker / name).mkdir(parents=True)
-        (blocker / name / "__init__.py").write_text(f"raise ImportError('{name} must not be imported here')\n")
-    return {"PYTHONPATH": str(blocker)}
-
-
 @pytest.mark.parametrize("args", [["--help"], ["-h"], ["train", "--help"], []])
 def test_help_without_torch(tmp_path, no_heavy_imports, args):
     r = mgpu(*args, cwd=tmp_path, env=no_heavy_imports, timeout=30)

@@ -22,41 +22,22 @@ from pathlib import Path
 
 import pytest
 
+from tests.procs import free_port, proc_state
+from tests.procs import tagged as tagged_by
+
 REPO = Path(__file__).resolve().parents[2]
 RECIPE = str(REPO / "recipes" / "quickstart.yaml")
 TAG = "MGPU_E2E_TAG"
-# Same math in every run that is compared: 1 epoch (64 steps at 2 x 32), a checkpoint every 20 steps, 1 thread.
-SHORT = ["trainer.epochs=1", "trainer.checkpoint_every_steps=20", "trainer.cpu_threads=1"]
-LONG = ["trainer.epochs=200", "trainer.log_every=5"]  # runs until the test interrupts it
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _state(pid: int) -> str | None:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return None
 
 
 def tagged(tag: str) -> list[int]:
     """Live (non-zombie) processes carrying ``MGPU_E2E_TAG=tag``."""
-    needle = f"{TAG}={tag}".encode()
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            env = (entry / "environ").read_bytes()
-        except OSError:
-            continue
-        if needle in env.split(b"\0") and _state(int(entry.name)) not in (None, "Z"):
-            found.append(int(entry.name))
-    return found
+    return tagged_by(TAG, tag)
+
+
+# Same math in every run that is compared: 1 epoch (64 steps at 2 x 32), a checkpoint every 20 steps, 1 thread.
+SHORT = ["trainer.epochs=1", "trainer.checkpoint_every_steps=20", "trainer.cpu_threads=1"]
+LONG = ["trainer.epochs=200", "trainer.log_every=5"]  # runs until the test interrupts it
 
 
 def env_of(pid: int) -> dict[str, str]:
@@ -257,7 +238,7 @@ def test_sigkill_of_a_worker_stops_the_job_naming_the_rank(tmp_path: Path, tag: 
         assert code == 1, out
         assert took < 15, f"launch took {took:.1f}s to notice"
         assert "rank 1 failed first (killed by SIGKILL)" in out
-        assert wait_until(lambda: not [p for p in workers.values() if _state(p) not in (None, "Z")], 5)
+        assert wait_until(lambda: not [p for p in workers.values() if proc_state(p) not in (None, "Z")], 5)
         data = json.loads((run_dir / "launch.json").read_text())
         assert data["result"]["status"] == "failed" and data["result"]["first_failed_rank"] == 1
     finally:
@@ -275,7 +256,7 @@ def test_ctrl_c_to_the_process_group_stops_gracefully_and_leaves_no_process(tmp_
         assert code == 75, launch.output  # the workers agreed on a step and saved: a scheduler may requeue
         assert "stopped by SIGINT at step" in launch.output and "--resume auto" in launch.output
         assert (run_dir / "checkpoints" / "last.pt").is_file()
-        assert wait_until(lambda: not [p for p in workers.values() if _state(p) not in (None, "Z")], 5)
+        assert wait_until(lambda: not [p for p in workers.values() if proc_state(p) not in (None, "Z")], 5)
         result = json.loads((run_dir / "launch.json").read_text())["result"]
         assert result["status"] == "preempted" and result["step"] > 0
     finally:
@@ -396,7 +377,7 @@ def test_worker_watch_fires_when_the_watched_process_exits(tmp_path: Path):
     finally:
         child.kill()
         child.wait(timeout=5)
-    assert _state(child.pid) is None
+    assert proc_state(child.pid) is None
 
 
 def _has_cuda() -> bool:

@@ -11,15 +11,14 @@ import json
 import os
 import signal
 import socket
-import subprocess
-import sys
 import time
 import uuid
 from pathlib import Path
 
 import pytest
 
-from tests.procs import free_port, mgpu, stop_tree
+from tests.procs import free_port, mgpu
+from tests.procs import tagged as tagged_by
 
 REPO = Path(__file__).resolve().parents[2]
 RECIPE = str(REPO / "recipes" / "quickstart.yaml")
@@ -28,19 +27,7 @@ TAG = "MGPU_POSTMORTEM_TAG"
 
 
 def tagged(tag: str) -> list[int]:
-    needle = f"{TAG}={tag}".encode()
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            env = (entry / "environ").read_bytes()
-            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if needle in env.split(b"\0") and state != "Z":
-            found.append(int(entry.name))
-    return found
+    return tagged_by(TAG, tag)
 
 
 @pytest.fixture
@@ -140,49 +127,41 @@ def test_collective_timeout(tmp_path: Path, env: dict):
     assert first["step"] in (2, 3)  # 3 when the worker recorded it; else the last logged step (2)
 
 
-def _hold_the_workers_store_port(proc: subprocess.Popen, deadline: float) -> socket.socket | None:
-    """Listen on the port torch picked for the workers' store, as soon as a worker exists, before rank 0 binds it
-    (torch finds the port free, closes it, and rank 0 binds it seconds later, after importing torch)."""
-    me = str(proc.pid).encode()
-    while time.monotonic() < deadline and proc.poll() is None:
-        for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit():
-                continue
-            try:
-                environ = dict(i.split(b"=", 1) for i in (entry / "environ").read_bytes().split(b"\0") if b"=" in i)
-            except OSError:
-                continue
-            if environ.get(b"MGPU_LAUNCH_PID") == me and b"RANK" in environ and b"MASTER_PORT" in environ:
-                sock = socket.socket()
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                sock.bind(("0.0.0.0", int(environ[b"MASTER_PORT"])))
-                sock.listen(1)
-                return sock
-        time.sleep(0.01)
-    return None
+PORT_GRABBER = """
+import os
+import socket
+
+from mgpucli.components.datasets import SyntheticClassification
+
+
+class Listening(SyntheticClassification):
+    \"\"\"A dataset that serves something on a port, as some data services do: rank 0 binds HELD_PORT.\"\"\"
+
+    def __init__(self, **kwargs):
+        if os.environ.get("RANK") == "0":
+            self.server = socket.socket()
+            self.server.bind(("127.0.0.1", int(os.environ["HELD_PORT"])))
+        super().__init__(**kwargs)
+"""
 
 
 def test_port_in_use(tmp_path: Path, env: dict):
+    # Deterministic: the test holds a port, and rank 0's dataset tries to listen on it.
+    (tmp_path / "portgrab.py").write_text(PORT_GRABBER)
     run_dir = tmp_path / "run"
-    args = [sys.executable, "-m", "mgpucli", "launch", "--cpu", "--nproc", "2", RECIPE, *SMALL, f"run_dir={run_dir}"]
-    proc = subprocess.Popen(args, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
-    held = None
-    try:
-        held = _hold_the_workers_store_port(proc, time.monotonic() + 60)
-        assert held is not None, "no worker appeared"
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen(1)
         port = held.getsockname()[1]
-        _, err = proc.communicate(timeout=90)
-        assert proc.returncode == 1, err
-    finally:
-        stop_tree(proc)
-        if held is not None:
-            held.close()
+        res = mgpu("launch", "--cpu", "--nproc", "2", RECIPE, *SMALL, f"run_dir={run_dir}",
+                   "data.train._target_=portgrab.Listening", cwd=tmp_path, env={**env, "HELD_PORT": str(port)},
+                   timeout=90)
+    assert res.returncode == 1, res.output
     code, report, _ = doctor(run_dir, env)
     first = report["first_failure"]
-    assert code == 1 and first["signature"] == "address_in_use" and first["rank"] == 0
-    assert first["details"]["port"] == port
-    assert "torch picked port" in first["fix"] and "run it again" in first["fix"]
+    assert code == 1 and first["signature"] == "address_in_use" and first["rank"] == 0, report
+    assert "Address already in use" in json.dumps(first["evidence"])
+    assert "Another process was already listening" in first["fix"]
 
 
 def test_busy_master_port_is_refused_before_a_run_dir_exists(tmp_path: Path, env: dict):

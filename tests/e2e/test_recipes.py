@@ -6,27 +6,10 @@ import json
 
 import pytest
 
-from tests.procs import RECIPES, mgpu
+from tests.procs import RECIPES, assert_usage_error, mgpu
 
 SHIPPED = sorted(p.stem for p in RECIPES.glob("*.yaml"))
 SMALL = ["data.train.num_samples=256", "data.val.num_samples=64", "trainer.epochs=1"]
-
-
-def assert_usage_error(r, *fragments):
-    assert r.returncode == 2, r.output
-    assert "Traceback" not in r.output, r.output
-    for fragment in fragments:
-        assert fragment in r.stderr, r.stderr
-
-
-@pytest.fixture
-def no_heavy_imports(tmp_path):
-    """A PYTHONPATH where importing torch, omegaconf or hydra fails loudly."""
-    blocker = tmp_path / "blocker"
-    for name in ("torch", "omegaconf", "hydra"):
-        (blocker / name).mkdir(parents=True)
-        (blocker / name / "__init__.py").write_text(f"raise ImportError('{name} must not be imported here')\n")
-    return {"PYTHONPATH": str(blocker)}
 
 
 def test_list_names_descriptions_needs_and_installed_without_torch(tmp_path, no_heavy_imports):

@@ -5,17 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.procs import RECIPES, mgpu, torchrun
+from tests.procs import RECIPES, assert_usage_error, mgpu, torchrun
 
 QUICK = str(RECIPES / "quickstart.yaml")
 SMALL = ["data.train.num_samples=256", "data.val.num_samples=64"]
-
-
-def assert_usage_error(r, *fragments):
-    assert r.returncode == 2, r.output
-    assert "Traceback" not in r.stderr, r.stderr
-    for fragment in fragments:
-        assert fragment in r.stderr, r.stderr
 
 
 @pytest.mark.parametrize("overrides, fragments", [

@@ -9,7 +9,7 @@ import pickle
 import pytest
 import torch
 
-from tests.procs import RECIPES, load_ckpt, mgpu
+from tests.procs import RECIPES, assert_usage_error, load_ckpt, mgpu
 
 QUICK = str(RECIPES / "quickstart.yaml")
 VAL = 333  # not a multiple of 2 x batch size: the last batch is partial and ranks get unequal shares
@@ -81,13 +81,6 @@ def test_python_api_model_predicts_as_at_the_end_of_training(trained):
     x = torch.randn(5, 32)
     assert torch.equal(loaded.model(x), ref.eval()(x))
     assert loaded.recipe.name == "quickstart" and loaded.info["step"] == 16
-
-
-def assert_usage_error(r, *fragments):
-    assert r.returncode == 2, r.output
-    assert "Traceback" not in r.stderr, r.stderr
-    for fragment in fragments:
-        assert fragment in r.stderr, r.stderr
 
 
 def test_missing_empty_random_and_truncated_files(trained):
