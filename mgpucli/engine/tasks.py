@@ -30,15 +30,34 @@ class Task:
         """One training step's sums, as cheaply as the task can give them (``loss``: the batch mean, detached).
 
         The default is :meth:`stats`, a float64 vector the trainer adds at once. A task may return instead a
-        sequence aligned with ``stat_names`` of device scalars, host numbers (summed exactly), or
-        ``(device scalar, host number)`` pairs meaning their product; the trainer adds them up in float64 at
-        the log interval. A step then costs only the tensor ops that need the outputs: each op costs
-        microseconds of dispatch however small its data, which matters on short steps.
+        sequence aligned with ``stat_names`` of device scalars, host numbers (summed exactly),
+        ``(device scalar, host number)`` pairs meaning their product, or :class:`Later` pieces; the trainer adds
+        them up in float64 at the log interval. A step then costs only the tensor ops it cannot avoid: each op
+        costs microseconds of dispatch however small its data, which matters on short steps.
         """
         return self.stats(outputs, targets, loss)
 
     def metrics(self, sums: list[float]) -> dict[str, float]:
         raise NotImplementedError
+
+
+class Later:
+    """A :meth:`Task.step_stats` piece computed at the log interval for many steps at once: ``fn(*tensors)``
+    on each tensor concatenated (dim 0) over the steps, one op sequence per interval instead of one per step.
+    ``fn`` must return the sum over whatever batch it is given. It keeps the tensors until then, so tasks use it
+    for small ones only (the trainer falls back to one call per step where they don't concatenate)."""
+
+    __slots__ = ("fn", "tensors")
+
+    def __init__(self, fn, *tensors: torch.Tensor):
+        self.fn, self.tensors = fn, tensors
+
+
+_LATER_MAX_ELEMENTS = 1 << 14  # outputs up to 16k elements (64 KB in float32) wait for the interval
+
+
+def _correct(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return (outputs.argmax(dim=-1) == targets).sum()
 
 
 @functools.lru_cache(maxsize=256)
@@ -73,12 +92,14 @@ class Classification(Task):
         n = targets.shape[0]
         loss_sum = loss.detach() * n if loss is not None else F.cross_entropy(outputs.float(), targets,
                                                                                reduction="sum")
-        correct = (outputs.detach().argmax(dim=-1) == targets).sum()
-        return _vec(outputs.device, loss_sum, correct, n)
+        return _vec(outputs.device, loss_sum, _correct(outputs.detach(), targets), n)
 
     def step_stats(self, outputs, targets, loss):
-        n = targets.shape[0]
-        return (loss, n), (outputs.detach().argmax(dim=-1) == targets).sum(), n
+        n, outputs = targets.shape[0], outputs.detach()
+        # Small outputs (where dispatch, not arithmetic, is the cost): count the correct ones at the interval.
+        correct = (Later(_correct, outputs, targets) if outputs.numel() <= _LATER_MAX_ELEMENTS
+                   else _correct(outputs, targets))
+        return (loss, n), correct, n
 
     def metrics(self, sums):
         loss_sum, correct, n = sums

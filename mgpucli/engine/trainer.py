@@ -36,11 +36,11 @@ from mgpucli.engine.report import Reporter
 from mgpucli.engine.rundir import MetricsWriter, checkpoint_dir, prepare_run_dir
 from mgpucli.engine.sharded import load_sharded, save_sharded
 from mgpucli.engine.strategy import wrap_model
-from mgpucli.engine.tasks import build_task
+from mgpucli.engine.tasks import Later, build_task
 from mgpucli.errors import JobFailed, Preempted
 
 _NO_BAD = 2**62  # "no non-finite step yet" (min-reducible)
-_FOLD_EVERY = 1024  # pending losses are folded into first_bad at the latest after this many micro-steps
+_FOLD_EVERY = 256  # pending losses and step pieces are folded at the latest after this many micro-steps
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +61,37 @@ class StepSettings:
                    clip_grad_norm=tcfg.clip_grad_norm, scheduler_interval=str(tcfg.scheduler_interval),
                    log_every=int(tcfg.log_every), checkpoint_every_steps=tcfg.checkpoint_every_steps,
                    max_steps=tcfg.max_steps)
+
+
+def sum_step_rows(rows: list[Any], device: torch.device) -> torch.Tensor:
+    """Column sums of step pieces (see Task.step_stats) as one float64 vector on ``device``."""
+    return torch.stack([_sum_column(column, device) for column in zip(*rows, strict=True)])
+
+
+def _sum_column(column: tuple, device: torch.device) -> torch.Tensor:
+    """Device scalars are stacked and summed; host numbers summed exactly in Python; ``(scalar, number)`` pairs
+    multiplied (the same float32 products a step would have computed); :class:`Later` pieces run once on their
+    concatenated tensors. All added in float64: a few ops per interval."""
+    parts = []
+    pairs = [p for p in column if isinstance(p, tuple)]
+    if pairs:
+        values = torch.stack([t for t, _ in pairs])
+        factors = torch.tensor([m for _, m in pairs], dtype=values.dtype if values.is_floating_point() else None)
+        parts.append((values * factors.to(device, non_blocking=True)).to(torch.float64).sum())
+    tensors = [p for p in column if isinstance(p, torch.Tensor)]
+    if tensors:
+        parts.append(torch.stack(tensors).to(torch.float64).sum())
+    later = [p for p in column if isinstance(p, Later)]
+    if later:
+        try:
+            joined = [torch.cat(group) for group in zip(*(p.tensors for p in later), strict=True)]
+            parts.append(later[0].fn(*joined).to(torch.float64))
+        except RuntimeError:  # tensors that don't concatenate (other shapes): one call per step
+            parts.append(torch.stack([p.fn(*p.tensors) for p in later]).to(torch.float64).sum())
+    numbers = [p for p in column if not isinstance(p, (tuple, torch.Tensor, Later))]
+    if numbers:
+        parts.append(torch.tensor(float(sum(numbers)), dtype=torch.float64).to(device, non_blocking=True))
+    return parts[0] if len(parts) == 1 else torch.stack(parts).sum()
 
 
 class Trainer:
@@ -425,7 +456,7 @@ class Trainer:
         """Fold the pending step pieces into ``acc`` and the pending losses into ``first_bad``, on the device:
         a few ops per interval, no host sync (host numbers go host-to-device without blocking)."""
         if self._step_rows:
-            self.acc += self._sum_rows(self._step_rows)
+            self.acc += sum_step_rows(self._step_rows, self.rt.device)
             self._step_rows.clear()
         if not self._losses:
             return
@@ -434,24 +465,6 @@ class Trainer:
         self.first_bad = torch.minimum(self.first_bad, torch.where(finite, _NO_BAD, steps).min())
         self._losses.clear()
         self._loss_steps.clear()
-
-    def _sum_rows(self, rows: list[Any]) -> torch.Tensor:
-        """Column sums of step pieces as one float64 vector: a device scalar's column is stacked and summed, a
-        host number's is summed exactly in Python, ``(scalar, number)`` is their product (the same float32
-        product a step would have computed), all added in float64."""
-        device, sums = self.rt.device, []
-        for column in zip(*rows, strict=True):
-            head = column[0]
-            if isinstance(head, tuple):
-                values = torch.stack([t for t, _ in column])
-                factors = torch.tensor([m for _, m in column],
-                                       dtype=values.dtype if values.is_floating_point() else None)
-                sums.append((values * factors.to(device, non_blocking=True)).to(torch.float64).sum())
-            elif isinstance(head, torch.Tensor):
-                sums.append(torch.stack(column).to(torch.float64).sum())
-            else:
-                sums.append(torch.tensor(float(sum(column)), dtype=torch.float64).to(device, non_blocking=True))
-        return torch.stack(sums)
 
     def _check_finite(self) -> None:
         """Before a save: all ranks agree that no step so far produced a non-finite loss."""

@@ -100,9 +100,7 @@ def test_stats_vector_is_float64_and_exact_like_converting_each_value():
 @pytest.mark.parametrize("task, shape, classes", [(Classification(), (16, 5), 5), (LanguageModel(), (4, 8, 7), 7)])
 def test_step_pieces_add_up_to_the_same_sums_as_stats(task, shape, classes):
     """Training adds Task.step_stats pieces at the log interval; the sums must be stats()' sums, batch by batch."""
-    from types import SimpleNamespace
-
-    from mgpucli.engine.trainer import Trainer
+    from mgpucli.engine.trainer import sum_step_rows
 
     gen = torch.Generator().manual_seed(1)
     acc, rows = torch.zeros(len(task.stat_names), dtype=torch.float64), []
@@ -112,5 +110,17 @@ def test_step_pieces_add_up_to_the_same_sums_as_stats(task, shape, classes):
         loss = task.loss(outputs, targets)
         acc += task.stats(outputs, targets, loss)
         rows.append(task.step_stats(outputs, targets, loss.detach()))
-    summed = Trainer._sum_rows(SimpleNamespace(rt=SimpleNamespace(device=torch.device("cpu"))), rows)
+    summed = sum_step_rows(rows, torch.device("cpu"))
     assert summed.dtype == torch.float64 and torch.equal(summed, acc)
+
+
+def test_later_pieces_fall_back_to_one_call_per_step_when_shapes_differ():
+    from mgpucli.engine.tasks import Later, _correct
+    from mgpucli.engine.trainer import sum_step_rows
+
+    a = (torch.tensor([[1.0, 0.0], [0.0, 1.0]]), torch.tensor([0, 0]))  # 1 correct
+    b = (torch.tensor([[1.0, 0.0, 0.0]]), torch.tensor([0]))  # 1 correct, 3 classes: no cat along dim 0
+    rows = [(Later(_correct, *a), torch.tensor(2)), (_correct(*b), torch.tensor(1))]
+    assert sum_step_rows(rows, torch.device("cpu")).tolist() == [2.0, 3.0]  # a Later and a tensor in one column
+    rows = [(Later(_correct, *a),), (Later(_correct, *b),)]
+    assert sum_step_rows(rows, torch.device("cpu")).tolist() == [2.0]
