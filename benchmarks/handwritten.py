@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler
 
+from benchmarks.procinfo import process_start_time, rss_mb, thread_cpu_seconds
 from mgpucli.components.datasets import CharText, SyntheticClassification
 from mgpucli.components.models import MLP, CharTransformer
 
@@ -68,6 +69,8 @@ def main() -> None:
     p.add_argument("--workload", choices=sorted(WORKLOADS), default="mlp")
     p.add_argument("--epochs", type=int, default=None)
     args = p.parse_args()
+    marks = {"imports done": time.time()}  # bench
+    rss = {"imports done": rss_mb()}  # bench
     w = WORKLOADS[args.workload]
     epochs = args.epochs or w["epochs"]
     out_dir = os.environ.get("MGPU_BENCH_OUT")  # bench
@@ -81,6 +84,8 @@ def main() -> None:
         device = torch.device("cpu")
     dist.init_process_group("nccl" if cuda else "gloo")
     rank = dist.get_rank()
+    marks["process group"] = time.time()  # bench
+    rss["process group"] = rss_mb()  # bench
 
     torch.manual_seed(w["seed"])
     train_set, model, loss_fn, make_optim = build(args.workload)
@@ -88,6 +93,8 @@ def main() -> None:
     loader = DataLoader(train_set, batch_size=w["batch_size"], sampler=sampler, pin_memory=cuda)
     model = DDP(model.to(device), device_ids=[local_rank] if cuda else None)
     optimizer, scheduler = make_optim(model.parameters())
+    marks["model wrapped"] = time.time()  # bench
+    rss["model wrapped"] = rss_mb()  # bench
 
     records, step, first_step_at = [], 0, None  # bench
     for epoch in range(epochs):
@@ -109,14 +116,18 @@ def main() -> None:
             records.append((step, epoch, time.perf_counter(), time.process_time()))  # bench
             if first_step_at is None:  # bench
                 first_step_at = time.time()  # bench
+                rss["first step"] = rss_mb()  # bench
 
+    rss["end"] = rss_mb()  # bench
     if out_dir:  # bench: what overhead.py reads
         if rank == 0:
             torch.save(model.module.state_dict(), os.path.join(out_dir, "weights.pt"))
         info = {"rank": rank, "steps": records, "first_step_at": first_step_at,
                 "maxrss_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
                 "cuda_peak_bytes": torch.cuda.max_memory_allocated(device) if cuda else None,
-                "threads": torch.get_num_threads(), "world_size": dist.get_world_size()}
+                "threads": torch.get_num_threads(), "world_size": dist.get_world_size(),
+                "thread_cpu_s": thread_cpu_seconds(),
+                "started_at": process_start_time(), "marks": marks, "rss_mb": rss}
         with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as fh:
             json.dump(info, fh)
     dist.destroy_process_group()

@@ -21,7 +21,8 @@ import importlib.util
 import os
 import sys
 
-_TARGET = "mgpucli.engine.trainer"
+_MARKS: dict[str, float] = {}  # worker start-up milestones (Unix time), reported in rank<N>.json
+_RSS: dict[str, float] = {}  # resident memory (MiB) at those milestones, at the first step and at the end
 
 
 def _patch(module) -> None:
@@ -31,10 +32,16 @@ def _patch(module) -> None:
 
     import torch
 
+    from benchmarks.procinfo import process_start_time, rss_mb, thread_cpu_seconds
+
+    _MARKS["imports done"] = time.time()  # the trainer is imported with torch, before the recipe is loaded
+    _RSS["imports done"] = rss_mb()
+
     trainer_cls = module.Trainer
     out_dir = os.environ["MGPU_BENCH_OUT"]
     audit = _Audit() if os.environ.get("MGPU_BENCH_AUDIT") == "1" else None
     orig_step, orig_fit, orig_epoch = trainer_cls._optimizer_step, trainer_cls.fit, trainer_cls.train_epoch
+    orig_setup = trainer_cls.setup
     records: list[tuple[int, int, float, float]] = []
     first: list[float] = []
 
@@ -45,6 +52,7 @@ def _patch(module) -> None:
         records.append((self.step, self.epoch, time.perf_counter(), time.process_time()))
         if not first:
             first.append(time.time())
+            _RSS["first step"] = rss_mb()
         if audit is not None:
             audit.end_step(self.step, self.tcfg.log_every)
         return result
@@ -53,6 +61,7 @@ def _patch(module) -> None:
         if audit is not None:
             audit.install(self.rt.device)
         result = orig_fit(self)
+        _RSS["end"] = rss_mb()
         rank = self.rt.rank
         if rank == 0:
             torch.save(self.wrapped.raw.state_dict(), os.path.join(out_dir, "weights.pt"))
@@ -62,9 +71,18 @@ def _patch(module) -> None:
                 "cuda_peak_bytes": torch.cuda.max_memory_allocated(self.rt.device) if cuda else None,
                 "threads": torch.get_num_threads(), "world_size": self.rt.world_size,
                 "audit": audit.report() if audit is not None else None,
-                "ddp": _ddp_facts(self.wrapped.train)}
+                "ddp": _ddp_facts(self.wrapped.train), "thread_cpu_s": thread_cpu_seconds(),
+                "started_at": process_start_time(), "marks": _MARKS, "rss_mb": _RSS}
         with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as fh:
             json.dump(info, fh)
+        return result
+
+    def setup(self, *a, **k):
+        _MARKS["process group"] = time.time()  # runtime.setup (the process group) runs just before
+        _RSS["process group"] = rss_mb()
+        result = orig_setup(self, *a, **k)
+        _MARKS["model wrapped"] = time.time()
+        _RSS["model wrapped"] = rss_mb()
         return result
 
     def train_epoch(self, *a, **k):
@@ -72,7 +90,7 @@ def _patch(module) -> None:
             audit.epoch_start()  # what ran between epochs (validation, checkpoint) is no step's
         return orig_epoch(self, *a, **k)
 
-    trainer_cls._optimizer_step, trainer_cls.fit = _optimizer_step, fit
+    trainer_cls._optimizer_step, trainer_cls.fit, trainer_cls.setup = _optimizer_step, fit, setup
     if audit is not None:
         trainer_cls.train_epoch = train_epoch
 
@@ -171,7 +189,7 @@ class _Hook:
     """A meta-path finder (duck-typed: importing importlib.abc would cost every process)."""
 
     def find_spec(self, name, path, target=None):
-        if name != _TARGET:
+        if name != "mgpucli.engine.trainer":
             return None
         sys.meta_path.remove(self)
         spec = importlib.util.find_spec(name)

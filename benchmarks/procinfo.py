@@ -1,0 +1,48 @@
+"""What a benchmarked process reports about itself at the end (stdlib only: the probe and the loop share it)."""
+
+from __future__ import annotations
+
+import os
+
+
+def thread_cpu_seconds() -> dict[str, float]:
+    """CPU seconds (user + system) per thread name, from /proc/self/task (empty where that doesn't exist)."""
+    out: dict[str, float] = {}
+    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    for task in sorted(os.listdir("/proc/self/task")) if os.path.isdir("/proc/self/task") else []:
+        try:
+            with open(f"/proc/self/task/{task}/stat") as fh:
+                stat = fh.read()
+        except OSError:
+            continue
+        name = stat[stat.index("(") + 1 : stat.rindex(")")]
+        fields = stat[stat.rindex(")") + 2 :].split()
+        out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+    return out
+
+
+def process_start_time() -> float | None:
+    """When this process started, as a Unix time (Linux: start ticks after boot; 10 ms resolution).
+
+    The boot time comes from ``time.time() - /proc/uptime`` now, not /proc/stat's ``btime``: in a VM whose clock
+    was stepped after boot, ``btime`` is off by that step (by more than a second here)."""
+    import time
+
+    try:
+        with open("/proc/self/stat") as fh:
+            stat = fh.read()
+        with open("/proc/uptime") as fh:
+            uptime = float(fh.read().split()[0])
+    except (OSError, ValueError):
+        return None
+    ticks = int(stat[stat.rindex(")") + 2 :].split()[19])
+    return time.time() - uptime + ticks / os.sysconf("SC_CLK_TCK")
+
+
+def rss_mb() -> float:
+    """This process's resident memory now, in MiB (Linux /proc/self/statm; 0 where that doesn't exist)."""
+    try:
+        with open("/proc/self/statm") as fh:
+            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+    except OSError:
+        return 0.0
