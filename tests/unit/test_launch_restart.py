@@ -106,3 +106,15 @@ def test_record_round_trip(tmp_path: Path):
     Path(path).write_text("{half")
     assert read_record(path) is None
     assert read_record(str(tmp_path / "missing.json")) is None
+
+
+def test_launched_workers_call_train_directly_for_the_arguments_launch_passes():
+    from mgpucli.launch.worker import direct_train_args
+
+    assert direct_train_args(["train", "r.yaml", "optim.lr=0.1", "+x=1", "~y", "--resume", "auto", "--overwrite"]) == {
+        "recipe": "r.yaml", "overrides": ["optim.lr=0.1", "+x=1", "~y"], "resume": "auto", "overwrite": True,
+        "check": False}
+    assert direct_train_args(["train", "r.yaml", "--resume=last.pt"])["resume"] == "last.pt"
+    for other in (["train", "r.yaml", "--check"], ["train", "--help"], ["train", "r.yaml", "--resume"],
+                  ["validate", "c.pt"], ["train"], ["train", "r.yaml", "--", "x=1"]):
+        assert direct_train_args(other) is None  # the full CLI parses (and reports) these
