@@ -40,6 +40,16 @@ from benchmarks.stats import median  # noqa: E402
 
 RECIPE = REPO / "recipes" / "charlm.yaml"
 WARMUP_INTERVALS = 2
+_CURRENT: subprocess.Popen | None = None  # the run in progress (killed with us on SIGTERM)
+
+
+def _on_signal(signum, frame) -> None:
+    if _CURRENT is not None:
+        try:
+            os.killpg(_CURRENT.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    raise SystemExit(128 + signum)
 
 
 def throughput(records: list[dict[str, Any]], skip: int = WARMUP_INTERVALS) -> float | None:
@@ -85,6 +95,8 @@ def run(args, strategy: str, gpus: int, root: Path) -> dict[str, Any]:
     with open(log, "w") as fh:
         proc = subprocess.Popen(cmd, cwd=REPO, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True)
+        global _CURRENT
+        _CURRENT = proc
         try:
             rc = proc.wait(timeout=args.timeout)
         except subprocess.TimeoutExpired:
@@ -158,6 +170,7 @@ def main(argv: list[str] | None = None) -> int:
         device = f"{visible} x {torch.cuda.get_device_name(0)}, torch {torch.__version__}"
     else:
         device = f"CPU smoke test, {args.gpus} gloo processes"
+    signal.signal(signal.SIGTERM, _on_signal)
     root = Path(tempfile.mkdtemp(prefix="mgpu-dp-ddp-"))
     results = []
     try:

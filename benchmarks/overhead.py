@@ -118,6 +118,9 @@ class Run:
     rss_at: dict[str, float] = field(default_factory=dict)  # milestone -> resident MiB (the largest rank)
 
 
+_CURRENT: subprocess.Popen | None = None  # the run in progress (killed with us on SIGTERM)
+
+
 def _kill_group(proc: subprocess.Popen) -> None:
     try:
         os.killpg(proc.pid, signal.SIGKILL)
@@ -137,6 +140,8 @@ def run_once(side: str, workload: str, rnd: int, args, root: Path, audit: bool =
         t0 = time.time()
         proc = subprocess.Popen(cmd, cwd=REPO, env=environment(side, args, out, audit), stdout=fh,
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        global _CURRENT
+        _CURRENT = proc
         try:
             rc = proc.wait(timeout=args.timeout)
         except subprocess.TimeoutExpired:
@@ -397,7 +402,8 @@ def report_workload(workload: str, runs: list[Run], args, drift: list[str]) -> t
                  f"{'' if all(same_a + same_b) else '; runs of one side differ between rounds!'} | equal | "
                  f"{'ok' if equal else 'MISSED'} |")
     data["bitwise_equal"] = {"rounds_equal": sum(bool(v[0]) for v in verdicts), "rounds": len(verdicts),
-                             "detail": detail, "A_repeatable": all(same_a), "B_repeatable": all(same_b)}
+                             "detail": detail, "A_repeatable": all(same_a), "B_repeatable": all(same_b),
+                             "verdict": "ok" if equal else "MISSED"}
     if all(r.startup for r in a_runs + b_runs):
         lines += ["", "time to first step by phase (median over rounds, seconds; milestones reached by every rank):",
                   "", "| phase | hand-written (A) | mgpu (B) | B-A |", "|---|---|---|---|"]
@@ -492,6 +498,17 @@ def parse_args(argv: list[str] | None = None):
     return args
 
 
+def _emit(lines: list[str]) -> None:
+    """Print a finished section at once: a run cut short (a time limit) keeps what it measured."""
+    print("\n".join(lines), flush=True)
+
+
+def _on_signal(signum, frame) -> None:
+    if _CURRENT is not None:
+        _kill_group(_CURRENT)
+    raise SystemExit(128 + signum)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.gpus:
@@ -501,23 +518,29 @@ def main(argv: list[str] | None = None) -> int:
             print(f"overhead.py --gpus {args.gpus}: skipped, {torch.cuda.device_count()} CUDA GPU(s) visible "
                   f"(run it with --cpu here).")
             return 0
+    signal.signal(signal.SIGTERM, _on_signal)
     workloads = {"all": ["mlp", "charlm"], "none": []}.get(args.workload, [args.workload])
     root = Path(tempfile.mkdtemp(prefix="mgpu-bench-"))
-    out_lines = ["## mgpu overhead benchmark", ""]
     facts = machine_facts(args)
-    out_lines += [f"machine: {facts['cpu']}, {facts['cores']} cores; {facts['device']}, {facts['threads_per_process']} "
-                  f"intra-op thread(s) each; Python {facts['python']}, torch {facts['torch']}; {facts['date']}; "
-                  f"1-min load average at start {os.getloadavg()[0]:.2f}", ""]
-    out_lines.append("command: " + " ".join(["python", "benchmarks/overhead.py", *(argv if argv is not None
-                                                                                     else sys.argv[1:])]))
-    out_lines.append("")
     results: dict[str, Any] = {"machine": facts, "argv": sys.argv[1:], "workloads": {}}
+
+    def save() -> None:
+        if args.json:
+            args.json.write_text(json.dumps(results, indent=1, default=str))
+
+    _emit(["## mgpu overhead benchmark", "",
+           f"machine: {facts['cpu']}, {facts['cores']} cores; {facts['device']}, {facts['threads_per_process']} "
+           f"intra-op thread(s) each; Python {facts['python']}, torch {facts['torch']}"
+           + (f", {facts['gpu']}" if facts.get("gpu") else "")
+           + f"; {facts['date']}; 1-min load average at start {os.getloadavg()[0]:.2f}", "",
+           "command: " + " ".join(["python", "benchmarks/overhead.py", *(argv if argv is not None else sys.argv[1:])]),
+           ""])
     try:
         if args.cli_repeats:
             print(f"[cli] {args.cli_repeats} x (mgpu --version, mgpu --help, python -c pass)", file=sys.stderr)
             lines, results["cli"] = report_cli(cli_startup(args.cli_repeats))
-            out_lines += lines + [""]
-        audits = []
+            _emit(lines + [""])
+            save()
         for workload in workloads:
             drift = recipe_drift(workload)
             runs: list[Run] = []
@@ -527,32 +550,30 @@ def main(argv: list[str] | None = None) -> int:
                     run = run_once(side, workload, rnd, args, root)
                     runs.append(run)
                     status = run.error.splitlines()[0] if run.error else (
-                        f"median {run.median_step_ms:.3f} ms, mean {run.mean_step_ms:.3f} ms, cpu "
-                        f"{run.cpu_step_ms:.3f} ms/step, first step {run.first_step_s:.2f} s, "
-                        f"rss {max(run.maxrss_mb):.0f} MB")
+                        f"median {run.median_step_ms:.3f} ms, p10 {run.p10_step_ms:.3f} ms, mean "
+                        f"{run.mean_step_ms:.3f} ms, cpu {run.cpu_step_ms:.3f} ms/step, first step "
+                        f"{run.first_step_s:.2f} s, rss {max(run.maxrss_mb):.0f} MB")
                     print(f"[{workload} {rnd + 1}/{rounds} {side}] {status}", file=sys.stderr)
             lines, results["workloads"][workload] = report_workload(workload, runs, args, drift)
-            out_lines += lines + [""]
+            _emit(lines + [""])
+            save()
             if not args.no_audit:
-                run = run_once("B", workload, 99, args, root, audit=True)
                 from mgpucli.config import load_recipe
 
+                run = run_once("B", workload, 99, args, root, audit=True)
                 log_every = int(load_recipe(str(RECIPES[workload]), []).trainer.log_every)
                 facts_a = summarise_audit(run, log_every, args.warmup)
                 results["workloads"][workload]["audit"] = facts_a
-                audits += report_audit(workload, facts_a, log_every)
-        if audits:
-            out_lines += ["### hot-path audit (one untimed mgpu run per workload, probe counting per step)", "",
-                          *audits, ""]
-        out_lines.append(f"1-min load average at the end: {os.getloadavg()[0]:.2f}")
+                _emit([f"hot-path audit ({workload}: one untimed mgpu run, the probe counting per step):",
+                       *report_audit(workload, facts_a, log_every), ""])
+                save()
+        _emit([f"1-min load average at the end: {os.getloadavg()[0]:.2f}"])
     finally:
         if args.keep:
             print(f"runs kept in {root}", file=sys.stderr)
         else:
             shutil.rmtree(root, ignore_errors=True)
-    print("\n".join(out_lines))
-    if args.json:
-        args.json.write_text(json.dumps(results, indent=1, default=str))
+    save()
     missed = [w for w, d in results["workloads"].items()
               if any(isinstance(v, dict) and v.get("verdict") == "MISSED" for v in d.values())]
     return 1 if missed else 0

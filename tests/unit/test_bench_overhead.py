@@ -1,0 +1,43 @@
+"""benchmarks/overhead.py's pure parts: the commands both sides run, start-up phases, the hot-path audit summary."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from benchmarks.overhead import Run, command, environment, parse_args, startup_phases, summarise_audit
+
+
+def test_cpu_commands_run_the_same_workload_on_both_sides():
+    args = parse_args(["--nproc", "2"])
+    a, b = command("A", "mlp", args, Path("/o")), command("B", "mlp", args, Path("/o"))
+    assert a[1:4] == ["--standalone", "--nproc-per-node", "2"] and a[-4:] == ["--workload", "mlp", "--epochs", "10"]
+    assert b[1:5] == ["launch", "--cpu", "--nproc", "2"] and b[-2:] == ["run_dir=/o/run", "trainer.epochs=10"]
+    env_a, env_b = environment("A", args, Path("/o")), environment("B", args, Path("/o"))
+    assert env_a["OMP_NUM_THREADS"] == env_b["OMP_NUM_THREADS"]  # the same intra-op threads on both sides
+    assert env_b["PYTHONPATH"].split(":")[0].endswith("probe") and "probe" not in env_a["PYTHONPATH"]
+
+
+def test_gpu_commands_run_one_process_per_gpu_on_both_sides():
+    args = parse_args(["--gpus", "4"])
+    a, b = command("A", "charlm", args, Path("/o")), command("B", "charlm", args, Path("/o"))
+    assert a[1:4] == ["--standalone", "--nproc-per-node", "4"] and b[1:4] == ["launch", "--gpus", "4"]
+    assert environment("A", args, Path("/o"))["MGPU_BENCH_DEVICE"] == "cuda"
+
+
+def test_startup_phases_between_milestones():
+    info = {"started_at": 10.5, "first_step_at": 14.0,
+            "marks": {"imports done": 12.0, "process group": 12.5, "model wrapped": 13.5}}
+    late = dict(info, started_at=10.7)
+    phases = startup_phases(10.0, [info, late])
+    assert [round(v, 2) for v in phases.values()] == [0.7, 1.3, 0.5, 1.0, 0.5]
+    assert startup_phases(10.0, [{"started_at": None}]) == {}
+
+
+def test_audit_counts_only_what_happens_outside_the_log_interval():
+    rows = [(s, 1 if s % 5 == 0 else 0, 1 if s % 5 == 0 else 0, 100 if s % 5 == 0 else -1) for s in range(1, 31)]
+    run = Run("B", "mlp", 0, 0, 1.0, 0.0, audit=[{"per_step": rows, "cuda_sync_warnings": 0}])
+    facts = summarise_audit(run, log_every=5, warmup=0)
+    assert facts["host_syncs_outside_log_interval"] == [] and facts["collectives_per_log_interval"] == [1]
+    assert facts["live_objects_growth_per_step"] == [0.0]
+    rows[2] = (3, 1, 0, -1)  # a sync at step 3: not a log step
+    assert summarise_audit(run, log_every=5, warmup=0)["host_syncs_outside_log_interval"] == [3]
