@@ -30,6 +30,7 @@ import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -271,10 +272,11 @@ def summarise_audit(run: Run, log_every: int, warmup: int) -> dict[str, Any]:
                 coll_steps.add(step)
             if on_log:
                 coll_log.append(colls)
+        # Live objects are counted (after a full collection) at every log step: the median change per step
+        # between consecutive counts shows a steady leak and ignores one-time jumps (the first validation).
         counted = [(s, objs) for s, _, _, objs in rows if s > warmup and objs >= 0]
         if len(counted) > 1:
-            (s0, o0), (s1, o1) = counted[0], counted[-1]
-            growth.append((o1 - o0) / (s1 - s0))
+            growth.append(median([(o1 - o0) / (s1 - s0) for (s0, o0), (s1, o1) in pairwise(counted)]))
     out["steps"] = max((r["per_step"][-1][0] for r in per_rank if r["per_step"]), default=0)
     out["host_syncs_outside_log_interval"] = sorted(sync_steps)
     out["collectives_outside_log_interval"] = sorted(coll_steps)
@@ -461,7 +463,7 @@ def report_audit(workload: str, facts: dict[str, Any], log_every: int) -> list[s
         f"- {workload} ({facts['steps']} steps, log_every {log_every}): host syncs from mgpu's code outside the log "
         f"interval: {'none' if ok_sync else facts['host_syncs_outside_log_interval'][:10]}; Python collectives "
         f"outside it: {'none' if ok_coll else facts['collectives_outside_log_interval'][:10]}, per log interval: "
-        f"{facts['collectives_per_log_interval']}; live Python objects per step after warm-up (per rank): "
+        f"{facts['collectives_per_log_interval']}; live Python objects, median change per step (per rank): "
         f"{facts['live_objects_growth_per_step']}; CUDA sync warnings: {facts['cuda_sync_warnings']}; DDP: "
         f"gradient_as_bucket_view={ddp.get('gradient_as_bucket_view')}, bucket cap "
         f"{(ddp.get('bucket_bytes_cap') or 0) / 2**20:.0f} MiB, find_unused_parameters="
