@@ -13,20 +13,26 @@ from typing import Any
 import numpy as np
 import torch
 import yaml
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_model_state_dict,
-    get_optimizer_state_dict,
-    set_model_state_dict,
-    set_optimizer_state_dict,
-)
 
 from mgpucli import __version__
 from mgpucli.engine.checkpoint import FORMAT_VERSION, check_model_fit, is_mgpu_checkpoint, normalize_keys, read_file
 from mgpucli.errors import CheckpointError
 
-_FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
-_LOAD = StateDictOptions(full_state_dict=True)
+
+def _dcp():
+    """torch.distributed.checkpoint.state_dict, imported at the first save or load rather than with the trainer:
+    its imports (DTensor's) need not delay the first training step."""
+    from torch.distributed.checkpoint import state_dict
+
+    return state_dict
+
+
+def _full():
+    return _dcp().StateDictOptions(full_state_dict=True, cpu_offload=True)
+
+
+def _load():
+    return _dcp().StateDictOptions(full_state_dict=True)
 
 
 def capture_rng(device: torch.device) -> dict[str, Any]:
@@ -60,22 +66,22 @@ def seed_everything(seed: int) -> None:
 
 
 def model_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    return get_model_state_dict(model, options=_FULL)
+    return _dcp().get_model_state_dict(model, options=_full())
 
 
 def optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-    return get_optimizer_state_dict(model, optimizer, options=_FULL)
+    return _dcp().get_optimizer_state_dict(model, optimizer, options=_full())
 
 
 def load_model_state(model: torch.nn.Module, state: dict[str, Any], source: str) -> None:
     """Load (normalised) weights after checking that every key and shape fits."""
     state = normalize_keys(state)
     check_model_fit(model.state_dict(), state, source)
-    set_model_state_dict(model, state, options=_LOAD)
+    _dcp().set_model_state_dict(model, state, options=_load())
 
 
 def load_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
-    set_optimizer_state_dict(model, optimizer, optim_state_dict=state, options=_LOAD)
+    _dcp().set_optimizer_state_dict(model, optimizer, optim_state_dict=state, options=_load())
 
 
 def versions() -> dict[str, str]:
