@@ -7,9 +7,7 @@ scheduler the optimizer, both positionally). Components are built with ``hydra.u
 
 from __future__ import annotations
 
-import importlib
 import inspect
-import types
 from collections.abc import Iterator
 from typing import Any
 
@@ -37,41 +35,18 @@ def iter_targets(node: Any, path: str) -> Iterator[tuple[str, dict]]:
 
 
 def locate(target: str) -> Any:
-    """Import the object a dotted ``_target_`` names, the way Hydra's instantiate finds it (ImportError with
-    Hydra's reason on failure).
+    """Import the object a dotted ``_target_`` names (ImportError with Hydra's reason on failure)."""
+    import logging
 
-    This is Hydra 1.3's lookup (``hydra._internal.utils._locate``, what ``hydra.utils.get_object`` calls),
-    written out here so that checking a recipe does not import Hydra: ``mgpu launch`` checks before it starts
-    anything, and importing Hydra there cost its time to first step ~0.05-0.1 s (benchmarks/overhead.py).
-    """
-    if target == "":
-        raise ImportError("Empty path")
-    parts = target.split(".")
-    if any(not part for part in parts):
-        raise ValueError(f"Error loading '{target}': invalid dotstring.\nRelative imports are not supported.")
+    from hydra.utils import get_object
+
+    log = logging.getLogger("hydra.utils")  # get_object also logs the failure; mgpu reports it itself
+    level = log.level
+    log.setLevel(logging.CRITICAL)
     try:
-        obj = importlib.import_module(parts[0])
-    except Exception as exc:
-        raise ImportError(f"Error loading '{target}':\n{exc!r}\nAre you sure that module '{parts[0]}' is "
-                          "installed?") from exc
-    for m in range(1, len(parts)):
-        part = parts[m]
-        try:
-            obj = getattr(obj, part)
-        except AttributeError as exc_attr:
-            parent = ".".join(parts[:m])
-            if isinstance(obj, types.ModuleType):
-                try:
-                    obj = importlib.import_module(".".join(parts[: m + 1]))
-                    continue
-                except ModuleNotFoundError as exc:
-                    raise ImportError(f"Error loading '{target}':\n{exc!r}\nAre you sure that '{part}' is "
-                                      f"importable from module '{parent}'?") from exc
-                except Exception as exc:
-                    raise ImportError(f"Error loading '{target}':\n{exc!r}") from exc
-            raise ImportError(f"Error loading '{target}':\n{exc_attr!r}\nAre you sure that '{part}' is an "
-                              f"attribute of '{parent}'?") from exc_attr
-    return obj
+        return get_object(target)
+    finally:
+        log.setLevel(level)
 
 
 def _check_one(path: str, node: dict, injected: int) -> str | None:
