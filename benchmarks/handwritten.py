@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler
 
-from benchmarks.procinfo import process_start_time, rss_mb, thread_cpu_seconds
+from benchmarks.procinfo import pin_to_core, process_start_time, rss_mb, thread_cpu_seconds
 from mgpucli.components.datasets import CharText, SyntheticClassification
 from mgpucli.components.models import MLP, CharTransformer
 
@@ -70,6 +70,7 @@ def main() -> None:
     p.add_argument("--epochs", type=int, default=None)
     args = p.parse_args()
     marks = {"imports done": time.time()}  # bench
+    pinned = pin_to_core()  # bench: only with MGPU_BENCH_PIN=1 (the probe does the same on mgpu's side)
     rss = {"imports done": rss_mb()}  # bench
     w = WORKLOADS[args.workload]
     epochs = args.epochs or w["epochs"]
@@ -113,7 +114,7 @@ def main() -> None:
             step += 1
             if cuda:  # bench: per-step timestamps on a GPU need the GPU's work done (both sides do this)
                 torch.cuda.synchronize()
-            records.append((step, epoch, time.perf_counter(), time.process_time()))  # bench
+            records.append((step, epoch, time.perf_counter(), time.process_time(), time.thread_time()))  # bench
             if first_step_at is None:  # bench
                 first_step_at = time.time()  # bench
                 rss["first step"] = rss_mb()  # bench
@@ -127,7 +128,8 @@ def main() -> None:
                 "cuda_peak_bytes": torch.cuda.max_memory_allocated(device) if cuda else None,
                 "threads": torch.get_num_threads(), "world_size": dist.get_world_size(),
                 "thread_cpu_s": thread_cpu_seconds(),
-                "started_at": process_start_time(), "marks": marks, "rss_mb": rss}
+                "started_at": process_start_time(), "marks": marks, "rss_mb": rss, "pinned_core": pinned,
+                "gc": __import__("gc").get_stats()}
         with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as fh:
             json.dump(info, fh)
     dist.destroy_process_group()

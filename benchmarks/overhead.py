@@ -89,6 +89,10 @@ def environment(side: str, args, out: Path, audit: bool = False) -> dict[str, st
     env["PYTHONPATH"] = os.pathsep.join(path + [p for p in [os.environ.get("PYTHONPATH")] if p])
     if audit:
         env["MGPU_BENCH_AUDIT"] = "1"
+    if args.pin:
+        env["MGPU_BENCH_PIN"] = "1"
+    if side == "B" and args.experiment:
+        env["MGPU_BENCH_EXPERIMENT"] = args.experiment
     return env
 
 
@@ -105,7 +109,8 @@ class Run:
     median_step_ms: float = float("nan")
     p10_step_ms: float = float("nan")  # a steady step: the machine's scheduling noise only ever adds time
     mean_step_ms: float = float("nan")
-    cpu_step_ms: float = float("nan")  # CPU seconds per step, per rank (mean of the ranks)
+    cpu_step_ms: float = float("nan")  # CPU seconds per step, per rank (mean of the ranks), all threads
+    main_cpu_step_ms: float = float("nan")  # the same, the training (main) thread alone: no gloo threads
     steps_timed: int = 0
     maxrss_mb: list[float] = field(default_factory=list)
     cuda_peak_mb: list[float] = field(default_factory=list)
@@ -158,16 +163,20 @@ def run_once(side: str, workload: str, rnd: int, args, root: Path, audit: bool =
         run.error = f"exit {rc}, {len(ranks)} of {args.nproc} rank files; log {log}:\n    " + "\n    ".join(tail)
         return run
     infos = [json.loads(p.read_text()) for p in ranks]
-    intervals, cpu_per_step, n_steps, elapsed = [], [], 0, 0.0
+    intervals, cpu_per_step, main_per_step, n_steps, elapsed = [], [], [], 0, 0.0
     for info in infos:
-        wall = [(s, e, t) for s, e, t, _ in info["steps"]]
-        cpu = [(s, e, c) for s, e, _, c in info["steps"]]
+        wall = [(s, e, t) for s, e, t, *_ in info["steps"]]
+        cpu = [(s, e, c) for s, e, _, c, *_ in info["steps"]]
+        main = [(r[0], r[1], r[4]) for r in info["steps"] if len(r) > 4]
         intervals += step_intervals(wall, args.warmup)
         n, total = window(wall, args.warmup)
         n_cpu, total_cpu = window(cpu, args.warmup)
         n_steps, elapsed = n_steps + n, elapsed + total
         if n_cpu:
             cpu_per_step.append(total_cpu / n_cpu)
+        n_main, total_main = window(main, args.warmup)
+        if n_main:
+            main_per_step.append(total_main / n_main)
     if not intervals:
         run.error = f"no steps after the {args.warmup}-step warm-up (log {log})"
         return run
@@ -176,6 +185,8 @@ def run_once(side: str, workload: str, rnd: int, args, root: Path, audit: bool =
     run.p10_step_ms = 1e3 * quantile(intervals, 0.1)
     run.mean_step_ms = 1e3 * elapsed / n_steps
     run.cpu_step_ms = 1e3 * sum(cpu_per_step) / len(cpu_per_step)
+    if main_per_step:
+        run.main_cpu_step_ms = 1e3 * sum(main_per_step) / len(main_per_step)
     run.steps_timed = n_steps // len(infos)
     run.maxrss_mb = [i["maxrss_kb"] / 1024 for i in infos]
     run.cuda_peak_mb = [i["cuda_peak_bytes"] / 2**20 for i in infos if i.get("cuda_peak_bytes") is not None]
@@ -372,7 +383,8 @@ def report_workload(workload: str, runs: list[Run], args, drift: list[str]) -> t
         ("step time, median of steps", "median_step_ms", "ratio", STEP_TARGET[workload], "ms"),
         ("step time, 10th percentile of steps", "p10_step_ms", "ratio", None, "ms"),
         ("step time, mean (log intervals included)", "mean_step_ms", "ratio", None, "ms"),
-        ("CPU time per step per rank", "cpu_step_ms", "ratio", None, "ms"),
+        ("CPU time per step per rank (all threads)", "cpu_step_ms", "ratio", None, "ms"),
+        ("CPU time per step per rank (training thread)", "main_cpu_step_ms", "ratio", None, "ms"),
         ("time to first step (from command start)", "first_step_s", "diff", FIRST_STEP_TARGET_S, "s"),
     ]
     for name, attr, rel, limit, unit in rows:
@@ -488,6 +500,10 @@ def parse_args(argv: list[str] | None = None):
     p.add_argument("--cli-repeats", type=int, default=20, help="runs of each CLI command (0: skip)")
     p.add_argument("--no-audit", action="store_true", help="skip the untimed hot-path audit run")
     p.add_argument("--timeout", type=float, default=600, help="seconds one run may take")
+    p.add_argument("--pin", action="store_true",
+                   help="pin each rank to one core on both sides (less migration noise; not how users run)")
+    p.add_argument("--experiment", default="", metavar="NAMES",
+                   help="diagnostics: swap pieces of mgpu's side (plain-loader, no-heartbeat; comma-separated)")
     p.add_argument("--mgpu-override", action="append", default=[], metavar="KEY=VALUE",
                    help="an extra recipe override for the mgpu side only (experiments; repeatable)")
     p.add_argument("--json", type=Path, default=None, help="write every figure here")

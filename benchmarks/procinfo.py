@@ -46,3 +46,17 @@ def rss_mb() -> float:
             return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
     except OSError:
         return 0.0
+
+
+def pin_to_core() -> int | None:
+    """With MGPU_BENCH_PIN=1, keep this worker (and the threads it starts) on core LOCAL_RANK mod cores: both
+    sides of the benchmark call it at start-up, so a rank's steps don't migrate between cores. Returns the core."""
+    if os.environ.get("MGPU_BENCH_PIN") != "1" or "LOCAL_RANK" not in os.environ:
+        return None
+    try:
+        cores = sorted(os.sched_getaffinity(0))
+        core = cores[int(os.environ["LOCAL_RANK"]) % len(cores)]
+        os.sched_setaffinity(0, {core})
+    except (AttributeError, OSError, ValueError):
+        return None
+    return core

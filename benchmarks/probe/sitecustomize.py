@@ -32,24 +32,25 @@ def _patch(module) -> None:
 
     import torch
 
-    from benchmarks.procinfo import process_start_time, rss_mb, thread_cpu_seconds
+    from benchmarks.procinfo import pin_to_core, process_start_time, rss_mb, thread_cpu_seconds
 
     _MARKS["imports done"] = time.time()  # the trainer is imported with torch, before the recipe is loaded
     _RSS["imports done"] = rss_mb()
+    pinned = pin_to_core()  # only with MGPU_BENCH_PIN=1; the hand-written loop pins at the same point
 
     trainer_cls = module.Trainer
     out_dir = os.environ["MGPU_BENCH_OUT"]
     audit = _Audit() if os.environ.get("MGPU_BENCH_AUDIT") == "1" else None
     orig_step, orig_fit, orig_epoch = trainer_cls._optimizer_step, trainer_cls.fit, trainer_cls.train_epoch
     orig_setup = trainer_cls.setup
-    records: list[tuple[int, int, float, float]] = []
+    records: list[tuple[int, int, float, float, float]] = []
     first: list[float] = []
 
     def _optimizer_step(self):
         result = orig_step(self)
         if self.rt.device.type == "cuda":  # per-step timestamps on a GPU need its work done (both sides)
             torch.cuda.synchronize()
-        records.append((self.step, self.epoch, time.perf_counter(), time.process_time()))
+        records.append((self.step, self.epoch, time.perf_counter(), time.process_time(), time.thread_time()))
         if not first:
             first.append(time.time())
             _RSS["first step"] = rss_mb()
@@ -72,7 +73,8 @@ def _patch(module) -> None:
                 "threads": torch.get_num_threads(), "world_size": self.rt.world_size,
                 "audit": audit.report() if audit is not None else None,
                 "ddp": _ddp_facts(self.wrapped.train), "thread_cpu_s": thread_cpu_seconds(),
-                "started_at": process_start_time(), "marks": _MARKS, "rss_mb": _RSS}
+                "started_at": process_start_time(), "marks": _MARKS, "rss_mb": _RSS,
+                "pinned_core": pinned, "gc": __import__("gc").get_stats()}
         with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as fh:
             json.dump(info, fh)
         return result
@@ -91,8 +93,23 @@ def _patch(module) -> None:
         return orig_epoch(self, *a, **k)
 
     trainer_cls._optimizer_step, trainer_cls.fit, trainer_cls.setup = _optimizer_step, fit, setup
+    _experiments(module)
     if audit is not None:
         trainer_cls.train_epoch = train_epoch
+
+
+def _experiments(trainer_module) -> None:
+    """MGPU_BENCH_EXPERIMENT=a,b: swap one piece of mgpu for the hand-written loop's, to find what costs what.
+    Diagnostics only (benchmarks/README.md); never used for the published figures."""
+    wanted = set(filter(None, os.environ.get("MGPU_BENCH_EXPERIMENT", "").split(",")))
+    if "plain-loader" in wanted:  # torch's DataLoader instead of torchdata's StatefulDataLoader
+        import torch.utils.data
+
+        from mgpucli.engine import data
+
+        data.StatefulDataLoader = torch.utils.data.DataLoader
+    if "no-heartbeat" in wanted:  # no per-rank progress thread
+        trainer_module.Progress.start = lambda self: None
 
 
 def _ddp_facts(model) -> dict | None:
