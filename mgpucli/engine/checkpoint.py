@@ -118,7 +118,7 @@ def read_file(path: str | Path, map_location: str | torch.device = "cpu") -> Any
             ) from None
         raise CheckpointError(f"{path} is not a readable checkpoint (not a torch file, or corrupt).",
                               "Use another checkpoint, e.g. RUN_DIR/checkpoints/last.pt.") from None
-    except (RuntimeError, EOFError, ValueError, OSError) as err:
+    except Exception as err:  # noqa: BLE001 - unpickling garbage can raise anything (IndexError, KeyError, ...)
         reason = " ".join(str(err).split())[:200]
         raise CheckpointError(f"{path} is not a readable checkpoint (truncated or not a torch file: {reason}).",
                               "Use another checkpoint, e.g. RUN_DIR/checkpoints/last.pt.") from None
