@@ -100,8 +100,9 @@ def to_device(batch, device: torch.device, non_blocking: bool):
     """Move a (possibly nested) batch to ``device``."""
     if isinstance(batch, torch.Tensor):
         return batch.to(device, non_blocking=non_blocking)
-    if isinstance(batch, (list, tuple)):
-        return type(batch)(to_device(b, device, non_blocking) for b in batch)
+    if isinstance(batch, (list, tuple)):  # tensors inline: this runs every step
+        return type(batch)([b.to(device, non_blocking=non_blocking) if isinstance(b, torch.Tensor)
+                            else to_device(b, device, non_blocking) for b in batch])
     if isinstance(batch, dict):
         return {k: to_device(v, device, non_blocking) for k, v in batch.items()}
     return batch

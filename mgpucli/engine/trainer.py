@@ -36,7 +36,7 @@ from mgpucli.engine.report import Reporter
 from mgpucli.engine.rundir import MetricsWriter, checkpoint_dir, prepare_run_dir
 from mgpucli.engine.sharded import load_sharded, save_sharded
 from mgpucli.engine.strategy import wrap_model
-from mgpucli.engine.tasks import Later, build_task
+from mgpucli.engine.tasks import Later, _constant, build_task
 from mgpucli.errors import JobFailed, Preempted
 
 _NO_BAD = 2**62  # "no non-finite step yet" (min-reducible)
@@ -77,7 +77,7 @@ def _sum_column(column: tuple, device: torch.device) -> torch.Tensor:
     if pairs:
         values = torch.stack([t for t, _ in pairs])
         factors = torch.tensor([m for _, m in pairs], dtype=values.dtype if values.is_floating_point() else None)
-        parts.append((values * factors.to(device, non_blocking=True)).to(torch.float64).sum())
+        parts.append((values * _to(factors, device)).to(torch.float64).sum())
     tensors = [p for p in column if isinstance(p, torch.Tensor)]
     if tensors:
         parts.append(torch.stack(tensors).to(torch.float64).sum())
@@ -90,8 +90,13 @@ def _sum_column(column: tuple, device: torch.device) -> torch.Tensor:
             parts.append(torch.stack([p.fn(*p.tensors) for p in later]).to(torch.float64).sum())
     numbers = [p for p in column if not isinstance(p, (tuple, torch.Tensor, Later))]
     if numbers:
-        parts.append(torch.tensor(float(sum(numbers)), dtype=torch.float64).to(device, non_blocking=True))
+        parts.append(_to(torch.tensor(float(sum(numbers)), dtype=torch.float64), device))
     return parts[0] if len(parts) == 1 else torch.stack(parts).sum()
+
+
+def _to(host: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A host tensor on ``device`` without blocking (and without a no-op ``.to`` on the CPU)."""
+    return host if device.type == "cpu" else host.to(device, non_blocking=True)
 
 
 class Trainer:
@@ -138,6 +143,7 @@ class Trainer:
                           if self.autocast_dtype is not None else contextlib.nullcontext)
         self._no_sync = self.wrapped.train.no_sync if self.wrapped.is_ddp else contextlib.nullcontext
         self._fsdp_accum = self.wrapped.is_fsdp and self.hot.grad_accum > 1
+        self._non_blocking = rt.device.type == "cuda"
         self._backward_phase = ("backward (gradient all-reduce)" if rt.distributed
                                 and self.wrapped.strategy in ("ddp", "fsdp") else "backward")
         self.signal_received: str | None = None  # set by the signal handler, on this rank only
@@ -375,34 +381,44 @@ class Trainer:
         return metrics
 
     def _forward_backward(self, batch, sync: bool) -> None:
-        inputs, targets = to_device(batch, self.rt.device, non_blocking=self.rt.device.type == "cuda")
+        inputs, targets = to_device(batch, self.rt.device, non_blocking=self._non_blocking)
         if self.hot.channels_last and inputs.dim() == 4:
             inputs = inputs.contiguous(memory_format=torch.channels_last)
-        # DDP decides in forward whether backward all-reduces: skip it on non-final micro-steps.
-        no_sync = contextlib.nullcontext if sync else self._no_sync
         self.progress.step, self.progress.phase = self.step + 1, "forward"  # two attribute writes: no I/O
         if self._fsdp_accum:  # FSDP2's no_sync: reduce-scatter on the last micro-step only
             self.wrapped.train.set_requires_gradient_sync(sync)
-        with no_sync():
+        if sync or self._no_sync is contextlib.nullcontext:
+            self._step_on_device(inputs, targets, sync)
+        else:  # DDP decides in forward whether backward all-reduces: not on non-final micro-steps
+            with self._no_sync():
+                self._step_on_device(inputs, targets, sync)
+
+    def _step_on_device(self, inputs, targets, sync: bool) -> None:
+        """Forward, loss, bookkeeping, backward (context managers only where they do something: each costs
+        microseconds to enter and leave, which a ~1 ms step notices)."""
+        if self.autocast_dtype is None:
+            outputs = self.wrapped.train(inputs)
+            loss = self.task.loss(outputs, targets)
+        else:
             with self._autocast():
                 outputs = self.wrapped.train(inputs)
                 loss = self.task.loss(outputs, targets)
-            if self._faults and faults.maybe_fault("step", self.rt.rank, self.step + 1):
-                loss = loss * float("nan")
-            detached = loss.detach()
-            row = self.task.step_stats(outputs, targets, detached)
-            if isinstance(row, torch.Tensor):
-                self.acc += row
-            else:  # pieces: the tensor work that needs no outputs waits for _fold (one op here, not five)
-                self._step_rows.append(row)
-            # Keep the loss on the device; _fold finds the first non-finite one once per interval (no sync here).
-            self._losses.append(detached)
-            self._loss_steps.append(self.step + 1)
-            if len(self._losses) >= _FOLD_EVERY:
-                self._fold()
-            scaled = loss if self.hot.grad_accum == 1 else loss / self.hot.grad_accum
-            self.progress.phase = self._backward_phase if sync else "backward"
-            (self.scaler.scale(scaled) if self.scaler is not None else scaled).backward()
+        if self._faults and faults.maybe_fault("step", self.rt.rank, self.step + 1):
+            loss = loss * float("nan")
+        detached = loss.detach()
+        row = self.task.step_stats(outputs, targets, detached)
+        if isinstance(row, torch.Tensor):
+            self.acc += row
+        else:  # pieces: the tensor work that needs no outputs waits for _fold (one op here, not five)
+            self._step_rows.append(row)
+        # Keep the loss on the device; _fold finds the first non-finite one once per interval (no sync here).
+        self._losses.append(detached)
+        self._loss_steps.append(self.step + 1)
+        if len(self._losses) >= _FOLD_EVERY:
+            self._fold()
+        scaled = loss if self.hot.grad_accum == 1 else loss / self.hot.grad_accum
+        self.progress.phase = self._backward_phase if sync else "backward"
+        (self.scaler.scale(scaled) if self.scaler is not None else scaled).backward()
 
     def _optimizer_step(self) -> dict[str, Any] | None:
         hot = self.hot
@@ -431,15 +447,23 @@ class Trainer:
     # ------------------------------------------------------------------------------ metrics and flags
     def _reduce_and_log(self) -> dict[str, Any]:
         """The one collective per log interval: metric sums + the NaN flag + the stop flag."""
-        self._fold()
-        flags = torch.stack([(self.first_bad < _NO_BAD).to(torch.float64),
-                             torch.full((), float(self.signal_received is not None), dtype=torch.float64,
-                                        device=self.rt.device)])
+        if self._step_rows:
+            self.acc += sum_step_rows(self._step_rows, self.rt.device)
+            self._step_rows.clear()
+        # Whether any loss since the last reduction was NaN/inf (which step: only worked out when one was).
+        bad = self.first_bad < _NO_BAD  # set by a fold earlier in this interval (> _FOLD_EVERY micro-steps)
+        if self._losses:
+            bad = bad | ~torch.isfinite(torch.stack(self._losses)).all()
+        stop = _constant(float(self.signal_received is not None), self.rt.device)
         with self.progress.in_phase("log interval: metrics/NaN/stop all-reduce"):
-            vec = dist_rt.all_reduce_sum(torch.cat([self.acc, flags]), self.rt).tolist()
+            vec = dist_rt.all_reduce_sum(torch.cat([self.acc, torch.stack([bad.to(torch.float64), stop])]),
+                                         self.rt).tolist()
         sums, bad, stop = vec[:-2], vec[-2], vec[-1]
         if bad:
+            self._fold()  # every rank: finds its first non-finite step, then they agree on the earliest
             self._raise_nan()
+        self._losses.clear()
+        self._loss_steps.clear()
         self.stop_agreed = stop > 0
         elapsed = time.perf_counter() - self._interval_start
         metrics = self.task.metrics(sums)
