@@ -170,7 +170,7 @@ class Trainer:
             try:
                 prepare_run_dir(self.run_dir, self.resume_path is not None, self.overwrite,
                                 OmegaConf.to_yaml(self.cfg, resolve=True))
-                self.writer = MetricsWriter(self.run_dir)
+                self.writer = MetricsWriter(self.run_dir, tensorboard=self.cfg.trainer.tensorboard)
             except UsageError as err:
                 problem = (err.message, err.hint)
         with self.progress.in_phase("setup: run-dir check (broadcast from rank 0)"):

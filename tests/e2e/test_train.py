@@ -87,9 +87,21 @@ def test_resume_mid_epoch_equals_uninterrupted_bitwise(tmp_path):
 def test_same_recipe_and_seed_gives_the_same_weights(tmp_path):
     args = [*SMALL, "trainer.max_steps=12"]
     assert mgpu("train", QUICK, *args, "run_dir=a", cwd=tmp_path).returncode == 0
-    assert mgpu("train", QUICK, *args, "run_dir=b", cwd=tmp_path).returncode == 0
+    assert mgpu("train", QUICK, *args, "run_dir=b", "trainer.tensorboard=false", cwd=tmp_path).returncode == 0
     a, b = load_ckpt(tmp_path / "a/checkpoints/last.pt"), load_ckpt(tmp_path / "b/checkpoints/last.pt")
     assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
+    steps = [m["step"] for m in metrics(tmp_path / "b")]
+    assert steps and steps == [m["step"] for m in metrics(tmp_path / "a")]
+    assert not (tmp_path / "b/tensorboard").exists()  # trainer.tensorboard=false: metrics.jsonl only
+    assert (tmp_path / "a/tensorboard").exists() == _has_tensorboard()
+
+
+def _has_tensorboard() -> bool:
+    try:
+        import tensorboard  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def test_resume_with_another_world_size_works(tmp_path):
