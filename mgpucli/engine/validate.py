@@ -5,6 +5,7 @@ Also the Python API's loader (``mgpucli.load_checkpoint``).
 
 from __future__ import annotations
 
+import gc
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -126,7 +127,10 @@ def run_validation(checkpoint: str, overrides: list[str], *, recipe: str | None,
         task = build_task(OmegaConf.to_container(cfg.task) if isinstance(cfg.task, DictConfig) else cfg.task)
         dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.trainer.precision)
         result = evaluate_exact(model, loader, batches, task, rt, dtype)
+        runtime.barrier(rt)  # every rank is done with the group before any rank destroys it
     finally:
+        model = loader = None
+        gc.collect()  # as in engine/run.py: nothing left holding gloo work when the group is destroyed
         runtime.teardown()
     info.pop("recipe_text", None)
     samples = result.pop("samples")
