@@ -42,44 +42,45 @@ def assert_usage_error(r: Result, *fragments: str) -> None:
         assert fragment in r.stderr, r.stderr
 
 
+def _stat_fields(stat: str) -> list[str]:
+    """/proc/PID/stat after the command name: [state, ppid, pgrp, ...]."""
+    return stat.rsplit(")", 1)[1].split()
+
+
 def proc_state(pid: int) -> str | None:
     """The one-letter state of ``pid`` (``Z`` for a zombie), None when it is gone."""
     try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        return _stat_fields(Path(f"/proc/{pid}/stat").read_text())[0]
     except OSError:
         return None
+
+
+def _each_process(name: str):
+    """``(pid, bytes of /proc/PID/<name>)`` for every process whose file can still be read."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            yield int(entry.name), (entry / name).read_bytes()
+        except OSError:
+            continue
 
 
 def tagged(var: str, value: str) -> list[int]:
     """Live (non-zombie) processes whose environment holds ``var=value``: a test's own processes, found by tag
     wherever they are in the process tree (torch's workers live in sessions of their own)."""
     needle = f"{var}={value}".encode()
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            env = (entry / "environ").read_bytes()
-        except OSError:
-            continue
-        if needle in env.split(b"\0") and proc_state(int(entry.name)) not in (None, "Z"):
-            found.append(int(entry.name))
-    return found
+    return [pid for pid, env in _each_process("environ")
+            if needle in env.split(b"\0") and proc_state(pid) not in (None, "Z")]
 
 
 def group_alive(pgid: int) -> list[int]:
     """Pids still running in process group ``pgid`` (zombies excluded)."""
     alive = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        fields = stat.rsplit(")", 1)[1].split()
+    for pid, stat in _each_process("stat"):
+        fields = _stat_fields(stat.decode(errors="replace"))
         if int(fields[2]) == pgid and fields[0] != "Z":
-            alive.append(int(entry.name))
+            alive.append(pid)
     return alive
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from tests.procs import RECIPES, group_alive, load_ckpt, mgpu, stop_tree, torchrun
+from tests.procs import RECIPES, group_alive, load_ckpt, mgpu, proc_state, stop_tree, torchrun
 
 QUICK = str(RECIPES / "quickstart.yaml")
 SMALL = ["data.train.num_samples=1024", "data.val.num_samples=101", "trainer.log_every=4", "trainer.cpu_threads=1"]
@@ -127,11 +127,7 @@ def test_sigkill_of_a_worker_then_resume_equals_uninterrupted(tmp_path):
 
 
 def _alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+    return proc_state(pid) not in (None, "Z")
 
 
 def _children_named(root: int, word: str) -> list[int]:

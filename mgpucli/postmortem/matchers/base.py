@@ -36,6 +36,11 @@ def hit_ranks(hits: Sequence[tuple[LogLine, re.Match[str]]]) -> list[int]:
     return sorted({line.rank for line, _ in hits if line.rank is not None})
 
 
+def of_rank(lines: Sequence[LogLine], rank: int | None) -> list[LogLine]:
+    """The lines of one rank, in order."""
+    return [line for line in lines if line.rank == rank]
+
+
 def following(lines: Sequence[LogLine], anchor: LogLine, count: int, pattern: re.Pattern[str] | None = None
                ) -> list[LogLine]:
     """Up to ``count`` lines of the same rank right after ``anchor`` (optionally only those matching)."""

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from mgpucli.postmortem.lines import LogLine, by_rank, find_all, first
-from mgpucli.postmortem.matchers.base import Match, first_rank_hits, hit_ranks, scan
+from mgpucli.postmortem.matchers.base import Match, first_rank_hits, hit_ranks, of_rank, scan
 from mgpucli.postmortem.tracebacks import last_exception
 
 # ------------------------------------------------------------------------------ collective timeout
@@ -155,7 +155,7 @@ def ddp_unused_parameters(lines: Sequence[LogLine]) -> Match | None:
     if not hits:
         return None
     anchor = hits[0][0]
-    mine = [line for line in lines if line.rank == anchor.rank]
+    mine = of_rank(lines, anchor.rank)
     evidence = [anchor]
     details: dict[str, Any] = {"ranks": hit_ranks(hits)}
     names, idx = first(mine, _UNUSED_NAMES), first(mine, _UNUSED_IDX)
@@ -191,7 +191,7 @@ def ddp_ready_twice(lines: Sequence[LogLine]) -> Match | None:
     if not hits:
         return None
     anchor = hits[0][0]
-    mine = [line for line in lines if line.rank == anchor.rank]
+    mine = of_rank(lines, anchor.rank)
     evidence, details = [anchor], {"ranks": hit_ranks(hits)}
     param = first(mine, _TWICE_PARAM)
     if param:
