@@ -170,7 +170,7 @@ class Trainer:
             try:
                 prepare_run_dir(self.run_dir, self.resume_path is not None, self.overwrite,
                                 OmegaConf.to_yaml(self.cfg, resolve=True))
-                self.writer = MetricsWriter(self.run_dir, tensorboard=self.cfg.trainer.tensorboard)
+                self.writer = MetricsWriter(self.run_dir, tensorboard=self.tcfg.tensorboard)
             except UsageError as err:
                 problem = (err.message, err.hint)
         with self.progress.in_phase("setup: run-dir check (broadcast from rank 0)"):
@@ -447,9 +447,7 @@ class Trainer:
     # ------------------------------------------------------------------------------ metrics and flags
     def _reduce_and_log(self) -> dict[str, Any]:
         """The one collective per log interval: metric sums + the NaN flag + the stop flag."""
-        if self._step_rows:
-            self.acc += sum_step_rows(self._step_rows, self.rt.device)
-            self._step_rows.clear()
+        self._fold_rows()
         # Whether any loss since the last reduction was NaN/inf (which step: only worked out when one was).
         bad = self.first_bad < _NO_BAD  # set by a fold earlier in this interval (> _FOLD_EVERY micro-steps)
         if self._losses:
@@ -479,16 +477,20 @@ class Trainer:
     def _fold(self) -> None:
         """Fold the pending step pieces into ``acc`` and the pending losses into ``first_bad``, on the device:
         a few ops per interval, no host sync (host numbers go host-to-device without blocking)."""
-        if self._step_rows:
-            self.acc += sum_step_rows(self._step_rows, self.rt.device)
-            self._step_rows.clear()
+        self._fold_rows()
         if not self._losses:
             return
         finite = torch.isfinite(torch.stack(self._losses))
-        steps = torch.tensor(self._loss_steps, dtype=torch.int64).to(self.rt.device, non_blocking=True)
+        steps = _to(torch.tensor(self._loss_steps, dtype=torch.int64), self.rt.device)
         self.first_bad = torch.minimum(self.first_bad, torch.where(finite, _NO_BAD, steps).min())
         self._losses.clear()
         self._loss_steps.clear()
+
+    def _fold_rows(self) -> None:
+        """Add the pending step pieces (see Task.step_stats) into ``acc``."""
+        if self._step_rows:
+            self.acc += sum_step_rows(self._step_rows, self.rt.device)
+            self._step_rows.clear()
 
     def _check_finite(self) -> None:
         """Before a save: all ranks agree that no step so far produced a non-finite loss."""
