@@ -19,10 +19,12 @@ class MgpuError(Exception):
     exit_code = EXIT_FAILED
     same_on_every_rank = False  # True: in a multi-process job only rank 0 prints it
 
-    def __init__(self, message: str, hint: str | None = None):
+    def __init__(self, message: str, hint: str | None = None, *, retryable: bool | None = None):
         super().__init__(message)
         self.message = message
         self.hint = hint
+        # Whether `mgpu launch --max-restarts` may retry it (None: judged from the exit code and message).
+        self.retryable = retryable
 
     def __str__(self) -> str:
         return self.message if not self.hint else f"{self.message}\n{self.hint}"

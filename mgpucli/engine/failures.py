@@ -34,11 +34,13 @@ def collective_failure(err: BaseException, progress: Progress, timeout_s: int) -
             f"If a rank legitimately needs longer there (a long validation, checkpoint or first-step compile), "
             f"raise trainer.timeout_s (e.g. trainer.timeout_s={timeout_s * 4}); otherwise look at the late "
             "rank's log for what it was stuck on.",
+            retryable=True,  # this rank waited for another: its message names phases ("NaN check"), not a NaN
         )
     return JobFailed(
         f"rank {progress.rank}: lost its connection to another rank in {where}: a peer died or was killed. "
         f"Ranks not where this one was: {late_text}.",
         "The failing rank's own log has the cause (mgpu launch names it); this rank only saw the aftermath.",
+        retryable=True,  # an echo of a peer's failure; whether that one repeats decides a restart
     )
 
 

@@ -508,6 +508,7 @@ class Trainer:
             f"the loss became NaN or inf at step {int(first.item())}; the run stopped without saving that state.",
             "Lower optim.lr, set trainer.clip_grad_norm (e.g. 1.0), or use precision bf16/fp32 instead of fp16; "
             "then resume from the last checkpoint with --resume auto.",
+            retryable=False,  # a restart from the last checkpoint replays the same steps
         )
 
     def _emit(self, record: dict[str, Any]) -> None:

@@ -336,7 +336,7 @@ def test_a_failure_that_repeats_is_not_retried(tmp_path: Path, tag: str):
                               tmp_path, tag, env)
     out = launch.output
     assert code == 1, out
-    assert "not restarted: rank 1 failed again with the same RuntimeError at step 30" in out
+    assert "not restarted: rank 1 failed again with the same RuntimeError at step 30" in out, out
     assert "injected fault: crash at step 30 on rank 1" in out
     data = json.loads((run_dir / "launch.json").read_text())
     assert [a["attempt"] for a in data["attempts"]] == [0, 1]  # 2 of the 4 allowed attempts

@@ -118,3 +118,28 @@ def test_launched_workers_call_train_directly_for_the_arguments_launch_passes():
     for other in (["train", "r.yaml", "--check"], ["train", "--help"], ["train", "r.yaml", "--resume"],
                   ["validate", "c.pt"], ["train"], ["train", "r.yaml", "--", "x=1"]):
         assert direct_train_args(other) is None  # the full CLI parses (and reports) these
+
+
+class _Seen:
+    """A Progress whose heartbeats are given: rank 0 at step 30 in the all-reduce, rank 1 left at step 20."""
+
+    rank, world_size = 0, 2
+
+    def others(self):
+        from mgpucli.dist.watch import Seen
+
+        return [Seen(0, 30, "backward (gradient all-reduce)", 0.0),
+                Seen(1, 20, "checkpoint: NaN check all-reduce", 1.0)]
+
+
+@pytest.mark.parametrize("raw", ["Connection closed by peer [127.0.0.1]:1234", "Timed out waiting 60000ms"])
+def test_a_rank_that_only_lost_its_peer_is_retryable(raw):
+    """Its message names where the peer was ('NaN check all-reduce'): that is not a NaN, and a restart may help
+    (CI once saw --max-restarts refuse to retry a crash because the survivor's message said 'NaN check')."""
+    from mgpucli.engine.failures import collective_failure
+
+    err = collective_failure(RuntimeError(raw), _Seen(), timeout_s=60)
+    assert err is not None and "NaN check all-reduce" in str(err)
+    assert is_retryable(err, 1)
+    assert stop_reason([rec(rank=0, type_="JobFailed", message=str(err).splitlines()[0], retryable=True)],
+                       []) is None
