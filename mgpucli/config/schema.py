@@ -66,7 +66,7 @@ class TrainerSchema:
     best_mode: str = "auto"  # auto: min for loss-like names, max otherwise
     timeout_s: int = 600  # collective timeout
     progress: bool = True
-    tensorboard: bool = True  # RUN_DIR/tensorboard events (rank 0, when the tensorboard package is installed)
+    tensorboard: bool = True  # RUN_DIR/tensorboard scalar events (rank 0; engine/tbevents.py, no tensorboard import)
 
 
 @dataclass

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from mgpucli.engine.checkpoint import clean_stale_temps
+from mgpucli.engine.tbevents import ScalarWriter
 from mgpucli.errors import UsageError
 
 
@@ -53,41 +54,23 @@ def prepare_run_dir(run_dir: str | Path, resuming: bool, overwrite: bool, recipe
 
 
 class MetricsWriter:
-    """Appends one JSON object per log interval / validation to metrics.jsonl; TensorBoard when installed.
-
-    The TensorBoard writer is opened at the first record, not here: importing it costs rank 0 about 0.2 s and
-    15 MB, which would otherwise delay the first training step (benchmarks/overhead.py measures that).
-    """
+    """Appends one JSON object per log interval / validation to metrics.jsonl, and the same scalars to a
+    TensorBoard event file (:mod:`mgpucli.engine.tbevents`, which needs no TensorBoard import) unless
+    ``trainer.tensorboard`` is false."""
 
     def __init__(self, run_dir: Path, tensorboard: bool = True):
         self.path = run_dir / "metrics.jsonl"
         self._fh = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - kept open for the run
-        self._tb = None
-        self._tb_dir: Path | None = run_dir / "tensorboard" if tensorboard else None
-
-    def _open_tensorboard(self) -> None:
-        log_dir, self._tb_dir = self._tb_dir, None  # one try
-        try:
-            from tensorboard.compat.proto.summary_pb2 import Summary
-            from torch.utils.tensorboard.writer import FileWriter
-
-            self._tb, self._summary = FileWriter(str(log_dir)), Summary
-        except ImportError:  # tensorboard is an optional extra
-            self._tb = None
+        self._tb = ScalarWriter(run_dir / "tensorboard") if tensorboard else None
 
     def write(self, record: dict[str, Any]) -> None:
         self._fh.write(json.dumps(record) + "\n")
         self._fh.flush()
-        if self._tb_dir is not None:
-            self._open_tensorboard()
         if self._tb is not None:
-            # One event with every scalar of the record: SummaryWriter.add_scalar per value cost ~80 us each
-            # (four per train record), this ~70 us in all; TensorBoard reads the same tags.
             split, step = record.get("split", "train"), record.get("step", 0)
-            values = [self._summary.Value(tag=f"{split}/{key}", simple_value=float(value))
-                      for key, value in record.items()
-                      if key not in ("split", "step", "epoch", "time") and isinstance(value, (int, float))]
-            self._tb.add_summary(self._summary(value=values), step)
+            self._tb.add_scalars(step, {f"{split}/{key}": float(value) for key, value in record.items()
+                                        if key not in ("split", "step", "epoch", "time")
+                                        and isinstance(value, (int, float))}, wall_time=record.get("time"))
 
     def close(self) -> None:
         self._fh.close()
