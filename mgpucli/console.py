@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 from functools import lru_cache
+from typing import TYPE_CHECKING
 
-from rich.console import Console
+if TYPE_CHECKING:
+    from rich.console import Console
 
 
 @lru_cache(maxsize=1)
 def err_console() -> Console:
-    """The console for everything a human reads."""
+    """The console for everything a human reads. rich is imported here, at the first use, not with this module:
+    a training worker that prints nothing but plain progress lines never imports it (~2 MiB per process)."""
+    from rich.console import Console
+
     return Console(stderr=True, highlight=False, soft_wrap=True)
 
 

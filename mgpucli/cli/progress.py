@@ -1,5 +1,6 @@
-"""The rich reporter for rank 0: start banner, a progress bar refreshed on a timer, per-epoch lines, and a
-closing table. Without a terminal (CI, log files) it prints one line per log interval instead of a bar.
+"""The rich reporter for rank 0 on a terminal: start banner, a progress bar refreshed on a timer, per-epoch lines,
+and a closing table. Without a terminal, rank 0 uses :class:`mgpucli.cli.lines.LineReporter` (the same text,
+one line per log interval, no rich import).
 """
 
 from __future__ import annotations
@@ -8,15 +9,10 @@ from typing import Any
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
+from rich.text import Text
 
+from mgpucli.cli.lines import epoch_line, start_lines, table_columns, val_line
 from mgpucli.console import err_console
-
-
-def _fmt(metrics: dict[str, Any] | None, skip: tuple[str, ...] = ()) -> str:
-    if not metrics:
-        return "-"
-    return "  ".join(f"{k} {v:.4g}" for k, v in metrics.items()
-                     if isinstance(v, float) and k not in skip)
 
 
 class RichReporter:
@@ -24,25 +20,16 @@ class RichReporter:
 
     def __init__(self) -> None:
         self.console = err_console()
-        self.live = self.console.is_terminal
         self.progress: Progress | None = None
         self.task = None
         self.rows: list[tuple[int, dict | None, dict | None]] = []
-        self.offset = 0
 
     def start(self, info: dict[str, Any]) -> None:
-        c = self.console
-        threads = f", {info['cpu_threads']} thread(s)/process" if info.get("cpu_threads") else ""
-        c.print(f"[bold]mgpu train[/] {info['name']}: {info['world_size']} process(es) on {info['device']} "
-                f"(backend {info['backend']}, strategy {info['strategy']}{threads}, precision {info['precision']})")
-        c.print(f"global batch {info['global_batch']} = {info['batch_size']} per process x {info['world_size']} "
-                f"process(es) x {info['grad_accum']} accumulation step(s); {info['train_samples']} train / "
-                f"{info['val_samples']} val samples, {info['steps_per_epoch']} steps per epoch; "
-                f"run dir {info['run_dir']}")
+        first, second = start_lines(info)
+        self.console.print(Text.assemble(("mgpu train", "bold"), " ", first))
+        self.console.print(second, markup=False)
 
     def epoch_start(self, epoch: int, steps: int, done: int) -> None:
-        if not self.live:
-            return
         if self.progress is None:
             self.progress = Progress(
                 TextColumn("epoch {task.fields[epoch]}"), BarColumn(), MofNCompleteColumn(),
@@ -52,9 +39,7 @@ class RichReporter:
             self.progress.start()
         if self.task is not None:
             self.progress.remove_task(self.task)
-        self.offset = None
         self.task = self.progress.add_task("train", total=steps, completed=done, epoch=epoch, loss="-", speed="-")
-        self._done = done
 
     def step(self, step: int) -> None:
         if self.progress is not None:
@@ -64,24 +49,19 @@ class RichReporter:
         if record["split"] == "train":
             if self.progress is not None:
                 self.progress.update(self.task, loss=f"{record['loss']:.4f}", speed=f"{record['samples_per_s']:.0f}")
-            else:
-                self.console.print(f"step {record['step']} epoch {record['epoch']}  "
-                                   f"{_fmt(record, skip=('lr', 'time', 'samples_per_s'))}  "
-                                   f"{record['samples_per_s']:.0f} samples/s")
         else:
-            self.console.print(f"[cyan]val[/] step {record['step']}  {_fmt(record, skip=('time',))}  "
-                               f"({record['samples']} samples)")
+            # One print per line: between two, the live bar would redraw itself into the middle of it.
+            self.console.print(Text.assemble(("val", "cyan"), " ", val_line(record)))
 
     def epoch_end(self, epoch: int, train: dict[str, Any] | None, val: dict[str, Any] | None) -> None:
         self.rows.append((epoch, train, val))
-        self.console.print(f"epoch {epoch} done  train: {_fmt(train)}  val: {_fmt(val)}")
+        self.console.print(epoch_line(epoch, train, val), markup=False)
 
     def message(self, text: str) -> None:
         self.console.print(text, markup=False)
 
     def warn(self, text: str) -> None:
-        self.console.print("[yellow]warning:[/] ", end="")
-        self.console.print(text, markup=False)
+        self.console.print(Text.assemble(("warning:", "yellow"), " ", text))
 
     def close(self) -> None:
         if self.progress is not None:
@@ -89,15 +69,10 @@ class RichReporter:
             self.progress = None
         if not self.rows:
             return
-        names = sorted({k for _, t, v in self.rows for d in (t, v) if d for k in d if isinstance(d[k], float)})
+        header, cells = table_columns(self.rows)
         table = Table(title="per-epoch metrics")
-        table.add_column("epoch", justify="right")
-        for split in ("train", "val"):
-            for n in names:
-                table.add_column(f"{split} {n}", justify="right")
-        for epoch, train, val in self.rows:
-            cells = [str(epoch)]
-            for d in (train, val):
-                cells += [f"{d[n]:.4f}" if d and isinstance(d.get(n), float) else "-" for n in names]
-            table.add_row(*cells)
+        for name in header:
+            table.add_column(name, justify="right")
+        for row in cells:
+            table.add_row(*row)
         self.console.print(table)

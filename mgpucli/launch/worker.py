@@ -63,8 +63,9 @@ def direct_train_args(args: list[str]) -> dict | None:
     """``train RECIPE [overrides] [--resume X] [--overwrite]`` (what mgpu launch passes) as ``train()``'s
     arguments; None for anything else, which goes through the full CLI.
 
-    Calling the train command directly skips building mgpu's whole typer app and typer's per-parameter pydantic
-    adapters: 0.1-0.15 s of every worker's time to first step (benchmarks/overhead.py).
+    Calling the train command directly skips typer altogether (mgpu's whole app, typer's per-parameter pydantic
+    adapters, typer's import): 0.1-0.15 s of every worker's time to first step and ~1 MiB of resident memory
+    (benchmarks/overhead.py).
     """
     if len(args) < 2 or args[0] != "train" or args[1].startswith("-"):
         return None
@@ -89,9 +90,9 @@ def direct_train_args(args: list[str]) -> dict | None:
 def _run_cli(args: list[str]) -> None:
     direct = direct_train_args(args)
     if direct is not None:
-        from mgpucli.cli.train import train
+        from mgpucli.cli.train_run import run_train
 
-        train(**direct)
+        run_train(**direct)
         return
     from mgpucli.cli.app import main as mgpu_main
 

@@ -162,6 +162,21 @@ def assert_same_weights(a: dict, b: dict) -> None:
         assert torch.equal(a[key], b[key]), f"{key} differs"
 
 
+def _module_probe(tmp_path: Path) -> dict[str, str]:
+    """Env for a launch whose workers write the modules they imported to ``modules-rank<RANK>.txt`` at exit."""
+    probe = tmp_path / "probe"
+    probe.mkdir()
+    (probe / "sitecustomize.py").write_text(
+        "import atexit, os, sys\n"
+        "def _dump():\n"
+        "    if 'RANK' in os.environ:\n"
+        f"        name = os.path.join({str(tmp_path)!r}, 'modules-rank' + os.environ['RANK'] + '.txt')\n"
+        "        with open(name, 'w') as fh:\n"
+        "            fh.write('\\n'.join(sorted(sys.modules)))\n"
+        "atexit.register(_dump)\n")
+    return {"PYTHONPATH": os.pathsep.join(filter(None, [str(probe), os.environ.get("PYTHONPATH")]))}
+
+
 def run_launch(args, cwd, tag, env=None, timeout=120, name="launch") -> tuple[int, Launch]:
     launch = Launch(args, cwd, tag, env, name)
     try:
@@ -173,10 +188,13 @@ def run_launch(args, cwd, tag, env=None, timeout=120, name="launch") -> tuple[in
 # --------------------------------------------------------------------------------------------- tests
 def test_cpu_run_trains_writes_per_rank_logs_and_launch_json(tmp_path: Path, tag: str):
     run_dir = tmp_path / "run"
-    env = {"HF_TOKEN_FOR_TEST": "do-not-record", "TORCH_SECRET_TOKEN": "nor-this"}
+    env = {"HF_TOKEN_FOR_TEST": "do-not-record", "TORCH_SECRET_TOKEN": "nor-this", **_module_probe(tmp_path)}
     code, launch = run_launch(["--cpu", "--nproc", "2", RECIPE, *SHORT, f"run_dir={run_dir}"], tmp_path, tag, env)
     out = launch.output
     assert code == 0, out
+    for rank in ("0", "1"):  # a worker whose output goes to files imports neither typer nor rich (issue 7: memory)
+        modules = set((tmp_path / f"modules-rank{rank}.txt").read_text().split())
+        assert "mgpucli.engine.trainer" in modules and not modules & {"typer", "rich", "tensorboard"}, rank
     assert "[rank0]:" in out and "[rank1]:" not in out  # rank 0 streams to the terminal, rank 1 does not
     assert (run_dir / "checkpoints" / "last.pt").is_file()
     data = json.loads((run_dir / "launch.json").read_text())

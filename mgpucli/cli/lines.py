@@ -1,0 +1,100 @@
+"""Rank 0's report as plain lines on stderr, for output that no terminal reads: log files, CI, pipes, and every
+``mgpu launch`` worker (torchrun sends their output to files and tees rank 0's to the launcher's terminal).
+
+It writes what :class:`mgpucli.cli.progress.RichReporter` writes, without a progress bar and without importing
+rich (~2 MiB of resident memory per process, measured with benchmarks/overhead.py).
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+
+def fmt(metrics: dict[str, Any] | None, skip: tuple[str, ...] = ()) -> str:
+    if not metrics:
+        return "-"
+    return "  ".join(f"{k} {v:.4g}" for k, v in metrics.items()
+                     if isinstance(v, float) and k not in skip)
+
+
+def start_lines(info: dict[str, Any]) -> tuple[str, str]:
+    """The banner: who trains what, where, and the batch arithmetic."""
+    threads = f", {info['cpu_threads']} thread(s)/process" if info.get("cpu_threads") else ""
+    return (
+        f"{info['name']}: {info['world_size']} process(es) on {info['device']} (backend {info['backend']}, "
+        f"strategy {info['strategy']}{threads}, precision {info['precision']})",
+        f"global batch {info['global_batch']} = {info['batch_size']} per process x {info['world_size']} "
+        f"process(es) x {info['grad_accum']} accumulation step(s); {info['train_samples']} train / "
+        f"{info['val_samples']} val samples, {info['steps_per_epoch']} steps per epoch; run dir {info['run_dir']}",
+    )
+
+
+def train_line(record: dict[str, Any]) -> str:
+    return (f"step {record['step']} epoch {record['epoch']}  {fmt(record, skip=('lr', 'time', 'samples_per_s'))}  "
+            f"{record['samples_per_s']:.0f} samples/s")
+
+
+def val_line(record: dict[str, Any]) -> str:
+    return f"step {record['step']}  {fmt(record, skip=('time',))}  ({record['samples']} samples)"
+
+
+def epoch_line(epoch: int, train: dict[str, Any] | None, val: dict[str, Any] | None) -> str:
+    return f"epoch {epoch} done  train: {fmt(train)}  val: {fmt(val)}"
+
+
+def table_columns(rows: list[tuple[int, dict | None, dict | None]]) -> tuple[list[str], list[list[str]]]:
+    """The closing per-epoch table as header + cells: every float metric of train and val, 4 decimals."""
+    names = sorted({k for _, t, v in rows for d in (t, v) if d for k in d if isinstance(d[k], float)})
+    header = ["epoch"] + [f"{split} {n}" for split in ("train", "val") for n in names]
+    cells = []
+    for epoch, train, val in rows:
+        row = [str(epoch)]
+        for d in (train, val):
+            row += [f"{d[n]:.4f}" if d and isinstance(d.get(n), float) else "-" for n in names]
+        cells.append(row)
+    return header, cells
+
+
+class LineReporter:
+    """Implements mgpucli.engine.report.Reporter with print(), on stderr."""
+
+    def __init__(self) -> None:
+        self.rows: list[tuple[int, dict | None, dict | None]] = []
+
+    @staticmethod
+    def _print(text: str) -> None:
+        print(text, file=sys.stderr, flush=True)
+
+    def start(self, info: dict[str, Any]) -> None:
+        first, second = start_lines(info)
+        self._print(f"mgpu train {first}")
+        self._print(second)
+
+    def epoch_start(self, epoch: int, steps: int, done: int) -> None:
+        pass
+
+    def step(self, step: int) -> None:
+        pass
+
+    def log(self, record: dict[str, Any]) -> None:
+        self._print(train_line(record) if record["split"] == "train" else f"val {val_line(record)}")
+
+    def epoch_end(self, epoch: int, train: dict[str, Any] | None, val: dict[str, Any] | None) -> None:
+        self.rows.append((epoch, train, val))
+        self._print(epoch_line(epoch, train, val))
+
+    def message(self, text: str) -> None:
+        self._print(text)
+
+    def warn(self, text: str) -> None:
+        self._print(f"warning: {text}")
+
+    def close(self) -> None:
+        if not self.rows:
+            return
+        header, cells = table_columns(self.rows)
+        widths = [max(len(h), *(len(r[i]) for r in cells)) for i, h in enumerate(header)]
+        self._print("per-epoch metrics")
+        for row in (header, *cells):
+            self._print("  ".join(c.rjust(w) for c, w in zip(row, widths, strict=True)))

@@ -1,0 +1,72 @@
+"""What ``mgpu train`` does, without typer: the command line's ``train`` and every ``mgpu launch`` worker call it.
+
+A launched worker calls :func:`run_train` directly (mgpucli.launch.worker), so it imports neither typer nor,
+unless rank 0 has a terminal, rich: ~3 MiB of resident memory per rank that the hand-written loop
+does not pay (benchmarks/overhead.py).
+"""
+
+from __future__ import annotations
+
+import sys
+
+from mgpucli.errors import MgpuError
+
+
+def run_train(recipe: str, overrides: list[str], resume: str | None = None, overwrite: bool = False,
+              check: bool = False) -> None:
+    """Train from a recipe on this process (one worker of a job when RANK/WORLD_SIZE are set)."""
+    from mgpucli.console import print_error
+    from mgpucli.dist.env import read_rank_env
+
+    rank = None
+    try:
+        env = read_rank_env()
+        rank = env.rank if env.distributed else None
+        if check:
+            from mgpucli.cli.check import check_and_print
+
+            check_and_print(recipe, overrides, quiet=rank not in (None, 0))
+            return
+        _run(recipe, overrides, resume, overwrite, env)
+    except MgpuError as err:
+        # Bad input is the same on every rank: let rank 0 alone say it. A failure names its rank.
+        if rank in (None, 0) or not err.same_on_every_rank:
+            print_error(str(err), rank=rank)
+        sys.exit(err.exit_code)
+    except Exception:
+        if rank is not None:
+            print_error("failed with an unexpected error (traceback below).", rank=rank)
+        raise
+
+
+def _reporter(rank: int):
+    """Rank 0 reports: a rich progress bar on a terminal, plain lines otherwise (log files, CI, and every
+    ``mgpu launch`` worker, whose output goes to files). Other ranks report nothing."""
+    if rank != 0:
+        return None
+    if sys.stderr.isatty():
+        from mgpucli.cli.progress import RichReporter
+
+        return RichReporter()
+    from mgpucli.cli.lines import LineReporter
+
+    return LineReporter()
+
+
+def _run(recipe, overrides, resume, overwrite, env) -> None:
+    """Train. Unexpected exceptions go through torch's @record, which writes the error file (with the
+    traceback) that torchrun's agent reports; an MgpuError is a message for the user, printed without one."""
+    from torch.distributed.elastic.multiprocessing.errors import record
+
+    from mgpucli.engine.run import run_training
+
+    def guarded() -> MgpuError | None:
+        try:
+            run_training(recipe, overrides, resume=resume, overwrite=overwrite, env=env, reporter=_reporter(env.rank))
+        except MgpuError as err:
+            return err
+        return None
+
+    err = record(guarded)()
+    if err is not None:
+        raise err
