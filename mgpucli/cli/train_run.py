@@ -17,6 +17,10 @@ def run_train(recipe: str, overrides: list[str], resume: str | None = None, over
     """Train from a recipe on this process (one worker of a job when RANK/WORLD_SIZE are set)."""
     from mgpucli.console import print_error
     from mgpucli.dist.env import read_rank_env
+    from mgpucli.engine.heap import steady_heap
+
+    if not check:
+        steady_heap()  # before the first large allocation: see mgpucli/engine/heap.py
 
     rank = None
     try:
