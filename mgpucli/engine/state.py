@@ -97,7 +97,18 @@ def load_model_state(model: torch.nn.Module, state: dict[str, Any], source: str)
 
 
 def load_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
+    if not state.get("state") and _same_group_sizes(optimizer, state.get("param_groups") or []):
+        # No per-parameter state (SGD without momentum): only the groups' settings (lr...) to restore. dcp fails
+        # on such a state (torch 2.13: AssertionError "Expected device to be set"), so resuming crashed.
+        for group, saved in zip(optimizer.param_groups, state["param_groups"], strict=True):
+            group.update({k: v for k, v in saved.items() if k != "params"})
+        return
     _dcp().set_optimizer_state_dict(model, optimizer, optim_state_dict=state, options=_load())
+
+
+def _same_group_sizes(optimizer: torch.optim.Optimizer, saved_groups: list[dict[str, Any]]) -> bool:
+    return len(saved_groups) == len(optimizer.param_groups) and all(
+        len(s.get("params", ())) == len(g["params"]) for s, g in zip(saved_groups, optimizer.param_groups, strict=True))
 
 
 # ------------------------------------------------------------------ which path: dcp for FSDP/DTensor only

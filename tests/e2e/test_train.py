@@ -110,6 +110,23 @@ def test_resume_with_another_world_size_works(tmp_path):
     assert load_ckpt(tmp_path / "runs/quickstart/checkpoints/last.pt")["world_size"] == 1
 
 
+def test_resume_with_plain_sgd_keeps_the_schedule(tmp_path):
+    """SGD without momentum has no per-parameter state; resuming it used to crash inside dcp's loader."""
+    args = [*SMALL, "optim.momentum=0"]
+    first = mgpu("train", QUICK, *args, "trainer.max_steps=10", cwd=tmp_path)
+    assert first.returncode == 0, first.output
+    r = mgpu("train", QUICK, *args, "trainer.max_steps=20", "--resume", "auto", cwd=tmp_path)
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.output
+    straight = mgpu("train", QUICK, *args, "trainer.max_steps=20", "run_dir=straight", cwd=tmp_path)
+    assert straight.returncode == 0, straight.output
+    resumed = load_ckpt(tmp_path / "runs/quickstart/checkpoints/last.pt")
+    expected = load_ckpt(tmp_path / "straight/checkpoints/last.pt")
+    assert resumed["optimizer"]["state"] == {} and resumed["step"] == 20
+    # the schedule carried on (the lr is 20 steps in, not 10) and training is the uninterrupted run's
+    assert resumed["optimizer"]["param_groups"] == expected["optimizer"]["param_groups"]
+    assert all(torch.equal(resumed["model"][k], expected["model"][k]) for k in expected["model"])
+
+
 def test_nan_loss_stops_the_run_naming_the_step(tmp_path):
     r = torchrun(2, "train", QUICK, *SMALL, "trainer.epochs=1", cwd=tmp_path, env={"MGPU_FAULT": "nan@rank=1@step=3"})
     assert r.returncode != 0

@@ -309,3 +309,20 @@ def test_saving_a_plain_model_never_imports_dcp():
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split("\n")[:2] == ["9 6 []", "True"], out.stdout
+
+
+def test_sgd_without_momentum_resumes():
+    """No per-parameter state at all: dcp's loader fails on it (AssertionError in torch 2.13), which made resuming
+    a recipe with plain SGD crash; the groups' settings are restored instead."""
+    torch.manual_seed(0)
+    model = MLP()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    model(_batch("mlp", 0)).sum().backward()
+    opt.step()
+    saved = st.optimizer_state(model, opt)
+    assert saved["state"] == {}
+    saved["param_groups"][0]["lr"] = 0.25
+    fresh = torch.optim.SGD(model.parameters(), lr=0.1)
+    st.load_optimizer_state(model, fresh, saved)
+    assert fresh.param_groups[0]["lr"] == 0.25 and not fresh.state
+    assert fresh.param_groups[0]["params"] == list(model.parameters())
