@@ -17,10 +17,11 @@ def run_train(recipe: str, overrides: list[str], resume: str | None = None, over
     """Train from a recipe on this process (one worker of a job when RANK/WORLD_SIZE are set)."""
     from mgpucli.console import print_error
     from mgpucli.dist.env import read_rank_env
-    from mgpucli.engine.heap import steady_heap
+    from mgpucli.engine.heap import postpone_full_gc, steady_heap
 
     if not check:
         steady_heap()  # before the first large allocation: see mgpucli/engine/heap.py
+        postpone_full_gc()
 
     rank = None
     try:

@@ -6,6 +6,7 @@ import json
 import os
 import socket
 import sys
+import threading
 
 from mgpucli.errors import EXIT_FAILED, UsageError
 from mgpucli.launch.plan import LaunchOptions, LaunchPlan, Machine, RecipeFacts, build_plan, worker_overrides
@@ -154,10 +155,15 @@ def _hand_over(cfg, opts: LaunchOptions, plan: LaunchPlan) -> None:
     os.environ[handoff.ENV] = str(path)
 
 
+_RESUME_GC_AFTER_S = 5.0
+
+
 def launch(opts: LaunchOptions, dry_run: bool = False) -> int:
     """Run ``mgpu launch``; returns its exit code (UsageError for bad input, before any process starts)."""
     from mgpucli.console import err_console
+    from mgpucli.engine.heap import postpone_full_gc, resume_full_gc
 
+    postpone_full_gc()  # until the workers start: see mgpucli/engine/heap.py
     plan, cfg = _prepare(opts)
     if dry_run:
         for line in _banner(plan):
@@ -171,6 +177,11 @@ def launch(opts: LaunchOptions, dry_run: bool = False) -> int:
 
     for line in _banner(plan):
         err_console().print(line, markup=False, highlight=False)
+    # Full collections resume once the workers are running and this process only watches them: resumed now, the
+    # first one (~0.1 s, its start-up's objects) would land while torch's agent starts the workers.
+    later = threading.Timer(_RESUME_GC_AFTER_S, resume_full_gc)
+    later.daemon = True
+    later.start()
     code = run_plan(plan, LaunchRecord(plan.launch_json, plan, opts))
     if code == EXIT_FAILED:  # end the failure summary with the post-mortem (= `mgpu doctor RUN_DIR`), write it
         from mgpucli.postmortem import after_launch_failure

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-pytestmark = pytest.mark.skipif(sys.platform != "linux" or platform.libc_ver()[0] != "glibc",
+glibc_only = pytest.mark.skipif(sys.platform != "linux" or platform.libc_ver()[0] != "glibc",
                                 reason="glibc malloc only")
 
 CHURN = """
@@ -36,6 +36,7 @@ def _faults(mode: str, **env: str) -> tuple[str, int]:
     return applied, int(faults)
 
 
+@glibc_only
 def test_steady_heap_stops_the_trim_and_refault_cycle():
     _, default = _faults("default")
     applied, steady = _faults("steady")
@@ -44,6 +45,39 @@ def test_steady_heap_stops_the_trim_and_refault_cycle():
     assert steady < default / 20
 
 
+@glibc_only
 def test_the_users_own_malloc_settings_win():
     applied, faults = _faults("steady", MALLOC_TRIM_THRESHOLD_="131072")
     assert applied == "False" and faults > 5000
+
+
+GC_STARTUP = """
+import gc, sys
+from mgpucli.engine.heap import postpone_full_gc, settle_gc
+full = []
+gc.callbacks.append(lambda phase, info: full.append(1) if phase == "stop" and info["generation"] == 2 else None)
+if sys.argv[1] == "postponed":
+    postpone_full_gc()
+keep = [[{} for _ in range(10)] for _ in range(30000)]  # a start-up's worth of long-lived objects
+during = len(full)
+cycle = [0]; cycle.append(cycle); del cycle  # garbage that only a full collection finds after promotion
+settle_gc()
+print(during, gc.get_freeze_count() > 0, gc.get_threshold()[2])
+"""
+
+
+def _startup(mode: str) -> list[str]:
+    out = subprocess.run([sys.executable, "-c", GC_STARTUP, mode], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.split()
+
+
+def test_full_collections_wait_for_the_end_of_start_up_then_survivors_are_frozen():
+    assert _startup("default")[0] != "0"  # CPython walks the growing heap again and again
+    during, frozen, threshold = _startup("postponed")
+    assert (during, frozen, threshold) == ("0", "True", "10")
+
+
+def test_settle_leaves_a_gc_it_did_not_postpone_alone():
+    _, frozen, threshold = _startup("default")
+    assert (frozen, threshold) == ("False", "10")
