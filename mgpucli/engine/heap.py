@@ -53,9 +53,11 @@ def steady_heap() -> bool:
 # live as long as the process. CPython runs a full (generation 2) collection each time the long-lived objects grow
 # by a quarter, and each one walks all of them: 5-6 collections, ~0.45 s of the hand-written loop's start-up and
 # ~0.6 s of an mgpu worker's (measured with gc.callbacks). Instead, mgpu postpones full collections until the
-# trainer is set up (young objects are still collected as usual), then runs one, and freezes what survives
-# (gc.freeze): the objects of the start-up are never walked again, by that collection or any later one.
-# ``mgpu launch`` postpones them too until its workers are about to start (~0.14 s of its start-up).
+# trainer is set up (young objects are still collected as usual) and then freezes what is there (gc.freeze): no
+# later collection walks the start-up's objects again. A full collection at that point would cost the first step
+# another ~0.2 s, so the start-up's garbage cycles (~10,000 objects, about a MiB) wait in the frozen generation
+# until the teardown unfreezes and collects everything (engine/run.py). ``mgpu launch`` postpones full collections
+# too, until its workers are running (~0.14 s of its start-up).
 _START_UP_GEN2_THRESHOLD = 1 << 30  # generation-2 runs after this many generation-1 runs: not during start-up
 
 
@@ -78,12 +80,12 @@ def resume_full_gc() -> None:
 
 
 def settle_gc() -> None:
-    """End of start-up: one full collection, freeze the survivors, full collections as CPython schedules them."""
+    """End of start-up: freeze what is there, then full collections as CPython schedules them (of what comes
+    after). The caller unfreezes and collects at its teardown."""
     import gc
 
     gen0, gen1, gen2 = gc.get_threshold()
     if gen2 != _START_UP_GEN2_THRESHOLD:
         return  # not postponed (mgpu's engine driven from Python): leave the caller's GC alone
-    gc.collect()
     gc.freeze()
     gc.set_threshold(gen0, gen1, 10)  # CPython's default

@@ -40,7 +40,7 @@ def run_training(recipe: str, overrides: list[str], *, resume: str | None = None
         rt = runtime.setup(env, cfg.trainer.device, cfg.trainer.timeout_s, cfg.trainer.cpu_threads)
         trainer = Trainer(cfg, rt, reporter, resume=resume, overwrite=overwrite)
         trainer.setup()
-        settle_gc()  # the start-up's objects: collected once, then never walked again (engine/heap.py)
+        settle_gc()  # the start-up's objects are frozen: no collection walks them again (engine/heap.py)
         return trainer.fit()
     except (RuntimeError, torch.OutOfMemoryError) as err:
         clearer = None if trainer is None else failures.translate(
@@ -56,7 +56,8 @@ def run_training(recipe: str, overrides: list[str], *, resume: str | None = None
         reporter.close()
         # The process group must die in destroy_process_group (which releases the GIL while gloo's threads
         # finish), not later in DDP's destructor (which holds it): that order deadlocked at exit. The DDP module
-        # was frozen with the rest of the start-up (settle_gc): unfreeze, or this collection would not see it.
+        # was frozen with the rest of the start-up (settle_gc): unfreeze, or this collection would not see it
+        # (nor the start-up's garbage, which waited there).
         gc.unfreeze()
         gc.collect()
         runtime.teardown()
