@@ -17,10 +17,10 @@ def run_train(recipe: str, overrides: list[str], resume: str | None = None, over
     """Train from a recipe on this process (one worker of a job when RANK/WORLD_SIZE are set)."""
     from mgpucli.console import print_error
     from mgpucli.dist.env import read_rank_env
-    from mgpucli.engine.heap import postpone_full_gc, steady_heap
+    from mgpucli.heap import postpone_full_gc, resume_full_gc, steady_heap
 
     if not check:
-        steady_heap()  # before the first large allocation: see mgpucli/engine/heap.py
+        steady_heap()  # before the first large allocation: see mgpucli/heap.py
         postpone_full_gc()
 
     rank = None
@@ -42,6 +42,8 @@ def run_train(recipe: str, overrides: list[str], resume: str | None = None, over
         if rank is not None:
             print_error("failed with an unexpected error (traceback below).", rank=rank)
         raise
+    finally:
+        resume_full_gc()  # if it failed before the end of set-up (settle_gc): full collections as usual
 
 
 def _reporter(rank: int):

@@ -8,8 +8,8 @@ import sys
 from typing import Any
 
 from mgpucli.dist.env import RankEnv
-from mgpucli.engine.heap import settle_gc
 from mgpucli.engine.report import NullReporter, Reporter
+from mgpucli.heap import settle_gc
 
 
 def ensure_cwd_on_path() -> None:
@@ -40,7 +40,7 @@ def run_training(recipe: str, overrides: list[str], *, resume: str | None = None
         rt = runtime.setup(env, cfg.trainer.device, cfg.trainer.timeout_s, cfg.trainer.cpu_threads)
         trainer = Trainer(cfg, rt, reporter, resume=resume, overwrite=overwrite)
         trainer.setup()
-        settle_gc()  # the start-up's objects are frozen: no collection walks them again (engine/heap.py)
+        settle_gc()  # the start-up's objects are frozen: no collection walks them again (mgpucli/heap.py)
         return trainer.fit()
     except (RuntimeError, torch.OutOfMemoryError) as err:
         clearer = None if trainer is None else failures.translate(

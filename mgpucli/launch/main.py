@@ -161,11 +161,16 @@ _RESUME_GC_AFTER_S = 5.0
 def launch(opts: LaunchOptions, dry_run: bool = False) -> int:
     """Run ``mgpu launch``; returns its exit code (UsageError for bad input, before any process starts)."""
     from mgpucli.console import err_console
-    from mgpucli.engine.heap import postpone_full_gc, resume_full_gc
+    from mgpucli.heap import postpone_full_gc, resume_full_gc
 
-    postpone_full_gc()  # until the workers start: see mgpucli/engine/heap.py
-    plan, cfg = _prepare(opts)
+    postpone_full_gc()  # until the workers start: see mgpucli/heap.py
+    try:
+        plan, cfg = _prepare(opts)
+    except BaseException:
+        resume_full_gc()
+        raise
     if dry_run:
+        resume_full_gc()
         for line in _banner(plan):
             err_console().print(line, markup=False, highlight=False)
         print(plan.command(), flush=True)

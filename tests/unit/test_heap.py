@@ -14,7 +14,7 @@ glibc_only = pytest.mark.skipif(sys.platform != "linux" or platform.libc_ver()[0
 
 CHURN = """
 import resource, sys
-from mgpucli.engine.heap import steady_heap
+from mgpucli.heap import steady_heap
 applied = steady_heap() if sys.argv[1] == "steady" else None
 def steps(n):  # a 'step' allocates 2 MiB in 100 KiB blocks (below glibc's initial mmap threshold) and frees it
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
@@ -53,7 +53,7 @@ def test_the_users_own_malloc_settings_win():
 
 GC_STARTUP = """
 import gc, sys
-from mgpucli.engine.heap import postpone_full_gc, settle_gc
+from mgpucli.heap import postpone_full_gc, settle_gc
 full = []
 gc.callbacks.append(lambda phase, info: full.append(1) if phase == "stop" and info["generation"] == 2 else None)
 if sys.argv[1] == "postponed":

@@ -1,4 +1,6 @@
-"""A steady C heap for training processes: glibc's malloc thresholds fixed at the values it converges to.
+"""Memory behaviour of mgpu's processes (stdlib only; the CLI, the launcher and the engine use it).
+
+A steady C heap for training processes: glibc's malloc thresholds fixed at the values it converges to.
 
 glibc's malloc adapts two thresholds as a process runs: blocks above ``M_MMAP_THRESHOLD`` get their own
 ``mmap``, and free memory above ``M_TRIM_THRESHOLD`` at the top of the heap is given back to the kernel. Both
