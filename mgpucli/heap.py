@@ -23,6 +23,7 @@ alone.
 from __future__ import annotations
 
 import ctypes
+import gc
 import os
 import platform
 import sys
@@ -61,12 +62,11 @@ def steady_heap() -> bool:
 # until the teardown unfreezes and collects everything (engine/run.py). ``mgpu launch`` postpones full collections
 # too, until its workers are running (~0.14 s of its start-up).
 _START_UP_GEN2_THRESHOLD = 1 << 30  # generation-2 runs after this many generation-1 runs: not during start-up
+_DEFAULT_GEN2_THRESHOLD = 10  # CPython's
 
 
 def postpone_full_gc() -> None:
     """From here until :func:`settle_gc`, no full collections (generations 0 and 1 run as usual)."""
-    import gc
-
     gen0, gen1, _ = gc.get_threshold()
     gc.set_threshold(gen0, gen1, _START_UP_GEN2_THRESHOLD)
 
@@ -74,20 +74,15 @@ def postpone_full_gc() -> None:
 def resume_full_gc() -> None:
     """Full collections as CPython schedules them again, without running one now: for a process whose next
     phase is mostly waiting (``mgpu launch`` once its workers start), where a later collection costs nothing."""
-    import gc
-
     gen0, gen1, gen2 = gc.get_threshold()
     if gen2 == _START_UP_GEN2_THRESHOLD:
-        gc.set_threshold(gen0, gen1, 10)
+        gc.set_threshold(gen0, gen1, _DEFAULT_GEN2_THRESHOLD)
 
 
 def settle_gc() -> None:
     """End of start-up: freeze what is there, then full collections as CPython schedules them (of what comes
     after). The caller unfreezes and collects at its teardown."""
-    import gc
-
-    gen0, gen1, gen2 = gc.get_threshold()
-    if gen2 != _START_UP_GEN2_THRESHOLD:
+    if gc.get_threshold()[2] != _START_UP_GEN2_THRESHOLD:
         return  # not postponed (mgpu's engine driven from Python): leave the caller's GC alone
     gc.freeze()
-    gc.set_threshold(gen0, gen1, 10)  # CPython's default
+    resume_full_gc()

@@ -115,13 +115,10 @@ def _same_group_sizes(optimizer: torch.optim.Optimizer, saved_groups: list[dict[
 _CKPT_PREFIX = "_checkpoint_wrapped_module."  # activation-checkpoint wrappers' key segment, dropped by dcp
 
 
-def _loaded_class(module: str, name: str) -> type | None:
-    """A class from a module that is already imported (an object of it can exist only then); never imports."""
-    return getattr(sys.modules.get(module), name, None)
-
-
 def _isinstance_loaded(obj: Any, module: str, name: str) -> bool:
-    cls = _loaded_class(module, name)
+    """isinstance against a class of an already imported module (an object of it can exist only then); never
+    imports it."""
+    cls = getattr(sys.modules.get(module), name, None)
     return cls is not None and isinstance(obj, cls)
 
 

@@ -101,9 +101,6 @@ def _run_cli(args: list[str]) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from mgpucli.heap import postpone_full_gc
-
-    postpone_full_gc()  # before the imports: see mgpucli/heap.py
     args = list(sys.argv[1:] if argv is None else argv)
     watch.install_parent_watch()
     args = restart.restart_worker_argv(args)

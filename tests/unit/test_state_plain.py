@@ -3,7 +3,7 @@
 For plain modules (bare, DDP, DataParallel, torch.compile'd, a compiled submodule) the plain save functions must
 return what dcp's get_model_state_dict / get_optimizer_state_dict (full_state_dict, cpu_offload) return: the same
 keys in the same order, the same container types, equal tensors of the same dtype and device, sharing storage
-with the same live tensors; and the plain loads must leave model and optimizer exactly as dcp's set_* do.
+with the same live tensors; and what they save must load (through dcp, as every load does) to dcp's own result.
 """
 
 from __future__ import annotations
@@ -24,18 +24,8 @@ from mgpucli.engine import state as st
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _dcp():
-    from torch.distributed.checkpoint import state_dict
-
-    return state_dict
-
-
-def _full():
-    return _dcp().StateDictOptions(full_state_dict=True, cpu_offload=True)
-
-
-def _load():
-    return _dcp().StateDictOptions(full_state_dict=True)
+# dcp itself and the options mgpu passes it (the reference path, used for FSDP and for every load)
+_dcp, _full, _load = st._dcp, st._full, st._load
 
 
 # ------------------------------------------------------------------------------------------------ comparing
