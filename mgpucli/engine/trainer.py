@@ -65,33 +65,52 @@ class StepSettings:
 
 def sum_step_rows(rows: list[Any], device: torch.device) -> torch.Tensor:
     """Column sums of step pieces (see Task.step_stats) as one float64 vector on ``device``."""
-    return torch.stack([_sum_column(column, device) for column in zip(*rows, strict=True)])
+    return _float64_vector(column_sums(rows, device))
+
+
+def column_sums(rows: list[Any], device: torch.device) -> list[torch.Tensor]:
+    """One device scalar per column of step pieces: its sum (float64, or a :class:`Later`'s own dtype)."""
+    return [_sum_column(column, device) for column in zip(*rows, strict=True)]
+
+
+def _float64_vector(scalars: list[torch.Tensor]) -> torch.Tensor:
+    """Scalars stacked as float64 in one op: ``stack`` promotes exactly next to a float64 value (integer counts
+    and float32 sums alike); only without one does each need converting first."""
+    if not any(t.dtype == torch.float64 for t in scalars):
+        scalars = [t.to(torch.float64) for t in scalars]
+    return torch.stack(scalars)
 
 
 def _sum_column(column: tuple, device: torch.device) -> torch.Tensor:
     """Device scalars are stacked and summed; host numbers summed exactly in Python; ``(scalar, number)`` pairs
     multiplied (the same float32 products a step would have computed); :class:`Later` pieces run once on their
-    concatenated tensors. All added in float64: a few ops per interval."""
+    concatenated tensors. Sums in float64. The interval pays each of these ops once, and every op it avoids
+    counts (an op on a cold cache right after a step costs ~10 us): one batch size is a scalar factor, not a
+    copied tensor, and a host total is a cached constant."""
     parts = []
     pairs = [p for p in column if isinstance(p, tuple)]
     if pairs:
         values = torch.stack([t for t, _ in pairs])
-        factors = torch.tensor([m for _, m in pairs], dtype=values.dtype if values.is_floating_point() else None)
-        parts.append((values * _to(factors, device)).to(torch.float64).sum())
+        factors = [m for _, m in pairs]
+        if factors.count(factors[0]) == len(factors):
+            parts.append((values * factors[0]).sum(dtype=torch.float64))
+        else:
+            host = torch.tensor(factors, dtype=values.dtype if values.is_floating_point() else None)
+            parts.append((values * _to(host, device)).sum(dtype=torch.float64))
     tensors = [p for p in column if isinstance(p, torch.Tensor)]
     if tensors:
-        parts.append(torch.stack(tensors).to(torch.float64).sum())
+        parts.append(torch.stack(tensors).sum(dtype=torch.float64))
     later = [p for p in column if isinstance(p, Later)]
     if later:
         try:
             joined = [torch.cat(group) for group in zip(*(p.tensors for p in later), strict=True)]
-            parts.append(later[0].fn(*joined).to(torch.float64))
+            parts.append(later[0].fn(*joined))
         except RuntimeError:  # tensors that don't concatenate (other shapes): one call per step
-            parts.append(torch.stack([p.fn(*p.tensors) for p in later]).to(torch.float64).sum())
+            parts.append(torch.stack([p.fn(*p.tensors) for p in later]).sum(dtype=torch.float64))
     numbers = [p for p in column if not isinstance(p, (tuple, torch.Tensor, Later))]
     if numbers:
-        parts.append(_to(torch.tensor(float(sum(numbers)), dtype=torch.float64), device))
-    return parts[0] if len(parts) == 1 else torch.stack(parts).sum()
+        parts.append(_constant(float(sum(numbers)), device))
+    return parts[0] if len(parts) == 1 else _float64_vector(parts).sum()
 
 
 def _to(host: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -135,6 +154,8 @@ class Trainer:
         self.scaler = torch.amp.GradScaler(rt.device.type) if self.tcfg.precision == "fp16" else None
         self.acc = torch.zeros(len(self.task.stat_names), dtype=torch.float64, device=rt.device)
         self.first_bad = torch.full((), _NO_BAD, dtype=torch.int64, device=rt.device)
+        self._acc_dirty = False  # acc holds sums not yet reduced (Task.stats rows, or a fold of pieces)
+        self._bad_folded = False  # first_bad may hold a non-finite step not yet reduced
         self._losses: list[torch.Tensor] = []  # detached losses not yet checked for NaN/inf (bounded: see _fold)
         self._loss_steps: list[int] = []  # the step each of them belongs to
         self._step_rows: list[Any] = []  # per-step stats pieces, added up by _fold (see Task.step_stats)
@@ -409,6 +430,7 @@ class Trainer:
         row = self.task.step_stats(outputs, targets, detached)
         if isinstance(row, torch.Tensor):
             self.acc += row
+            self._acc_dirty = True
         else:  # pieces: the tensor work that needs no outputs waits for _fold (one op here, not five)
             self._step_rows.append(row)
         # Keep the loss on the device; _fold finds the first non-finite one once per interval (no sync here).
@@ -446,22 +468,30 @@ class Trainer:
 
     # ------------------------------------------------------------------------------ metrics and flags
     def _reduce_and_log(self) -> dict[str, Any]:
-        """The one collective per log interval: metric sums + the NaN flag + the stop flag."""
-        self._fold_rows()
-        # Whether any loss since the last reduction was NaN/inf (which step: only worked out when one was).
-        bad = self.first_bad < _NO_BAD  # set by a fold earlier in this interval (> _FOLD_EVERY micro-steps)
-        if self._losses:
-            bad = bad | ~torch.isfinite(torch.stack(self._losses)).all()
-        stop = _constant(float(self.signal_received is not None), self.rt.device)
+        """The one collective per log interval: the metric sums, the interval's loss total (the NaN check) and
+        the stop flag, in one vector made with as few ops as possible (see _sum_column)."""
+        device = self.rt.device
+        # Float32 losses summed in float64 cannot overflow: the total is NaN/inf exactly when one loss was, on
+        # any rank once all-reduced (which step: only worked out when one was).
+        losses = torch.stack(self._losses).sum(dtype=torch.float64) if self._losses else _constant(0.0, device)
+        if self._bad_folded:  # a fold earlier in this interval (> _FOLD_EVERY micro-steps) checked some already
+            losses = torch.where(self.first_bad < _NO_BAD, float("nan"), losses)
+        flags = [losses, _constant(float(self.signal_received is not None), device)]
+        if self._acc_dirty or not self._step_rows:
+            self._fold_rows()
+            vec = torch.cat([self.acc, torch.stack(flags)])
+        else:  # the usual interval: the pieces' column sums and the flags, stacked at once
+            vec = _float64_vector([*column_sums(self._step_rows, device), *flags])
+            self._step_rows.clear()
         with self.progress.in_phase("log interval: metrics/NaN/stop all-reduce"):
-            vec = dist_rt.all_reduce_sum(torch.cat([self.acc, torch.stack([bad.to(torch.float64), stop])]),
-                                         self.rt).tolist()
-        sums, bad, stop = vec[:-2], vec[-2], vec[-1]
-        if bad:
+            vec = dist_rt.all_reduce_sum(vec, self.rt).tolist()
+        sums, loss_total, stop = vec[:-2], vec[-2], vec[-1]
+        if not math.isfinite(loss_total):
             self._fold()  # every rank: finds its first non-finite step, then they agree on the earliest
             self._raise_nan()
         self._losses.clear()
         self._loss_steps.clear()
+        self._bad_folded = False  # no rank had a non-finite loss: every first_bad is still _NO_BAD
         self.stop_agreed = stop > 0
         elapsed = time.perf_counter() - self._interval_start
         metrics = self.task.metrics(sums)
@@ -470,7 +500,9 @@ class Trainer:
                   "samples_per_s": samples / elapsed if elapsed > 0 else 0.0,
                   "lr": self.optimizer.param_groups[0]["lr"], "time": time.time()}
         self._emit(record)
-        self.acc.zero_()
+        if self._acc_dirty:
+            self.acc.zero_()
+            self._acc_dirty = False
         self._interval_start, self._interval_steps = time.perf_counter(), 0
         return metrics
 
@@ -483,6 +515,7 @@ class Trainer:
         finite = torch.isfinite(torch.stack(self._losses))
         steps = _to(torch.tensor(self._loss_steps, dtype=torch.int64), self.rt.device)
         self.first_bad = torch.minimum(self.first_bad, torch.where(finite, _NO_BAD, steps).min())
+        self._bad_folded = True
         self._losses.clear()
         self._loss_steps.clear()
 
@@ -490,6 +523,7 @@ class Trainer:
         """Add the pending step pieces (see Task.step_stats) into ``acc``."""
         if self._step_rows:
             self.acc += sum_step_rows(self._step_rows, self.rt.device)
+            self._acc_dirty = True
             self._step_rows.clear()
 
     def _check_finite(self) -> None:
@@ -499,6 +533,7 @@ class Trainer:
             flag = dist_rt.all_reduce_sum((self.first_bad < _NO_BAD).to(torch.float64).reshape(1), self.rt)
         if flag.item():
             self._raise_nan()
+        self._bad_folded = False
 
     def _raise_nan(self) -> None:
         first = self.first_bad.clone()
