@@ -1,25 +1,37 @@
 #!/usr/bin/env python
-"""mgpu's step path against the hand-written loop's, in one process: the part of the overhead mgpu's own code adds.
+"""mgpu's step path against the hand-written loop's, in the same process(es), alternating chunks of steps.
 
-On a shared 2-core machine the wall time of 2-process DDP steps varies by tens of percent from run to run, far
-more than the few microseconds a step's bookkeeping costs. Here both loops run in one process, on one model and
-the same pre-loaded batches, alternating chunks of 20 steps (AB, BA, ...), and each chunk's CPU time is taken:
+On a shared 2-core machine the step time of 2-process DDP drifts by tens of percent within a run, second to
+second (the share of steps that wait a scheduler tick for a busy core). Separate runs, as benchmarks/overhead.py
+makes them, see different stretches of that drift. Here both loops live in the same processes and alternate
+every ``--chunk`` steps (AB, BA, ...; a few dozen milliseconds each), so both sides see the same stretches, and
+every figure is paired chunk by chunk:
 
-* (A) the hand-written loop's body (benchmarks/handwritten.py): ``x, y = x.to(device), y.to(device); loss =
-  F.cross_entropy(model(x), y); zero_grad; backward; (clip;) step; (scheduler.step)``;
-* (B) mgpu's ``Trainer._forward_backward`` + ``Trainer._optimizer_step`` (metric pieces, NaN bookkeeping, progress
-  attributes, and, every ``log_every`` steps, the reduction, metrics.jsonl, TensorBoard).
+* (A) the hand-written loop of benchmarks/handwritten.py: its own model, optimizer, scheduler, DataLoader with
+  DistributedSampler and (with ``--nproc 2``) DDP, and its loop body: ``x.to(device), y.to(device)``, forward,
+  ``F.cross_entropy``, ``zero_grad``, ``backward``, (clip), ``step``, (scheduler);
+* (B) mgpu's Trainer, built from the recipe as ``mgpu train`` builds it, stepping with
+  ``Trainer._forward_backward`` + ``Trainer._optimizer_step``: metric pieces, NaN bookkeeping, progress, and
+  every ``log_every`` steps the reduction (a collective with ``--nproc 2``), metrics.jsonl and TensorBoard.
 
-No DDP and no data loading on either side: this isolates what mgpu's code adds per step. Run with
-``--log-every 0`` to leave out the log interval (per-step cost only). Prints one JSON object.
+Per chunk it takes the training thread's CPU time and the wall time of each step; it reports per-step CPU
+time (B - A), and the chunk-paired B/A ratios of the mean and of the median step time, each as the median
+over chunks with its 95% interval (benchmarks/stats.py). What it leaves out, by design: what differs between
+whole processes (the launcher, start-up, mgpu's heap settings and threads); overhead.py measures those.
 
-    python benchmarks/inprocess.py --workload mlp --rounds 40
+    python benchmarks/inprocess.py --workload mlp --rounds 40                  # one process, no DDP
+    python benchmarks/inprocess.py --workload mlp --nproc 2 --rounds 300       # 2 gloo processes, DDP (~2 min)
+    python benchmarks/inprocess.py --workload mlp --rounds 40 --log-every 0    # per-step work only
+
+Prints one JSON object (rank 0's, with every rank's chunks combined).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -31,48 +43,65 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 RECIPES = {"mlp": REPO / "recipes" / "quickstart.yaml", "charlm": REPO / "recipes" / "charlm.yaml"}
-CHUNK = 20
 
 
-def main(argv: list[str] | None = None) -> None:
+def parse_args(argv: list[str] | None = None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--workload", choices=sorted(RECIPES), default="mlp")
     p.add_argument("--rounds", type=int, default=40, help="A/B chunk pairs (default 40)")
+    p.add_argument("--chunk", type=int, default=20, help="steps per chunk (default 20, the MLP's log_every)")
+    p.add_argument("--nproc", type=int, default=1, help="processes (gloo, DDP on both sides when > 1)")
     p.add_argument("--log-every", type=int, default=None, help="trainer.log_every (default: the recipe's; 0: never)")
-    args = p.parse_args(argv)
+    p.add_argument("--timeout", type=float, default=900, help="seconds the --nproc run may take")
+    return p.parse_args(argv)
 
+
+def launch(args) -> int:
+    """Run this script under torch.distributed.run with ``--nproc`` processes; print rank 0's JSON."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    env = {**os.environ, "OMP_NUM_THREADS": str(max(1, cores // args.nproc)),
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    worker = ["--workload", args.workload, "--rounds", str(args.rounds), "--chunk", str(args.chunk)]
+    if args.log_every is not None:  # (not --nproc: torchrun's parser would take it for its --nproc-per-node)
+        worker += ["--log-every", str(args.log_every)]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(args.nproc),
+           __file__, *worker]
+    try:
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout,
+                              stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        print(f"inprocess.py: the {args.nproc}-process run took over {args.timeout:.0f} s", file=sys.stderr)
+        return 1
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        print(proc.stdout[-3000:] + proc.stderr[-3000:], file=sys.stderr)
+        return proc.returncode or 1
+    print(lines[-1])
+    return 0
+
+
+def hand_written(workload: str, rt, device):
+    """Side A: benchmarks/handwritten.py's objects and loop body, as one step per call."""
     import torch
-    import torch.nn.functional as F
+    from torch.utils.data import DataLoader, DistributedSampler
 
-    from benchmarks.stats import median, paired_ratios, spread
-    from mgpucli.config import load_recipe
-    from mgpucli.dist import runtime
-    from mgpucli.dist.env import RankEnv
-    from mgpucli.engine.report import NullReporter
-    from mgpucli.engine.trainer import Trainer
+    from benchmarks.handwritten import WORKLOADS, build
 
-    torch.set_num_threads(1)
-    overrides = [f"run_dir={tempfile.mkdtemp(prefix='mgpu-inprocess-')}/run", "trainer.device=cpu"]
-    if args.log_every is not None:
-        overrides.append(f"trainer.log_every={args.log_every or 10**9}")
-    cfg = load_recipe(str(RECIPES[args.workload]), overrides)
-    trainer = Trainer(cfg, runtime.setup(RankEnv(), "cpu", 60, 1), NullReporter())
-    trainer.setup()
-    trainer.wrapped.train.train()
-    trainer._interval_start, trainer._interval_steps = time.perf_counter(), 0
-    model, optimizer, scheduler = trainer.wrapped.raw, trainer.optimizer, trainer.scheduler
-    clip = trainer.hot.clip_grad_norm
-    batches = list(trainer.loaders.train)
+    w = WORKLOADS[workload]
+    torch.manual_seed(w["seed"])
+    train_set, model, loss_fn, make_optim = build(workload)
+    sampler = DistributedSampler(train_set, num_replicas=rt.world_size, rank=rt.rank, seed=w["seed"])
+    loader = DataLoader(train_set, batch_size=w["batch_size"], sampler=sampler)
+    model = model.to(device)
+    if rt.distributed:
+        model = torch.nn.parallel.DistributedDataParallel(model)
+    optimizer, scheduler = make_optim(model.parameters())
+    model.train()
+    batches = _endless(loader, sampler)
+    clip = w["clip_grad_norm"]
 
-    def loss_fn(out, y):  # as benchmarks/handwritten.py writes it for this workload
-        if args.workload == "mlp":
-            return F.cross_entropy(out, y)
-        return F.cross_entropy(out.view(-1, out.size(-1)), y.view(-1))
-
-    device = trainer.rt.device
-
-    def hand(batch) -> None:
-        x, y = batch
+    def step() -> None:
+        x, y = next(batches)
         x, y = x.to(device), y.to(device)
         loss = loss_fn(model(x), y)
         optimizer.zero_grad()
@@ -83,28 +112,120 @@ def main(argv: list[str] | None = None) -> None:
         if scheduler is not None:
             scheduler.step()
 
-    def mgpu(batch) -> None:
-        trainer._forward_backward(batch, sync=True)
+    return step
+
+
+def mgpu_trainer(trainer):
+    """Side B: mgpu's Trainer, one optimizer step per call (the recipe's grad_accum micro-steps)."""
+    trainer.wrapped.train.train()
+    trainer._interval_start, trainer._interval_steps = time.perf_counter(), 0
+    batches = _endless(trainer.loaders.train, trainer.loaders.sampler)
+    accum = trainer.hot.grad_accum
+
+    def step() -> None:
+        for micro in range(accum):
+            trainer._forward_backward(next(batches), sync=micro == accum - 1)
         trainer._optimizer_step()
 
-    per_step: dict[str, list[float]] = {"A": [], "B": []}
-    sides = {"A": hand, "B": mgpu}
-    for rnd in range(args.rounds + 2):  # the first two pairs warm up
-        for side in ("A", "B") if rnd % 2 == 0 else ("B", "A"):
-            t0 = time.process_time()
-            for i in range(CHUNK):
-                sides[side](batches[(rnd * CHUNK + i) % len(batches)])
-            if rnd >= 2:
-                per_step[side].append((time.process_time() - t0) / CHUNK)
-    trainer.close()
-    ratios = paired_ratios(per_step["B"], per_step["A"])
-    print(json.dumps({
-        "workload": args.workload, "log_every": trainer.hot.log_every, "rounds": args.rounds, "chunk": CHUNK,
-        "A_us": 1e6 * median(per_step["A"]), "B_us": 1e6 * median(per_step["B"]),
-        "diff_us": asdict(spread([1e6 * (b - a) for a, b in zip(per_step["A"], per_step["B"], strict=True)])),
-        "ratio": asdict(spread(ratios)),
-    }))
+    return step
+
+
+def _endless(loader, sampler):
+    epoch = 0
+    while True:
+        sampler.set_epoch(epoch)
+        yield from loader
+        epoch += 1
+
+
+def measure(args) -> dict | None:
+    """Both sides in this process; chunk records of this rank (rank 0 returns every rank's summary)."""
+    import torch
+    import torch.distributed as dist
+
+    from mgpucli.config import load_recipe
+    from mgpucli.dist import runtime
+    from mgpucli.dist.env import read_rank_env
+    from mgpucli.engine.report import NullReporter
+    from mgpucli.engine.trainer import Trainer
+
+    env = read_rank_env()
+    threads = int(os.environ.get("OMP_NUM_THREADS", "1"))
+    overrides = [f"run_dir={tempfile.mkdtemp(prefix='mgpu-inprocess-')}/run", "trainer.device=cpu"]
+    if args.log_every is not None:
+        overrides.append(f"trainer.log_every={args.log_every or 10**9}")
+    cfg = load_recipe(str(RECIPES[args.workload]), overrides)
+    rt = runtime.setup(env, "cpu", 120, threads)
+    try:
+        trainer = Trainer(cfg, rt, NullReporter())
+        trainer.setup()
+        sides = {"A": hand_written(args.workload, rt, rt.device), "B": mgpu_trainer(trainer)}
+        chunks: dict[str, list[tuple[float, list[float]]]] = {"A": [], "B": []}  # (cpu s, step wall times)
+        for rnd in range(args.rounds + 2):  # the first two pairs warm up
+            for side in ("A", "B") if rnd % 2 == 0 else ("B", "A"):
+                if rt.distributed:
+                    dist.barrier()  # both ranks start the chunk together
+                step, walls = sides[side], []
+                cpu0 = time.thread_time()
+                before = time.perf_counter()
+                for _ in range(args.chunk):
+                    step()
+                    now = time.perf_counter()
+                    walls.append(now - before)
+                    before = now
+                if rnd >= 2:
+                    chunks[side].append((time.thread_time() - cpu0, walls))
+        trainer.close()
+        everyone = [chunks]
+        if rt.distributed:
+            everyone = [None] * rt.world_size
+            dist.all_gather_object(everyone, chunks)
+        return summarise(args, everyone, trainer.hot.log_every, threads) if rt.rank == 0 else None
+    finally:
+        runtime.teardown()
+
+
+def summarise(args, ranks: list[dict], log_every: int, threads: int) -> dict:
+    """Chunk-paired figures: CPU per step per rank (mean of ranks), wall per step (the slowest rank's chunk)."""
+    from benchmarks.stats import median, median_interval, paired_ratios, spread
+
+    def per_chunk(side: str, fn) -> list[float]:
+        return [fn([r[side][i] for r in ranks]) for i in range(len(ranks[0][side]))]
+
+    n = args.chunk
+    cpu = {s: per_chunk(s, lambda cs: sum(c for c, _ in cs) / len(cs) / n) for s in "AB"}
+    mean = {s: per_chunk(s, lambda cs: max(sum(w) for _, w in cs) / n) for s in "AB"}
+    med = {s: per_chunk(s, lambda cs: max(median(w) for _, w in cs)) for s in "AB"}
+
+    def ratio(series: dict[str, list[float]]) -> dict:
+        r = paired_ratios(series["B"], series["A"])
+        return {"A_us": 1e6 * median(series["A"]), "B_us": 1e6 * median(series["B"]),
+                "ratio": asdict(spread(r)), "ratio_ci95": asdict(median_interval(r))}
+
+    diff = [1e6 * (b - a) for a, b in zip(cpu["A"], cpu["B"], strict=True)]
+    return {
+        "workload": args.workload, "processes": len(ranks), "threads_per_process": threads,
+        "log_every": log_every, "rounds": args.rounds, "chunk": n,
+        "cpu_per_step": {"A_us": 1e6 * median(cpu["A"]), "B_us": 1e6 * median(cpu["B"]),
+                         "diff_us": asdict(spread(diff)), "diff_us_ci95": asdict(median_interval(diff)),
+                         "ratio": asdict(spread(paired_ratios(cpu["B"], cpu["A"])))},
+        "wall_per_step_mean": ratio(mean),
+        "wall_per_step_median": ratio(med),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.nproc > 1 and "LOCAL_RANK" not in os.environ:
+        return launch(args)
+    import torch
+
+    torch.set_num_threads(int(os.environ.setdefault("OMP_NUM_THREADS", "1")))
+    result = measure(args)
+    if result is not None:
+        print(json.dumps(result))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -40,12 +40,13 @@ if str(REPO) not in sys.path:
 
 from benchmarks.stats import (  # noqa: E402
     median,
+    median_interval,
     paired_ratios,
     quantile,
+    resolved_verdict,
     round_orders,
     spread,
     step_intervals,
-    verdict,
     window,
 )
 
@@ -344,17 +345,16 @@ def machine_facts(args) -> dict[str, Any]:
 
 
 def _row(name: str, a: list[float], b: list[float], rel: str, limit: float | None, unit: str, digits: int = 2):
+    """One table row: each side's median over rounds, the paired per-round B/A (or B-A) summarised, the 95%
+    interval of its median, and, against a target, whether the rounds resolve it (``resolved_verdict``)."""
     sa, sb = spread(a), spread(b)
-    if rel == "ratio":
-        r = spread(paired_ratios(b, a))
-        shown = r.fmt(3)
-    else:
-        r = spread([y - x for x, y in zip(a, b, strict=True)])
-        shown = r.fmt(3)
-    ok = verdict(r.median, limit) if limit is not None else ""
+    per_round = paired_ratios(b, a) if rel == "ratio" else [y - x for x, y in zip(a, b, strict=True)]
+    r, ci = spread(per_round), median_interval(per_round)
+    ok = resolved_verdict(ci, limit) if limit is not None else ""
     target = "" if limit is None else (f"<= {limit:.2f}" if rel == "ratio" else f"<= +{limit:.1f} s")
-    return (f"| {name} | {sa.median:.{digits}f} {unit} | {sb.median:.{digits}f} {unit} | {shown} | {target} | {ok} |",
-            {"A": asdict(sa), "B": asdict(sb), rel: asdict(r), "target": limit, "verdict": ok})
+    return (f"| {name} | {sa.median:.{digits}f} {unit} | {sb.median:.{digits}f} {unit} | {r.fmt(3)} | "
+            f"{ci.fmt(3)} | {target} | {ok} |",
+            {"A": asdict(sa), "B": asdict(sb), rel: asdict(r), "ci95": asdict(ci), "target": limit, "verdict": ok})
 
 
 def report_workload(workload: str, runs: list[Run], args, drift: list[str]) -> tuple[list[str], dict[str, Any]]:
@@ -377,8 +377,8 @@ def report_workload(workload: str, runs: list[Run], args, drift: list[str]) -> t
     def col(attr, runs_):
         return [getattr(r, attr) for r in runs_]
 
-    lines += ["| metric | hand-written (A) | mgpu (B) | B/A or B-A per round: median (IQR, range) | target | |",
-              "|---|---|---|---|---|---|"]
+    lines += ["| metric | hand-written (A) | mgpu (B) | B/A or B-A per round: median (IQR, range) | "
+              "95% interval of that median | target | |", "|---|---|---|---|---|---|---|"]
     rows = [
         ("step time, median of steps", "median_step_ms", "ratio", STEP_TARGET[workload], "ms"),
         ("step time, 10th percentile of steps", "p10_step_ms", "ratio", None, "ms"),
@@ -413,7 +413,7 @@ def report_workload(workload: str, runs: list[Run], args, drift: list[str]) -> t
     detail = verdicts[0][1] if equal else next(v[1] for v in verdicts if not v[0])
     lines.append(f"| final weights bitwise equal (A vs B, every round) | | | "
                  f"{'yes' if equal else 'NO'}: {sum(bool(v[0]) for v in verdicts)}/{len(verdicts)} rounds; {detail}"
-                 f"{'' if all(same_a + same_b) else '; runs of one side differ between rounds!'} | equal | "
+                 f"{'' if all(same_a + same_b) else '; runs of one side differ between rounds!'} | | equal | "
                  f"{'ok' if equal else 'MISSED'} |")
     data["bitwise_equal"] = {"rounds_equal": sum(bool(v[0]) for v in verdicts), "rounds": len(verdicts),
                              "detail": detail, "A_repeatable": all(same_a), "B_repeatable": all(same_b),
@@ -450,15 +450,16 @@ def report_workload(workload: str, runs: list[Run], args, drift: list[str]) -> t
 
 def report_cli(cli: dict[str, Any]) -> tuple[list[str], dict[str, Any]]:
     lines = [f"### CLI start-up ({cli['command']}, {len(next(iter(cli['seconds'].values())))} interleaved runs)", "",
-             "| command | median | IQR | range | target | |", "|---|---|---|---|---|---|"]
+             "| command | median | 95% interval of the median | IQR | range | target | |",
+             "|---|---|---|---|---|---|---|"]
     data = {}
     for name, values in cli["seconds"].items():
-        s = spread(values)
+        s, ci = spread(values), median_interval(values)
         limit = CLI_TARGET_S if name.startswith("mgpu") else None
-        ok = verdict(s.median, limit) if limit else ""
-        lines.append(f"| `{name}` | {s.median:.3f} s | {s.q25:.3f}-{s.q75:.3f} s | {s.low:.3f}-{s.high:.3f} s | "
-                     f"{f'< {limit:.1f} s' if limit else ''} | {ok} |")
-        data[name] = asdict(s) | {"verdict": ok}
+        ok = resolved_verdict(ci, limit) if limit else ""
+        lines.append(f"| `{name}` | {s.median:.3f} s | {ci.fmt(3)} | {s.q25:.3f}-{s.q75:.3f} s | "
+                     f"{s.low:.3f}-{s.high:.3f} s | {f'< {limit:.1f} s' if limit else ''} | {ok} |")
+        data[name] = asdict(s) | {"ci95": asdict(ci), "verdict": ok}
     for flag, mods in cli["heavy_imports"].items():
         lines.append(f"\nheavy modules imported by `mgpu {flag}`: {', '.join(mods) if mods else 'none'}")
     data["heavy_imports"] = cli["heavy_imports"]

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from benchmarks.stats import median, paired_ratios, quantile, round_orders, spread, step_intervals, verdict, window
+from benchmarks.stats import median, paired_ratios, quantile, round_orders, spread, step_intervals, window
 
 
 def test_quantile_interpolates_like_numpy():
@@ -41,6 +41,27 @@ def test_paired_ratios_and_spread():
     assert spread([]).fmt() == "-"
 
 
-def test_rounds_alternate_order_and_verdicts():
+def test_rounds_alternate_order():
     assert round_orders(3) == [("A", "B"), ("B", "A"), ("A", "B")]
-    assert verdict(1.02, 1.03) == "ok" and verdict(1.04, 1.03) == "MISSED" and verdict(math.nan, 1.0) == "n/a"
+
+
+def test_median_interval_is_the_sign_test_interval():
+    from benchmarks.stats import median_interval
+
+    # n=12: x(3)..x(10), coverage 1 - 2 P(Bin(12, 1/2) <= 2) = 0.961; n=20: x(6)..x(15); n=40: x(14)..x(27)
+    for n, (k_low, k_high) in {12: (3, 10), 20: (6, 15), 40: (14, 27)}.items():
+        ci = median_interval([float(v) for v in range(n, 0, -1)])  # order does not matter
+        assert (ci.low, ci.high) == (k_low, k_high) and 0.95 <= ci.coverage < 0.97
+    small = median_interval([3.0, 1.0, 2.0, 5.0, 4.0])  # too few for 95%: the range, with its real coverage
+    assert (small.low, small.high) == (1.0, 5.0) and small.coverage == 1 - 2 / 32
+    assert math.isnan(median_interval([math.nan]).low) and median_interval([]).fmt() == "-"
+    assert "(96%)" in median_interval([float(v) for v in range(12)]).fmt(2)
+
+
+def test_a_target_is_met_or_missed_only_when_the_interval_says_so():
+    from benchmarks.stats import Interval, resolved_verdict
+
+    assert resolved_verdict(Interval(0.98, 1.02, 0.96), 1.03) == "ok"
+    assert resolved_verdict(Interval(1.04, 1.10, 0.96), 1.03) == "MISSED"
+    assert resolved_verdict(Interval(0.99, 1.05, 0.96), 1.03) == "not resolved"
+    assert resolved_verdict(Interval(math.nan, math.nan, 0.0), 1.03) == "n/a"
