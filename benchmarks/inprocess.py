@@ -140,7 +140,6 @@ def _endless(loader, sampler):
 
 def measure(args) -> dict | None:
     """Both sides in this process; chunk records of this rank (rank 0 returns every rank's summary)."""
-    import torch
     import torch.distributed as dist
 
     from mgpucli.config import load_recipe

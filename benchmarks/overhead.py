@@ -268,7 +268,9 @@ def compare_weights(a: str | None, b: str | None) -> tuple[bool | None, str]:
 
 
 def summarise_audit(run: Run, log_every: int, warmup: int) -> dict[str, Any]:
-    """Hot-path facts from an audit run: host syncs and collectives only at log intervals, no object growth."""
+    """Hot-path facts from an audit run: collectives only at log steps, host syncs only at the step after one
+    (where the interval's all-reduce, started at the log step, is read: the Trainer's _finish_reduction), and
+    no object growth."""
     out: dict[str, Any] = {}
     if not run.audit:
         return {"error": run.error or "no audit data"}
@@ -278,7 +280,7 @@ def summarise_audit(run: Run, log_every: int, warmup: int) -> dict[str, Any]:
         rows = rank_audit["per_step"]
         for step, syncs, colls, _ in rows:
             on_log = step % log_every == 0
-            if syncs and not on_log:
+            if syncs and step % log_every != 1 % log_every:
                 sync_steps.add(step)
             if colls and not on_log:
                 coll_steps.add(step)

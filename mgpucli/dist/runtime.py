@@ -117,11 +117,13 @@ def teardown() -> None:
         dist.destroy_process_group()
 
 
-def all_reduce_sum(tensor: torch.Tensor, rt: Runtime) -> torch.Tensor:
-    """Sum a tensor over ranks in place (no-op on one process)."""
-    if rt.distributed:
-        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
-    return tensor
+def all_reduce_sum(tensor: torch.Tensor, rt: Runtime, async_op: bool = False):
+    """Sum a tensor over ranks in place (no-op on one process). With ``async_op``, return the collective's
+    handle (``.wait()`` before reading the tensor; None on one process) instead of the tensor."""
+    if not rt.distributed:
+        return None if async_op else tensor
+    work = dist.all_reduce(tensor, op=dist.ReduceOp.SUM, async_op=async_op)
+    return work if async_op else tensor
 
 
 def all_gather_objects(obj: Any, rt: Runtime) -> list[Any]:

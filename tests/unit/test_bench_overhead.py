@@ -34,10 +34,13 @@ def test_startup_phases_between_milestones():
 
 
 def test_audit_counts_only_what_happens_outside_the_log_interval():
-    rows = [(s, 1 if s % 5 == 0 else 0, 1 if s % 5 == 0 else 0, 100 if s % 5 == 0 else -1) for s in range(1, 31)]
+    # the all-reduce starts at each log step (5, 10, ...) and is read, one host sync, at the step after
+    rows = [(s, 1 if s % 5 == 1 and s > 1 else 0, 1 if s % 5 == 0 else 0, 100 if s % 5 == 0 else -1)
+            for s in range(1, 31)]
     run = Run("B", "mlp", 0, 0, 1.0, 0.0, audit=[{"per_step": rows, "cuda_sync_warnings": 0}])
     facts = summarise_audit(run, log_every=5, warmup=0)
     assert facts["host_syncs_outside_log_interval"] == [] and facts["collectives_per_log_interval"] == [1]
-    assert facts["live_objects_growth_per_step"] == [0.0]
-    rows[2] = (3, 1, 0, -1)  # a sync at step 3: not a log step
-    assert summarise_audit(run, log_every=5, warmup=0)["host_syncs_outside_log_interval"] == [3]
+    assert facts["collectives_outside_log_interval"] == [] and facts["live_objects_growth_per_step"] == [0.0]
+    rows[2] = (3, 1, 0, -1)  # a sync at step 3: neither a log step nor the one after
+    rows[4] = (5, 1, 1, 100)  # nor at the log step itself: the all-reduce is not waited for there
+    assert summarise_audit(run, log_every=5, warmup=0)["host_syncs_outside_log_interval"] == [3, 5]

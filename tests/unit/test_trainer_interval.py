@@ -99,3 +99,27 @@ def test_a_nan_loss_in_the_interval_stops_the_run(make_trainer):
     tr._losses[3] = torch.tensor(float("inf"))
     with pytest.raises(JobFailed, match="NaN or inf at step 4"):
         tr._reduce_and_log()
+
+
+def test_an_interval_is_logged_by_the_next_step_with_its_own_step_and_lr(make_trainer):
+    """The interval's all-reduce runs while the next step computes: that step logs the record, which carries
+    the interval's step, lr and sums; a save, or the end of the epoch, finishes one in flight at once."""
+    tr = make_trainer("trainer.log_every=4")
+    logged = []
+    tr._emit = logged.append
+    batches = list(tr.loaders.train)
+    expected = torch.zeros(len(tr.task.stat_names), dtype=torch.float64)
+    _steps(tr, batches[:4], expected)
+    lr_at_4 = tr.optimizer.param_groups[0]["lr"]
+    assert logged == [] and tr._in_flight is not None and tr._in_flight.step == 4
+    _steps(tr, batches[4:5])
+    assert tr._in_flight is None and len(logged) == 1
+    record = logged[0]
+    assert record["step"] == 4 and record["lr"] == lr_at_4 != tr.optimizer.param_groups[0]["lr"]
+    assert {k: record[k] for k in ("loss", "accuracy")} == tr.task.metrics(expected.tolist())
+    _steps(tr, batches[5:8])  # step 8 starts the next one
+    assert tr._in_flight is not None and tr._interval_steps == 0
+    tr._check_finite()  # what a save does first
+    assert tr._in_flight is None and [r["step"] for r in logged] == [4, 8]
+    _steps(tr, batches[:2])  # (the shard has 8 batches)
+    assert tr._reduce_and_log() is not None and [r["step"] for r in logged] == [4, 8, 10]  # the partial interval
