@@ -8,11 +8,15 @@ step, peak memory and final weights; plus ``mgpu --help``/``--version`` start-up
     mgpu's Trainer that the hand-written loop takes inline.
 
 Rounds are interleaved AB, BA, AB, ... ; every figure is a per-round value, summarised as median, IQR and range
-over rounds, and the ratios are paired (B/A within a round). Steps are timed after a warm-up, between two
-consecutive steps of one epoch (validation and checkpoints between epochs are not steps).
+over rounds, with the 95% interval of that median, and the ratios are paired (B/A within a round). Steps are
+timed after a warm-up, between two consecutive steps of one epoch (validation and checkpoints between epochs are
+not steps). A target is "ok" only when the whole interval meets it. With ``--interleaved N``, also N time-sliced
+sessions per workload (benchmarks/interleaved.py, a diagnostic): both jobs run at once and take turns every
+fraction of a second, so that their steps are compared on the same seconds of the machine.
 
     python benchmarks/overhead.py                      # CPU, 2 gloo processes, both workloads, CLI start-up
     python benchmarks/overhead.py --workload mlp --rounds 12
+    python benchmarks/overhead.py --workload mlp --rounds 0 --no-audit --interleaved 5   # time-sliced only
     python benchmarks/overhead.py --gpus 2             # where CUDA exists (nccl)
     python benchmarks/overhead.py --json results.json  # every figure, machine-readable
 """
@@ -450,6 +454,21 @@ def report_workload(workload: str, runs: list[Run], args, drift: list[str]) -> t
     return lines, data
 
 
+def report_interleaved(workload: str, sliced: dict[str, Any]) -> tuple[list[str], dict[str, Any]]:
+    """The time-sliced sessions (benchmarks/interleaved.py): median step per slice, paired B/A."""
+    r, ci = sliced["ratio"], sliced["ci95"]
+    ok = resolved_verdict(ci, STEP_TARGET[workload])
+    lines = [f"step time with both jobs time-sliced against each other ({sliced['sessions']} sessions of "
+             f"{sliced['epochs']} epochs per job, {sliced['slice_s']:.2f} s slices; benchmarks/interleaved.py):", "",
+             "| metric | hand-written (A) | mgpu (B) | B/A per slice pair: median (IQR, range) | "
+             "95% interval of that median | target | |", "|---|---|---|---|---|---|---|",
+             f"| step time, median per slice | {sliced['A_ms']:.3f} ms | {sliced['B_ms']:.3f} ms | {r.fmt(3)} | "
+             f"{ci.fmt(3)} | <= {STEP_TARGET[workload]:.2f} | {ok} |"]
+    lines += [f"\nsession failed: {e}" for e in sliced["errors"]]
+    data = {k: v for k, v in sliced.items() if k not in ("ratio", "ci95")}
+    return lines, data | {"ratio": asdict(r), "ci95": asdict(ci), "target": STEP_TARGET[workload], "verdict": ok}
+
+
 def report_cli(cli: dict[str, Any]) -> tuple[list[str], dict[str, Any]]:
     lines = [f"### CLI start-up ({cli['command']}, {len(next(iter(cli['seconds'].values())))} interleaved runs)", "",
              "| command | median | 95% interval of the median | IQR | range | target | |",
@@ -494,7 +513,8 @@ def parse_args(argv: list[str] | None = None):
     dev.add_argument("--gpus", type=int, default=None, metavar="N", help="N CUDA GPUs with nccl, one process each")
     p.add_argument("--nproc", type=int, default=2, help="processes with --cpu (default 2)")
     p.add_argument("--workload", choices=["mlp", "charlm", "all", "none"], default="all")
-    p.add_argument("--rounds", type=int, default=None, help="interleaved A/B rounds (default: mlp 20, charlm 10)")
+    p.add_argument("--rounds", type=int, default=None,
+                   help="interleaved A/B rounds (default: mlp 20, charlm 10; 0: only the time-sliced sessions)")
     p.add_argument("--epochs", type=int, default=None,
                    help="epochs per run on both sides (default: mlp 10, charlm the recipe's 2)")
     p.add_argument("--warmup", type=int, default=20, help="steps left out at the start of every run (default 20)")
@@ -502,6 +522,10 @@ def parse_args(argv: list[str] | None = None):
                    help="OMP_NUM_THREADS for both sides (default: cores / processes)")
     p.add_argument("--cli-repeats", type=int, default=20, help="runs of each CLI command (0: skip)")
     p.add_argument("--no-audit", action="store_true", help="skip the untimed hot-path audit run")
+    p.add_argument("--interleaved", type=int, default=0, metavar="N",
+                   help="diagnostics: N time-sliced sessions of both jobs per workload (benchmarks/interleaved.py)")
+    p.add_argument("--slice", type=float, default=None, metavar="S",
+                   help="seconds per slice in the time-sliced sessions (default: mlp 0.25, charlm 1.0)")
     p.add_argument("--timeout", type=float, default=600, help="seconds one run may take")
     p.add_argument("--pin", action="store_true",
                    help="pin each rank to one core on both sides (less migration noise; not how users run)")
@@ -565,7 +589,8 @@ def main(argv: list[str] | None = None) -> int:
         for workload in workloads:
             drift = recipe_drift(workload)
             runs: list[Run] = []
-            rounds = args.rounds or DEFAULT_ROUNDS[workload]
+            rounds = DEFAULT_ROUNDS[workload] if args.rounds is None else args.rounds
+            results["workloads"][workload] = {}
             for rnd, order in enumerate(round_orders(rounds)):
                 for side in order:
                     run = run_once(side, workload, rnd, args, root)
@@ -575,9 +600,19 @@ def main(argv: list[str] | None = None) -> int:
                         f"{run.mean_step_ms:.3f} ms, cpu {run.cpu_step_ms:.3f} ms/step, first step "
                         f"{run.first_step_s:.2f} s, rss {max(run.maxrss_mb):.0f} MB")
                     print(f"[{workload} {rnd + 1}/{rounds} {side}] {status}", file=sys.stderr)
-            lines, results["workloads"][workload] = report_workload(workload, runs, args, drift)
-            _emit(lines + [""])
-            save()
+            if rounds:
+                lines, results["workloads"][workload] = report_workload(workload, runs, args, drift)
+                _emit(lines + [""])
+                save()
+            sessions = args.interleaved
+            if sessions and args.gpus is None:
+                from benchmarks import interleaved
+
+                sliced = interleaved.measure(workload, sessions, args, root, REPO, command, environment,
+                                             lambda line: print(line, file=sys.stderr))
+                lines, results["workloads"][workload]["interleaved"] = report_interleaved(workload, sliced)
+                _emit(lines + [""])
+                save()
             if not args.no_audit:
                 from mgpucli.config import load_recipe
 

@@ -505,6 +505,7 @@ class Trainer:
         losses = torch.stack(self._losses).sum(dtype=torch.float64) if self._losses else _constant(0.0, device)
         if self._bad_folded:  # a fold earlier in this interval (> _FOLD_EVERY micro-steps) checked some already
             losses = torch.where(self.first_bad < _NO_BAD, float("nan"), losses)
+            self._bad_folded = False  # this reduction carries first_bad's verdict; a later fold sets it again
         flags = [losses, _constant(float(self.signal_received is not None), device)]
         if self._acc_dirty or not self._step_rows:
             self._fold_rows()
@@ -537,7 +538,6 @@ class Trainer:
             self._losses[:0], self._loss_steps[:0] = done.losses, done.loss_steps
             self._fold()  # every rank: finds its first non-finite step, then they agree on the earliest
             self._raise_nan()
-        self._bad_folded = False  # no rank had a non-finite loss: every first_bad is still _NO_BAD
         self.stop_agreed = self.stop_agreed or stop > 0
         metrics = self.task.metrics(sums)
         samples = sums[self.task.stat_names.index("samples")] if "samples" in self.task.stat_names else 0
