@@ -2,10 +2,10 @@
 """mgpu's step path against the hand-written loop's, in the same process(es), alternating chunks of steps.
 
 On a shared 2-core machine the step time of 2-process DDP drifts by tens of percent within a run, second to
-second (the share of steps that wait a scheduler tick for a busy core). Separate runs, as benchmarks/overhead.py
-makes them, see different stretches of that drift. Here both loops live in the same processes and alternate
-every ``--chunk`` steps (AB, BA, ...; a few dozen milliseconds each), so both sides see the same stretches, and
-every figure is paired chunk by chunk:
+second (most likely as the scheduler places the processes' threads on the two cores). Separate runs, as
+benchmarks/overhead.py makes them, see different stretches of that drift. Here both loops live in the same
+processes and alternate every ``--chunk`` steps (AB, BA, ...; a few dozen milliseconds each), so both sides
+see the same stretches, and every figure is paired chunk by chunk:
 
 * (A) the hand-written loop of benchmarks/handwritten.py: its own model, optimizer, scheduler, DataLoader with
   DistributedSampler and (with ``--nproc 2``) DDP, and its loop body: ``x.to(device), y.to(device)``, forward,
@@ -20,7 +20,7 @@ over chunks with its 95% interval (benchmarks/stats.py). What it leaves out, by 
 whole processes (the launcher, start-up, mgpu's heap settings and threads); overhead.py measures those.
 
     python benchmarks/inprocess.py --workload mlp --rounds 40                  # one process, no DDP
-    python benchmarks/inprocess.py --workload mlp --nproc 2 --rounds 300       # 2 gloo processes, DDP (~2 min)
+    python benchmarks/inprocess.py --workload mlp --nproc 2 --rounds 1000      # 2 gloo processes, DDP (~2 min)
     python benchmarks/inprocess.py --workload mlp --rounds 40 --log-every 0    # per-step work only
 
 Prints one JSON object (rank 0's, with every rank's chunks combined).

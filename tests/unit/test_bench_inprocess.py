@@ -1,0 +1,28 @@
+"""benchmarks/inprocess.py's summary: chunks paired across sides, ranks combined (no processes, no timing)."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from benchmarks.inprocess import summarise
+
+
+def test_chunks_pair_by_index_and_ranks_combine():
+    args = argparse.Namespace(workload="mlp", rounds=3, chunk=2)
+    # per chunk: (training-thread CPU seconds for the chunk, the wall time of each of its 2 steps)
+    rank0 = {"A": [(0.002, [0.001, 0.003]), (0.002, [0.002, 0.002]), (0.004, [0.002, 0.002])],
+             "B": [(0.003, [0.001, 0.003]), (0.002, [0.004, 0.004]), (0.004, [0.002, 0.003])]}
+    rank1 = {"A": [(0.002, [0.001, 0.001]), (0.002, [0.002, 0.002]), (0.002, [0.002, 0.002])],
+             "B": [(0.003, [0.001, 0.001]), (0.004, [0.002, 0.002]), (0.002, [0.002, 0.002])]}
+    out = summarise(args, [rank0, rank1], log_every=20, threads=1)
+    assert out["processes"] == 2 and out["chunk"] == 2
+    # CPU per step: mean of the ranks over the chunk's 2 steps; B - A per chunk: +500, +500, 0 us
+    assert out["cpu_per_step"]["diff_us"]["median"] == pytest.approx(500.0)
+    assert out["cpu_per_step"]["A_us"] == pytest.approx(1000.0)
+    # wall per step: the slower rank's chunk; mean ratios per chunk: 1, 2, 1.25 -> median 1.25
+    assert out["wall_per_step_mean"]["ratio"]["median"] == pytest.approx(1.25)
+    # median step of the slower rank's chunk: A 2, 2, 2 ms; B 2, 4, 2.5 ms
+    assert out["wall_per_step_median"]["ratio"]["median"] == pytest.approx(1.25)
+    assert out["wall_per_step_median"]["ratio_ci95"]["coverage"] == pytest.approx(0.75)  # 3 pairs: the range
