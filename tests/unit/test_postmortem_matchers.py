@@ -102,6 +102,23 @@ def test_gloo_timeout_finds_the_collective_from_the_traceback():
     assert cited(found) == ["0:15"]
 
 
+def test_gloo_timeout_in_the_log_interval_all_reduce_is_named():
+    """The interval's all-reduce starts at one step and is waited for at the next (Trainer._finish_reduction,
+    also reached through a save's _check_finite): both frames name it."""
+    base = lines("gloo_timeout.log", rank=0)
+    text = [line.text for line in base]
+    cut = next(i for i, t in enumerate(text) if "Traceback" in t)
+    frames = ["  File \"/work/main/mgpucli/engine/trainer.py\", line 470, in _check_finite",
+              "    self._finish_reduction()",
+              "  File \"/work/main/mgpucli/engine/trainer.py\", line 531, in _finish_reduction",
+              "    done.work.wait()",
+              "RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:78] "
+              "Timed out waiting 5000ms for recv operation to complete"]
+    log = "\n".join(text[: cut + 1] + frames) + "\n"
+    found = collective_timeout(parse(log, rank=0, source="gloo_interval.log"))
+    assert found.details["collective"] == "the log-interval all-reduce of metrics and flags"
+
+
 def test_monitored_barrier_names_the_late_ranks():
     found = collective_timeout(lines("monitored_barrier.log", rank=0))
     assert found.details["late_ranks"] == [1, 3] and found.details["collective"] == "monitored_barrier"

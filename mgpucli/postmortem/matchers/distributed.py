@@ -24,7 +24,9 @@ _STORE_TIMEOUT = re.compile(r"wait timeout after (?P<tmo>\d+)ms, keys: (?P<keys>
 _HEARTBEAT = re.compile(r"watchdog got stuck for (?P<tmo_s>\d+) seconds without making progress")
 _TIMEOUTS = (_MGPU_TIMEOUT, _NCCL_TIMEOUT, _BARRIER, _GLOO_TIMEOUT, _HEARTBEAT, _STORE_TIMEOUT)
 # Where in mgpu's (or DDP's) code a traceback's frames say the collective was called.
-_CALLERS = (("_reduce_and_log", "the log-interval all-reduce of metrics and flags"),
+_CALLERS = (("_finish_reduction", "the log-interval all-reduce of metrics and flags"),  # waited for here
+            ("_start_reduction", "the log-interval all-reduce of metrics and flags"),  # started here
+            ("_reduce_and_log", "the log-interval all-reduce of metrics and flags"),  # mgpu before 2026-11-30
             ("_check_finite", "the NaN check before a checkpoint"),
             ("all_gather_object", "the state gather for a checkpoint"),
             ("broadcast_object", "a setup broadcast from rank 0"),
