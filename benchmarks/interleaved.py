@@ -28,11 +28,10 @@ import subprocess
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
-from benchmarks.stats import median, median_interval, spread
+from benchmarks.stats import median, median_interval, spread, step_intervals
 from mgpucli.proctree import descendants, kill_tree
 
 SKIP = 3  # steps left out at the start of every slice
@@ -60,9 +59,8 @@ def slice_medians(slices: Sequence[tuple[str, float, float]], steps: dict[str, l
     for side, start, end in slices:
         durations = []
         for records in steps[side]:
-            inside = [t1 - t0 for (s0, e0, t0), (s1, e1, t1) in pairwise(records)
-                      if start <= t0 and t1 <= end and s1 == s0 + 1 and e1 == e0]
-            durations += inside[skip:]
+            # records are in time order: two consecutive ones inside the slice are consecutive in the run
+            durations += step_intervals([r for r in records if start <= r[2] <= end], warmup=0)[skip:]
         if len(durations) >= 3:
             out.append((side, median(durations)))
     return out
