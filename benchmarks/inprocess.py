@@ -142,6 +142,7 @@ def measure(args) -> dict | None:
     """Both sides in this process; chunk records of this rank (rank 0 returns every rank's summary)."""
     import torch.distributed as dist
 
+    from benchmarks.stats import round_orders
     from mgpucli.config import load_recipe
     from mgpucli.dist import runtime
     from mgpucli.dist.env import read_rank_env
@@ -160,8 +161,8 @@ def measure(args) -> dict | None:
         trainer.setup()
         sides = {"A": hand_written(args.workload, rt, rt.device), "B": mgpu_trainer(trainer)}
         chunks: dict[str, list[tuple[float, list[float]]]] = {"A": [], "B": []}  # (cpu s, step wall times)
-        for rnd in range(args.rounds + 2):  # the first two pairs warm up
-            for side in ("A", "B") if rnd % 2 == 0 else ("B", "A"):
+        for rnd, order in enumerate(round_orders(args.rounds + 2)):  # the first two pairs warm up
+            for side in order:
                 if rt.distributed:
                     dist.barrier()  # both ranks start the chunk together
                 step, walls = sides[side], []
