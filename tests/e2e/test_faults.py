@@ -81,7 +81,9 @@ def test_sigterm_to_launch_checkpoints_and_resume_equals_uninterrupted(tmp_path)
     full = mgpu("launch", "--cpu", "--nproc", "2", QUICK, *SMALL, *common, "run_dir=full", cwd=tmp_path,
                 timeout=180)
     assert full.returncode == 0, full.output
-    proc = _launch(tmp_path, *common, "run_dir=part")
+    # Step 26 sleeps 3 s on every rank (the math is unchanged), so the SIGTERM sent once step 24 is logged (at
+    # step 25) lands mid-epoch for sure: without it, the 24 remaining ~ms steps could all finish first.
+    proc = _launch(tmp_path, *common, "run_dir=part", env={"MGPU_FAULT": "sleep@step=26", "MGPU_FAULT_SLEEP": "3"})
     try:
         _wait_for_step(tmp_path / "part", 24, proc)  # mid-epoch 2 (16 steps per epoch)
         os.killpg(proc.pid, signal.SIGTERM)  # what SLURM / Kubernetes send
