@@ -58,19 +58,26 @@ def parse_args(argv: list[str] | None = None):
 
 def launch(args) -> int:
     """Run this script under torch.distributed.run with ``--nproc`` processes; print rank 0's JSON."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    env = {**os.environ, "OMP_NUM_THREADS": str(max(1, cores // args.nproc)),
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
     worker = ["--workload", args.workload, "--rounds", str(args.rounds), "--chunk", str(args.chunk)]
     if args.log_every is not None:  # (not --nproc: torchrun's parser would take it for its --nproc-per-node)
         worker += ["--log-every", str(args.log_every)]
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(args.nproc),
-           __file__, *worker]
+    return run_distributed(__file__, worker, args.nproc, args.timeout)
+
+
+def run_distributed(script: str, worker_args: list[str], nproc: int, timeout: float) -> int:
+    """``script worker_args`` under torch.distributed.run with ``nproc`` processes (the cores shared between
+    them); prints the last JSON line of its output."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    env = {**os.environ, "OMP_NUM_THREADS": str(max(1, cores // nproc)),
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
+           script, *worker_args]
+    name = Path(script).name
     try:
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout,
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout,
                               stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired:
-        print(f"inprocess.py: the {args.nproc}-process run took over {args.timeout:.0f} s", file=sys.stderr)
+        print(f"{name}: the {nproc}-process run took over {timeout:.0f} s", file=sys.stderr)
         return 1
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
     if proc.returncode != 0 or not lines:
@@ -138,48 +145,75 @@ def _endless(loader, sampler):
         epoch += 1
 
 
-def measure(args) -> dict | None:
-    """Both sides in this process; chunk records of this rank (rank 0 returns every rank's summary)."""
-    import torch.distributed as dist
-
-    from benchmarks.stats import round_orders
+def mgpu_setup(workload: str, extra_overrides: list[str]):
+    """mgpu's Trainer for ``workload``'s recipe, set up as ``mgpu train`` sets it up (in a fresh run dir), and
+    its Runtime; call ``runtime.teardown()`` when done."""
     from mgpucli.config import load_recipe
     from mgpucli.dist import runtime
     from mgpucli.dist.env import read_rank_env
     from mgpucli.engine.report import NullReporter
     from mgpucli.engine.trainer import Trainer
 
-    env = read_rank_env()
     threads = int(os.environ.get("OMP_NUM_THREADS", "1"))
-    overrides = [f"run_dir={tempfile.mkdtemp(prefix='mgpu-inprocess-')}/run", "trainer.device=cpu"]
-    if args.log_every is not None:
-        overrides.append(f"trainer.log_every={args.log_every or 10**9}")
-    cfg = load_recipe(str(RECIPES[args.workload]), overrides)
-    rt = runtime.setup(env, "cpu", 120, threads)
+    overrides = [f"run_dir={tempfile.mkdtemp(prefix='mgpu-inprocess-')}/run", "trainer.device=cpu",
+                 *extra_overrides]
+    cfg = load_recipe(str(RECIPES[workload]), overrides)
+    rt = runtime.setup(read_rank_env(), "cpu", 120, threads)
+    trainer = Trainer(cfg, rt, NullReporter())
+    trainer.setup()
+    return trainer, rt
+
+
+def paired_chunks(sides: dict, rounds: int, chunk: int, distributed: bool, before_chunk=None) -> dict:
+    """``rounds`` AB/BA pairs of ``chunk`` calls of each side's step (after two pairs of warm-up), both ranks
+    starting each chunk together: ``{side: [(training-thread CPU s, [wall s of each step]), ...]}``."""
+    import torch.distributed as dist
+
+    from benchmarks.stats import round_orders
+
+    chunks: dict[str, list[tuple[float, list[float]]]] = {side: [] for side in sides}
+    for rnd, order in enumerate(round_orders(rounds + 2)):  # the first two pairs warm up
+        for side in order:
+            if before_chunk is not None:
+                before_chunk(side)
+            if distributed:
+                dist.barrier()  # both ranks start the chunk together
+            step, walls = sides[side], []
+            cpu0 = time.thread_time()
+            before = time.perf_counter()
+            for _ in range(chunk):
+                step()
+                now = time.perf_counter()
+                walls.append(now - before)
+                before = now
+            if rnd >= 2:
+                chunks[side].append((time.thread_time() - cpu0, walls))
+    return chunks
+
+
+def gather_chunks(chunks: dict, rt) -> list[dict]:
+    """Every rank's chunks (on every rank)."""
+    if not rt.distributed:
+        return [chunks]
+    import torch.distributed as dist
+
+    everyone = [None] * rt.world_size
+    dist.all_gather_object(everyone, chunks)
+    return everyone
+
+
+def measure(args) -> dict | None:
+    """Both sides in this process; chunk records of this rank (rank 0 returns every rank's summary)."""
+    from mgpucli.dist import runtime
+
+    overrides = [f"trainer.log_every={args.log_every or 10**9}"] if args.log_every is not None else []
+    trainer, rt = mgpu_setup(args.workload, overrides)
     try:
-        trainer = Trainer(cfg, rt, NullReporter())
-        trainer.setup()
         sides = {"A": hand_written(args.workload, rt, rt.device), "B": mgpu_trainer(trainer)}
-        chunks: dict[str, list[tuple[float, list[float]]]] = {"A": [], "B": []}  # (cpu s, step wall times)
-        for rnd, order in enumerate(round_orders(args.rounds + 2)):  # the first two pairs warm up
-            for side in order:
-                if rt.distributed:
-                    dist.barrier()  # both ranks start the chunk together
-                step, walls = sides[side], []
-                cpu0 = time.thread_time()
-                before = time.perf_counter()
-                for _ in range(args.chunk):
-                    step()
-                    now = time.perf_counter()
-                    walls.append(now - before)
-                    before = now
-                if rnd >= 2:
-                    chunks[side].append((time.thread_time() - cpu0, walls))
+        chunks = paired_chunks(sides, args.rounds, args.chunk, rt.distributed)
         trainer.close()
-        everyone = [chunks]
-        if rt.distributed:
-            everyone = [None] * rt.world_size
-            dist.all_gather_object(everyone, chunks)
+        everyone = gather_chunks(chunks, rt)
+        threads = int(os.environ.get("OMP_NUM_THREADS", "1"))
         return summarise(args, everyone, trainer.hot.log_every, threads) if rt.rank == 0 else None
     finally:
         runtime.teardown()
@@ -218,10 +252,16 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.nproc > 1 and "LOCAL_RANK" not in os.environ:
         return launch(args)
+    return run_worker(measure, args)
+
+
+def run_worker(measure_fn, args) -> int:
+    """In a worker process (or alone): torch's intra-op threads from OMP_NUM_THREADS, then ``measure_fn(args)``;
+    prints its result (rank 0's) as one JSON line."""
     import torch
 
     torch.set_num_threads(int(os.environ.setdefault("OMP_NUM_THREADS", "1")))
-    result = measure(args)
+    result = measure_fn(args)
     if result is not None:
         print(json.dumps(result))
     return 0
