@@ -455,18 +455,19 @@ def report_workload(workload: str, runs: list[Run], args, drift: list[str]) -> t
 
 
 def report_interleaved(workload: str, sliced: dict[str, Any]) -> tuple[list[str], dict[str, Any]]:
-    """The time-sliced sessions (benchmarks/interleaved.py): median step per slice, paired B/A."""
+    """The time-sliced sessions (benchmarks/interleaved.py): median step per slice, paired B/A. A diagnostic
+    beside the rounds, so it carries no verdict: the target is shown for reference and cannot fail the run."""
     r, ci = sliced["ratio"], sliced["ci95"]
-    ok = resolved_verdict(ci, STEP_TARGET[workload])
     lines = [f"step time with both jobs time-sliced against each other ({sliced['sessions']} sessions of "
-             f"{sliced['epochs']} epochs per job, {sliced['slice_s']:.2f} s slices; benchmarks/interleaved.py):", "",
+             f"{sliced['epochs']} epochs per job, {sliced['slice_s']:.2f} s slices; benchmarks/interleaved.py; "
+             "a diagnostic, no verdict):", "",
              "| metric | hand-written (A) | mgpu (B) | B/A per slice pair: median (IQR, range) | "
-             "95% interval of that median | target | |", "|---|---|---|---|---|---|---|",
+             "95% interval of that median | the rounds' target |", "|---|---|---|---|---|---|",
              f"| step time, median per slice | {sliced['A_ms']:.3f} ms | {sliced['B_ms']:.3f} ms | {r.fmt(3)} | "
-             f"{ci.fmt(3)} | <= {STEP_TARGET[workload]:.2f} | {ok} |"]
+             f"{ci.fmt(3)} | <= {STEP_TARGET[workload]:.2f} |"]
     lines += [f"\nsession failed: {e}" for e in sliced["errors"]]
     data = {k: v for k, v in sliced.items() if k not in ("ratio", "ci95")}
-    return lines, data | {"ratio": asdict(r), "ci95": asdict(ci), "target": STEP_TARGET[workload], "verdict": ok}
+    return lines, data | {"ratio": asdict(r), "ci95": asdict(ci), "target": STEP_TARGET[workload]}
 
 
 def report_cli(cli: dict[str, Any]) -> tuple[list[str], dict[str, Any]]:
