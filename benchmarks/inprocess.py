@@ -67,8 +67,9 @@ def launch(args) -> int:
 def run_distributed(script: str, worker_args: list[str], nproc: int, timeout: float) -> int:
     """``script worker_args`` under torch.distributed.run with ``nproc`` processes (the cores shared between
     them); prints the last JSON line of its output."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    env = {**os.environ, "OMP_NUM_THREADS": str(max(1, cores // nproc)),
+    from mgpucli.cpus import available_cores
+
+    env = {**os.environ, "OMP_NUM_THREADS": str(max(1, available_cores() // nproc)),
            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
            script, *worker_args]

@@ -53,6 +53,7 @@ from benchmarks.stats import (  # noqa: E402
     step_intervals,
     window,
 )
+from mgpucli.cpus import available_cores  # noqa: E402
 
 PROBE = REPO / "benchmarks" / "probe"
 HANDWRITTEN = REPO / "benchmarks" / "handwritten.py"
@@ -340,7 +341,7 @@ def machine_facts(args) -> dict[str, Any]:
         pass
     import torch
 
-    facts = {"cpu": cpu, "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+    facts = {"cpu": cpu, "cores": available_cores(),
              "python": platform.python_version(), "torch": torch.__version__, "platform": platform.platform(),
              "processes": args.nproc, "threads_per_process": args.threads,
              "device": f"{args.nproc} CUDA GPU(s) (nccl)" if args.gpus else f"CPU, {args.nproc} gloo processes",
@@ -539,8 +540,7 @@ def parse_args(argv: list[str] | None = None):
     args = p.parse_args(argv)
     if args.gpus is not None:
         args.nproc = args.gpus
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    args.threads = args.threads or max(1, cores // args.nproc)
+    args.threads = args.threads or max(1, available_cores() // args.nproc)
     return args
 
 

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from mgpucli.cpus import available_cores
 from mgpucli.dist.env import RankEnv
 from mgpucli.errors import UsageError
 
@@ -41,14 +42,6 @@ class Runtime:
     @property
     def distributed(self) -> bool:
         return self.backend is not None
-
-
-def available_cores() -> int:
-    """Cores this process may run on (respects taskset/cgroup affinity)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # macOS
-        return os.cpu_count() or 1
 
 
 def choose_device(preference: str, env: RankEnv, cuda_count: int | None = None) -> torch.device:

@@ -11,6 +11,7 @@ import socket
 import sys
 from collections.abc import Iterable, Mapping
 
+from mgpucli.cpus import available_cores
 from mgpucli.doctor.observation import HostInfo
 
 TORCHRUN_DEFAULT_PORT = 29500
@@ -42,14 +43,6 @@ def nofile_limits() -> tuple[int | None, int | None]:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     inf = resource.RLIM_INFINITY
     return (None if soft == inf else soft), (None if hard == inf else hard)
-
-
-def usable_cpus() -> int | None:
-    """CPUs this process may run on (taskset, cgroup cpuset)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count()
 
 
 def cpu_quota() -> float | None:
@@ -156,7 +149,7 @@ def observe_host(environ: Mapping[str, str], ports: Iterable[int] | None = None)
         shm_error=shm_err,
         nofile_soft=soft,
         nofile_hard=hard,
-        cpus_usable=usable_cpus(),
+        cpus_usable=available_cores(),
         cpu_quota=cpu_quota(),
         container=container_kind(environ),
         iommu_enabled=iommu,

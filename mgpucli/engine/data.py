@@ -14,7 +14,8 @@ import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from mgpucli.dist.runtime import Runtime, available_cores
+from mgpucli.cpus import available_cores
+from mgpucli.dist.runtime import Runtime
 from mgpucli.errors import UsageError
 
 # torchdata 0.11 calls a deprecated torch API on every loader; the warning is torchdata's, not the user's.

@@ -8,6 +8,7 @@ import socket
 import sys
 import threading
 
+from mgpucli.cpus import available_cores
 from mgpucli.errors import EXIT_FAILED, UsageError
 from mgpucli.launch.plan import LaunchOptions, LaunchPlan, Machine, RecipeFacts, build_plan, worker_overrides
 
@@ -47,11 +48,7 @@ def _compose_while_torch_loads(recipe: str, overrides: list[str]):
     ``_target_`` checks, torch's agent): ~0.3 s of Hydra then overlaps ~1 s of torch on a second core instead of
     adding to the time to the first step. None where that can't be done (no fork, one core, torch imported
     already) or the child failed for any reason: the caller then composes here, reporting problems as usual."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:
-        cores = os.cpu_count() or 1
-    if not hasattr(os, "fork") or cores < 2 or "torch" in sys.modules:
+    if not hasattr(os, "fork") or available_cores() < 2 or "torch" in sys.modules:
         return None
     read_fd, write_fd = os.pipe()
     pid = os.fork()
@@ -90,11 +87,8 @@ def this_machine(need_gpus: bool) -> Machine:
         import torch
 
         visible = torch.cuda.device_count()
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:
-        cores = os.cpu_count() or 1
-    return Machine(visible_gpus=visible, cpu_count=cores, hostname=socket.gethostname(), environ=dict(os.environ))
+    return Machine(visible_gpus=visible, cpu_count=available_cores(), hostname=socket.gethostname(),
+                   environ=dict(os.environ))
 
 
 def prepare(opts: LaunchOptions) -> LaunchPlan:

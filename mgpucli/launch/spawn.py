@@ -12,6 +12,7 @@ import subprocess
 import sys
 from collections.abc import Mapping
 
+from mgpucli.cpus import available_cores
 from mgpucli.dist.select import DeviceSelection
 from mgpucli.proctree import kill_tree
 
@@ -22,8 +23,7 @@ def worker_env(selection: DeviceSelection, environ: Mapping[str, str] | None = N
     if selection.cuda_visible_devices is not None:
         env["CUDA_VISIBLE_DEVICES"] = selection.cuda_visible_devices
     if selection.kind == "cpu" and "OMP_NUM_THREADS" not in env:
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-        env["OMP_NUM_THREADS"] = str(max(1, cores // selection.nproc))
+        env["OMP_NUM_THREADS"] = str(max(1, available_cores() // selection.nproc))
     return env
 
 

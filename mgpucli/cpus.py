@@ -1,0 +1,17 @@
+"""How many CPU cores this process may use (stdlib only: the launcher and `mgpu --help` paths never import torch).
+
+The affinity mask, not the machine's count: ``taskset``, a cgroup cpuset (``docker --cpuset-cpus``) or a
+Slurm allocation narrow it, and per-worker thread counts must be shared out of what is usable.
+"""
+
+from __future__ import annotations
+
+import os
+
+
+def available_cores() -> int:
+    """Cores this process may run on (respects taskset/cgroup affinity); at least 1."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except AttributeError:  # macOS, Windows: no affinity API
+        return os.cpu_count() or 1

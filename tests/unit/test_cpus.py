@@ -1,0 +1,28 @@
+"""mgpucli.cpus: the usable core count every per-process thread split starts from (stdlib only)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from mgpucli import cpus
+
+
+def test_counts_the_affinity_mask_not_the_machine(monkeypatch):
+    monkeypatch.setattr(cpus.os, "sched_getaffinity", lambda pid: {0, 2, 5}, raising=False)
+    monkeypatch.setattr(cpus.os, "cpu_count", lambda: 64)
+    assert cpus.available_cores() == 3
+
+
+def test_without_an_affinity_api_falls_back_to_the_cpu_count_and_never_to_zero(monkeypatch):
+    monkeypatch.delattr(cpus.os, "sched_getaffinity", raising=False)
+    monkeypatch.setattr(cpus.os, "cpu_count", lambda: 8)
+    assert cpus.available_cores() == 8
+    monkeypatch.setattr(cpus.os, "cpu_count", lambda: None)  # "undetermined"
+    assert cpus.available_cores() == 1
+
+
+def test_importing_it_imports_no_torch():
+    code = "import sys, mgpucli.cpus; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "False"
