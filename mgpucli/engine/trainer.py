@@ -1,4 +1,7 @@
-"""The Trainer: setup, train_step, evaluate, checkpoint, fit. Runs the same on 1 or N processes.
+"""The Trainer: setup, the step path, fit, evaluate. Runs the same on 1 or N processes.
+
+Its two other parts live beside it: the log interval's reduction and NaN check (engine/interval.py) and the
+run dir and checkpoints (engine/trainer_checkpoints.py).
 
 Hot-path rules: no host sync per step (losses and metrics accumulate on the device as sums and are reduced
 with one collective per log interval, started at the interval's last step and read at the next one, so that
@@ -26,22 +29,18 @@ from omegaconf import DictConfig, OmegaConf
 
 from mgpucli import faults
 from mgpucli.config.targets import build
-from mgpucli.dist import runtime as dist_rt
 from mgpucli.dist.runtime import Runtime
 from mgpucli.dist.watch import Progress
 from mgpucli.engine import state as st
-from mgpucli.engine.checkpoint import copy_atomic, save_atomic
 from mgpucli.engine.data import build_loaders, to_device
 from mgpucli.engine.evaluate import evaluate_exact
+from mgpucli.engine.interval import _FOLD_EVERY, _NO_BAD, LogInterval, _Reduction
 from mgpucli.engine.report import Reporter
-from mgpucli.engine.rundir import MetricsWriter, checkpoint_dir, prepare_run_dir
-from mgpucli.engine.sharded import load_sharded, save_sharded
+from mgpucli.engine.rundir import MetricsWriter, checkpoint_dir
 from mgpucli.engine.strategy import wrap_model
-from mgpucli.engine.tasks import Later, _constant, build_task
-from mgpucli.errors import JobFailed, Preempted
-
-_NO_BAD = 2**62  # "no non-finite step yet" (min-reducible)
-_FOLD_EVERY = 256  # pending losses and step pieces are folded at the latest after this many micro-steps
+from mgpucli.engine.tasks import build_task
+from mgpucli.engine.trainer_checkpoints import Checkpoints
+from mgpucli.errors import Preempted
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,77 +63,7 @@ class StepSettings:
                    max_steps=tcfg.max_steps)
 
 
-@dataclass(slots=True)
-class _Reduction:
-    """A log interval's all-reduce in flight, and what its record needs once it is done."""
-
-    vec: torch.Tensor
-    work: Any  # the collective's handle (None on one process)
-    losses: list[torch.Tensor]  # the interval's pending losses, to find a non-finite one's step
-    loss_steps: list[int]
-    step: int
-    epoch: int
-    elapsed: float
-    lr: float
-    time: float
-
-
-def sum_step_rows(rows: list[Any], device: torch.device) -> torch.Tensor:
-    """Column sums of step pieces (see Task.step_stats) as one float64 vector on ``device``."""
-    return _float64_vector(column_sums(rows, device))
-
-
-def column_sums(rows: list[Any], device: torch.device) -> list[torch.Tensor]:
-    """One device scalar per column of step pieces: its sum (float64, or a :class:`Later`'s own dtype)."""
-    return [_sum_column(column, device) for column in zip(*rows, strict=True)]
-
-
-def _float64_vector(scalars: list[torch.Tensor]) -> torch.Tensor:
-    """Scalars stacked as float64 in one op: ``stack`` promotes exactly next to a float64 value (integer counts
-    and float32 sums alike); only without one does each need converting first."""
-    if not any(t.dtype == torch.float64 for t in scalars):
-        scalars = [t.to(torch.float64) for t in scalars]
-    return torch.stack(scalars)
-
-
-def _sum_column(column: tuple, device: torch.device) -> torch.Tensor:
-    """Device scalars are stacked and summed; host numbers summed exactly in Python; ``(scalar, number)`` pairs
-    multiplied (the same float32 products a step would have computed); :class:`Later` pieces run once on their
-    concatenated tensors. Sums in float64. The interval pays each of these ops once, and every op it avoids
-    counts (an op on a cold cache right after a step costs ~10 us): one batch size is a scalar factor, not a
-    copied tensor, and a host total is a cached constant."""
-    parts = []
-    pairs = [p for p in column if isinstance(p, tuple)]
-    if pairs:
-        values = torch.stack([t for t, _ in pairs])
-        factors = [m for _, m in pairs]
-        if factors.count(factors[0]) == len(factors):
-            parts.append((values * factors[0]).sum(dtype=torch.float64))
-        else:
-            host = torch.tensor(factors, dtype=values.dtype if values.is_floating_point() else None)
-            parts.append((values * _to(host, device)).sum(dtype=torch.float64))
-    tensors = [p for p in column if isinstance(p, torch.Tensor)]
-    if tensors:
-        parts.append(torch.stack(tensors).sum(dtype=torch.float64))
-    later = [p for p in column if isinstance(p, Later)]
-    if later:
-        try:
-            joined = [torch.cat(group) for group in zip(*(p.tensors for p in later), strict=True)]
-            parts.append(later[0].fn(*joined))
-        except RuntimeError:  # tensors that don't concatenate (other shapes): one call per step
-            parts.append(torch.stack([p.fn(*p.tensors) for p in later]).sum(dtype=torch.float64))
-    numbers = [p for p in column if not isinstance(p, (tuple, torch.Tensor, Later))]
-    if numbers:
-        parts.append(_constant(float(sum(numbers)), device))
-    return parts[0] if len(parts) == 1 else _float64_vector(parts).sum()
-
-
-def _to(host: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """A host tensor on ``device`` without blocking (and without a no-op ``.to`` on the CPU)."""
-    return host if device.type == "cpu" else host.to(device, non_blocking=True)
-
-
-class Trainer:
+class Trainer(Checkpoints, LogInterval):
     """One worker's training run. Build with a validated recipe and a Runtime, then call ``fit()``."""
 
     def __init__(self, cfg: DictConfig, rt: Runtime, reporter: Reporter, resume: str | None = None,
@@ -191,111 +120,6 @@ class Trainer:
         if self.resume_path is not None:
             self._load(self.resume_path)
         st.seed_everything(cfg.seed + 1000 * rt.rank + self.step)  # per-rank randomness (dropout, augmentation)
-
-    def _prepare_run_dir(self) -> None:
-        """Rank 0 decides (and creates) the run dir; every rank gets the same verdict, so all fail together."""
-        from mgpucli.errors import UsageError
-
-        resume = self.resume
-        path = checkpoint_dir(self.run_dir) / ("last.dcp" if self.tcfg.checkpoint_format == "sharded" else "last.pt")
-        self.resume_path = None
-        if resume == "auto":
-            self.resume_path = path if path.exists() else None
-        elif resume:
-            self.resume_path = Path(resume)
-        problem = None
-        if self.rt.is_main:
-            try:
-                prepare_run_dir(self.run_dir, self.resume_path is not None, self.overwrite,
-                                OmegaConf.to_yaml(self.cfg, resolve=True))
-                self.writer = MetricsWriter(self.run_dir, tensorboard=self.tcfg.tensorboard)
-            except UsageError as err:
-                problem = (err.message, err.hint)
-        with self.progress.in_phase("setup: run-dir check (broadcast from rank 0)"):
-            problem = dist_rt.broadcast_object(problem, self.rt)
-        if problem:
-            raise UsageError(*problem)
-
-    # ------------------------------------------------------------------------------------ checkpoints
-    @property
-    def _sharded(self) -> bool:
-        return self.tcfg.checkpoint_format == "sharded" and self.wrapped.is_fsdp
-
-    def _load(self, path: Path) -> None:
-        if path.is_dir():
-            meta = load_sharded(self.wrapped.raw, self.optimizer, path)
-        else:
-            meta = st.read_mgpu_checkpoint(path)
-            st.load_model_state(self.wrapped.raw, meta["model"], str(path))
-            st.load_optimizer_state(self.wrapped.raw, self.optimizer, meta["optimizer"])
-        self._restore(meta, path)
-
-    def _restore(self, ckpt: dict[str, Any], path: Path) -> None:
-        """Everything but the weights: schedules, counters, and each rank's loader position and RNG."""
-        if self.scheduler is not None and ckpt.get("scheduler") is not None:
-            self.scheduler.load_state_dict(ckpt["scheduler"])
-        if self.scaler is not None and ckpt.get("scaler"):
-            self.scaler.load_state_dict(ckpt["scaler"])
-        self.step, self.epoch, self.best = ckpt["step"], ckpt["epoch"], ckpt.get("best")
-        changed = st.recipe_changes(ckpt.get("recipe", ""), OmegaConf.to_yaml(self.cfg, resolve=True))
-        if changed:
-            self.reporter.warn(f"the recipe changed since {path} was saved: {', '.join(changed)}")
-        same_world = ckpt.get("world_size") == self.rt.world_size
-        per_rank = ckpt.get("per_rank") or []
-        mine = per_rank[self.rt.rank] if same_world and self.rt.rank < len(per_rank) else None
-        if ckpt.get("mid_epoch") and not same_world:
-            self.reporter.warn(f"{path} was saved mid-epoch by {ckpt.get('world_size')} process(es); with "
-                               f"{self.rt.world_size} the loader position cannot carry over, so epoch "
-                               f"{self.epoch} restarts from its beginning.")
-        self._pending = {"loader": mine["loader"] if mine and ckpt.get("mid_epoch") else None,
-                         "rng": mine["rng"] if mine else None}
-        self.reporter.message(f"resumed from {path} (epoch {self.epoch}, step {self.step})")
-
-    def save(self, mid_epoch: bool, best: bool = False) -> None:
-        """Every rank joins (state dicts are collective under FSDP); rank 0 writes atomically."""
-        self._check_finite()
-        with self.progress.in_phase("checkpoint: gathering state from every rank"):
-            if not self._sharded:
-                model = st.model_state(self.wrapped.raw)
-                optim = st.optimizer_state(self.wrapped.raw, self.optimizer)
-            mine = {"rng": st.capture_rng(self.rt.device),
-                    "loader": self.loaders.train.state_dict() if mid_epoch else None}
-            per_rank = dist_rt.all_gather_objects(mine, self.rt)
-        meta = st.build_payload(
-            scheduler=self.scheduler.state_dict() if self.scheduler is not None else None,
-            scaler=self.scaler.state_dict() if self.scaler is not None else None,
-            epoch=self.epoch, step=self.step, mid_epoch=mid_epoch, per_rank=per_rank,
-            world_size=self.rt.world_size, recipe=OmegaConf.to_yaml(self.cfg, resolve=True),
-            metrics=self.last_val, best=self.best, best_metric=self.tcfg.best_metric,
-        )
-        ckpts = checkpoint_dir(self.run_dir)
-        if self._sharded:
-            with self.progress.in_phase("checkpoint: writing shards"):
-                save_sharded(self.wrapped.raw, self.optimizer, meta, ckpts, self.step, self.rt,
-                             self.tcfg.keep_checkpoints, best)
-            return
-        if not self.rt.is_main:
-            return
-        save_atomic({**meta, "model": model, "optimizer": optim}, ckpts / "last.pt", step=self.step)
-        if best:
-            copy_atomic(ckpts / "last.pt", ckpts / "best.pt")
-        if self.tcfg.keep_checkpoints > 0:
-            copy_atomic(ckpts / "last.pt", ckpts / f"step-{self.step:08d}.pt")
-            for old in sorted(ckpts.glob("step-*.pt"))[: -self.tcfg.keep_checkpoints]:
-                old.unlink(missing_ok=True)
-
-    def _maybe_best(self, val: dict[str, Any] | None) -> bool:
-        name = self.tcfg.best_metric
-        if not name or not val or name not in val:
-            return False
-        mode = self.tcfg.best_mode
-        if mode == "auto":
-            mode = "min" if any(w in name for w in ("loss", "perplexity", "mse", "mae", "error")) else "max"
-        value = float(val[name])
-        better = self.best is None or (value < self.best if mode == "min" else value > self.best)
-        if better:
-            self.best = value
-        return better
 
     # ------------------------------------------------------------------------------------------ loop
     def fit(self) -> dict[str, Any]:
@@ -480,117 +304,6 @@ class Trainer:
             metrics = self._finish_reduction() or metrics
             self.save(mid_epoch=True)
         return metrics
-
-    # ------------------------------------------------------------------------------ metrics and flags
-    def _reduce_and_log(self) -> dict[str, Any] | None:
-        """Every interval reduced and logged, now: the one in flight, then the steps since (at the end of an
-        epoch, and when every rank stops). Returns the latest train metrics (None if there were none)."""
-        metrics = self._finish_reduction()
-        if self._interval_steps:
-            self._start_reduction()
-            metrics = self._finish_reduction()
-        return metrics
-
-    def _start_reduction(self) -> None:
-        """Start the one collective of a log interval: the metric sums, the interval's loss total (the NaN
-        check) and the stop flag, in one vector made with as few ops as possible (see _sum_column).
-
-        The all-reduce runs while the next step computes, and that step finishes it (_finish_reduction): a
-        blocking one costs its whole latency on the interval's step (~0.35 ms on 2 gloo processes here, a
-        quarter of the MLP recipe's step). Every rank finishes it at the same step, so they still agree on
-        where to stop, and a save, the end of an epoch or a stop finishes it first."""
-        device = self.rt.device
-        # Float32 losses summed in float64 cannot overflow: the total is NaN/inf exactly when one loss was, on
-        # any rank once all-reduced (which step: only worked out when one was).
-        losses = torch.stack(self._losses).sum(dtype=torch.float64) if self._losses else _constant(0.0, device)
-        if self._bad_folded:  # a fold earlier in this interval (> _FOLD_EVERY micro-steps) checked some already
-            losses = torch.where(self.first_bad < _NO_BAD, float("nan"), losses)
-            self._bad_folded = False  # this reduction carries first_bad's verdict; a later fold sets it again
-        flags = [losses, _constant(float(self.signal_received is not None), device)]
-        if self._acc_dirty or not self._step_rows:
-            self._fold_rows()
-            vec = torch.cat([self.acc, torch.stack(flags)])
-            self.acc.zero_()
-            self._acc_dirty = False
-        else:  # the usual interval: the pieces' column sums and the flags, stacked at once
-            vec = _float64_vector([*column_sums(self._step_rows, device), *flags])
-            self._step_rows.clear()
-        work = dist_rt.all_reduce_sum(vec, self.rt, async_op=True)
-        now = time.perf_counter()
-        elapsed = now - self._interval_start
-        self._in_flight = _Reduction(vec, work, self._losses, self._loss_steps, self.step, self.epoch, elapsed,
-                                     self.optimizer.param_groups[0]["lr"], time.time())
-        self._losses, self._loss_steps = [], []
-        self._interval_start, self._interval_steps = now, 0
-
-    def _finish_reduction(self) -> dict[str, Any] | None:
-        """Wait for the interval's all-reduce (if one is in flight), stop on a non-finite loss, take the stop
-        flag, and log the interval's record."""
-        done, self._in_flight = self._in_flight, None
-        if done is None:
-            return None
-        with self.progress.in_phase("log interval: metrics/NaN/stop all-reduce"):
-            if done.work is not None:
-                done.work.wait()
-            vec = done.vec.tolist()
-        sums, loss_total, stop = vec[:-2], vec[-2], vec[-1]
-        if not math.isfinite(loss_total):
-            self._losses[:0], self._loss_steps[:0] = done.losses, done.loss_steps
-            self._fold()  # every rank: finds its first non-finite step, then they agree on the earliest
-            self._raise_nan()
-        self.stop_agreed = self.stop_agreed or stop > 0
-        metrics = self.task.metrics(sums)
-        samples = sums[self.task.stat_names.index("samples")] if "samples" in self.task.stat_names else 0
-        self._emit({"split": "train", "step": done.step, "epoch": done.epoch, **metrics,
-                    "samples_per_s": samples / done.elapsed if done.elapsed > 0 else 0.0, "lr": done.lr,
-                    "time": done.time})
-        return metrics
-
-    def _fold(self) -> None:
-        """Fold the pending step pieces into ``acc`` and the pending losses into ``first_bad``, on the device:
-        a few ops per interval, no host sync (host numbers go host-to-device without blocking)."""
-        self._fold_rows()
-        if not self._losses:
-            return
-        finite = torch.isfinite(torch.stack(self._losses))
-        steps = _to(torch.tensor(self._loss_steps, dtype=torch.int64), self.rt.device)
-        self.first_bad = torch.minimum(self.first_bad, torch.where(finite, _NO_BAD, steps).min())
-        self._bad_folded = True
-        self._losses.clear()
-        self._loss_steps.clear()
-
-    def _fold_rows(self) -> None:
-        """Add the pending step pieces (see Task.step_stats) into ``acc``."""
-        if self._step_rows:
-            self.acc += sum_step_rows(self._step_rows, self.rt.device)
-            self._acc_dirty = True
-            self._step_rows.clear()
-
-    def _check_finite(self) -> None:
-        """Before a save: all ranks agree that no step so far produced a non-finite loss."""
-        self._finish_reduction()
-        self._fold()
-        with self.progress.in_phase("checkpoint: NaN check all-reduce"):
-            flag = dist_rt.all_reduce_sum((self.first_bad < _NO_BAD).to(torch.float64).reshape(1), self.rt)
-        if flag.item():
-            self._raise_nan()
-        self._bad_folded = False
-
-    def _raise_nan(self) -> None:
-        first = self.first_bad.clone()
-        if self.rt.distributed:
-            torch.distributed.all_reduce(first, op=torch.distributed.ReduceOp.MIN)
-        raise JobFailed(
-            f"the loss became NaN or inf at step {int(first.item())}; the run stopped without saving that state.",
-            "Lower optim.lr, set trainer.clip_grad_norm (e.g. 1.0), or use precision bf16/fp32 instead of fp16; "
-            "then resume from the last checkpoint with --resume auto.",
-            retryable=False,  # a restart from the last checkpoint replays the same steps
-        )
-
-    def _emit(self, record: dict[str, Any]) -> None:
-        if self.writer is not None:
-            self.writer.write(record)
-        self.reporter.log(record)
 
     def evaluate(self) -> dict[str, Any]:
         """Exact validation (see engine.evaluate); recorded in metrics.jsonl and kept for the checkpoint."""

@@ -100,7 +100,7 @@ def test_stats_vector_is_float64_and_exact_like_converting_each_value():
 @pytest.mark.parametrize("task, shape, classes", [(Classification(), (16, 5), 5), (LanguageModel(), (4, 8, 7), 7)])
 def test_step_pieces_add_up_to_the_same_sums_as_stats(task, shape, classes):
     """Training adds Task.step_stats pieces at the log interval; the sums must be stats()' sums, batch by batch."""
-    from mgpucli.engine.trainer import sum_step_rows
+    from mgpucli.engine.interval import sum_step_rows
 
     gen = torch.Generator().manual_seed(1)
     acc, rows = torch.zeros(len(task.stat_names), dtype=torch.float64), []
@@ -116,7 +116,7 @@ def test_step_pieces_add_up_to_the_same_sums_as_stats(task, shape, classes):
 
 def test_later_pieces_fall_back_to_one_call_per_step_when_shapes_differ():
     from mgpucli.engine.tasks import Later, _correct
-    from mgpucli.engine.trainer import sum_step_rows
+    from mgpucli.engine.interval import sum_step_rows
 
     a = (torch.tensor([[1.0, 0.0], [0.0, 1.0]]), torch.tensor([0, 0]))  # 1 correct
     b = (torch.tensor([[1.0, 0.0, 0.0]]), torch.tensor([0]))  # 1 correct, 3 classes: no cat along dim 0
