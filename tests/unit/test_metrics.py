@@ -115,8 +115,8 @@ def test_step_pieces_add_up_to_the_same_sums_as_stats(task, shape, classes):
 
 
 def test_later_pieces_fall_back_to_one_call_per_step_when_shapes_differ():
-    from mgpucli.engine.tasks import Later, _correct
     from mgpucli.engine.interval import sum_step_rows
+    from mgpucli.engine.tasks import Later, _correct
 
     a = (torch.tensor([[1.0, 0.0], [0.0, 1.0]]), torch.tensor([0, 0]))  # 1 correct
     b = (torch.tensor([[1.0, 0.0, 0.0]]), torch.tensor([0]))  # 1 correct, 3 classes: no cat along dim 0
