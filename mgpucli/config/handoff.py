@@ -22,11 +22,16 @@ ENV = "MGPU_CHECKED_RECIPE"
 
 
 def fingerprint(recipe: str, overrides: list[str]) -> str:
-    """Identifies this recipe + overrides on every node (the file's bytes, not its path, which may differ)."""
+    """Identifies this recipe + overrides on every node: the bytes of the file the argument means (a path, or a
+    shipped recipe's name), not the argument itself, which may differ between nodes (``quickstart`` here,
+    ``recipes/quickstart.yaml`` there)."""
+    from mgpucli.errors import MgpuError
+    from mgpucli.recipes import resolve
+
     try:
-        with open(recipe, "rb") as fh:
+        with open(resolve(recipe), "rb") as fh:
             content = fh.read()
-    except OSError:
+    except (OSError, MgpuError):  # no such recipe: launching fails on it anyway, with its own message
         content = recipe.encode()
     return hashlib.sha1(content + b"\0" + "\0".join(overrides).encode()).hexdigest()
 

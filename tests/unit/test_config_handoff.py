@@ -33,3 +33,12 @@ def test_other_arguments_or_no_file_mean_compose_as_usual(tmp_path, monkeypatch)
     assert handoff.read(RECIPE, []) is None
     monkeypatch.setenv(handoff.ENV, str(tmp_path / "missing.json"))
     assert handoff.read(RECIPE, []) is None
+
+
+def test_a_shipped_name_and_its_path_have_one_fingerprint(tmp_path, monkeypatch):
+    """Nodes of one job may name the recipe differently; the run id and the handoff go by the file's bytes."""
+    monkeypatch.chdir(tmp_path)  # no ./quickstart here: the name means the shipped recipe
+    assert handoff.fingerprint("quickstart", ["optim.lr=0.1"]) == handoff.fingerprint(RECIPE, ["optim.lr=0.1"])
+    assert handoff.fingerprint("quickstart", []) != handoff.fingerprint("quickstart", ["optim.lr=0.1"])
+    assert handoff.fingerprint("quickstart", []) != handoff.fingerprint("digits", [])
+    assert handoff.fingerprint("no-such-recipe", []) != handoff.fingerprint("other-missing", [])  # no error
