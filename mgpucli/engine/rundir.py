@@ -54,9 +54,9 @@ def prepare_run_dir(run_dir: str | Path, resuming: bool, overwrite: bool, recipe
 
 
 class MetricsWriter:
-    """Appends one JSON object per log interval / validation to metrics.jsonl, and the same scalars to a
-    TensorBoard event file (:mod:`mgpucli.engine.tbevents`, which needs no TensorBoard import) unless
-    ``trainer.tensorboard`` is false."""
+    """Appends one JSON object per log interval / validation to metrics.jsonl (flushed at once), and the same
+    scalars to a TensorBoard event file (:mod:`mgpucli.engine.tbevents`, which needs no TensorBoard import and
+    writes train intervals in batches) unless ``trainer.tensorboard`` is false."""
 
     def __init__(self, run_dir: Path, tensorboard: bool = True):
         self.path = run_dir / "metrics.jsonl"
@@ -71,6 +71,8 @@ class MetricsWriter:
             self._tb.add_scalars(step, {f"{split}/{key}": float(value) for key, value in record.items()
                                         if key not in ("split", "step", "epoch", "time")
                                         and isinstance(value, (int, float))}, wall_time=record.get("time"))
+            if split != "train":  # validations are rare and worth seeing at once
+                self._tb.flush()
 
     def close(self) -> None:
         self._fh.close()

@@ -11,8 +11,15 @@ mgpu logs a handful of scalars per log interval. The writers that ship with torc
   the others ``wall_time``, ``step`` and a ``Summary`` of ``Value{tag, simple_value}``.
 
 tests/unit/test_tbevents.py reads these files back with TensorBoard's own reader and protobuf classes.
-Records are written and flushed synchronously (one small write per log interval), so a crash loses nothing
-that was logged.
+
+Events are queued and written in batches, as TensorBoard's own writers do (``SummaryWriter``: 10 events or
+120 s): here up to 10 events or 10 s, checked when an event is added, and everything at ``flush``/``close``.
+Encoding an event costs ~20 us of pure Python (its CRC-32C above all) when the caches are warm and ~4 times
+that right after a training step, once per log interval on rank 0. Measured on the quickstart MLP in one
+process (~520 us steps; chunks of 200 steps alternating, 150 pairs): writing each event at once cost
+5.1 us per step (95%: 2.6-7.6) more than batching, about what having no event file at all saves
+(4.3 us, 0.2-8.0). metrics.jsonl, not this file, is the record flushed at every interval; a hard kill loses
+at most the queued TensorBoard events.
 """
 
 from __future__ import annotations
@@ -91,23 +98,39 @@ def event(wall_time: float, step: int = 0, *, file_version: str | None = None,
 
 
 class ScalarWriter:
-    """An event file in ``log_dir`` (created on first use), as TensorBoard names them; one per writer."""
+    """An event file in ``log_dir`` (created on first use), as TensorBoard names them; one per writer. Events
+    are queued and written in batches (see the module docstring); ``flush`` writes the queue now."""
 
-    def __init__(self, log_dir: str | Path):
+    def __init__(self, log_dir: str | Path, max_queue: int = 10, flush_s: float = 10.0):
         log_dir = Path(log_dir)
         log_dir.mkdir(parents=True, exist_ok=True)
         now = time.time()
         name = f"events.out.tfevents.{int(now):010d}.{socket.gethostname()}.{os.getpid()}.0"
         self.path = log_dir / name
+        self.max_queue, self.flush_s = max_queue, flush_s
+        self._queue: list[tuple[float, int, dict[str, float]]] = []
         self._fh = open(self.path, "ab")  # noqa: SIM115 - kept open for the run
-        self._write(event(now, file_version="brain.Event:2"))
-
-    def _write(self, data: bytes) -> None:
-        self._fh.write(record(data))
+        self._fh.write(record(event(now, file_version="brain.Event:2")))
         self._fh.flush()
+        self._written_at = time.monotonic()
 
     def add_scalars(self, step: int, scalars: Mapping[str, float], wall_time: float | None = None) -> None:
-        self._write(event(time.time() if wall_time is None else wall_time, step, scalars=scalars))
+        self._queue.append((time.time() if wall_time is None else wall_time, step, dict(scalars)))
+        if len(self._queue) >= self.max_queue or time.monotonic() - self._written_at >= self.flush_s:
+            self.flush()
+
+    def flush(self) -> None:
+        """Encode and write every queued event, in one write."""
+        if self._queue:
+            self._fh.write(b"".join(record(event(t, step, scalars=sc)) for t, step, sc in self._queue))
+            self._queue.clear()
+            self._fh.flush()
+        self._written_at = time.monotonic()
 
     def close(self) -> None:
-        self._fh.close()
+        if self._fh.closed:
+            return
+        try:
+            self.flush()
+        finally:
+            self._fh.close()
