@@ -293,6 +293,7 @@ def summarise_audit(run: Run, log_every: int, warmup: int) -> dict[str, Any]:
                 coll_log.append(colls)
         # Live objects are counted (after a full collection) at every log step: the median change per step
         # between consecutive counts shows a steady leak and ignores one-time jumps (the first validation).
+        # The probe writes out rank 0's TensorBoard queue (bounded, tested on its own) before each count.
         counted = [(s, objs) for s, _, _, objs in rows if s > warmup and objs >= 0]
         if len(counted) > 1:
             growth.append(median([(o1 - o0) / (s1 - s0) for (s0, o0), (s1, o1) in pairwise(counted)]))

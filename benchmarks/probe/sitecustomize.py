@@ -55,7 +55,10 @@ def _patch(module) -> None:
             first.append(time.time())
             _RSS["first step"] = rss_mb()
         if audit is not None:
-            audit.end_step(self.step, self.tcfg.log_every)
+            tb = getattr(self.writer, "_tb", None)
+            if tb is not None and self.step % self.tcfg.log_every == 0:
+                tb.flush()  # rank 0's TensorBoard queue (<= 10 events, tests/unit/test_tbevents_queue.py) saws
+            audit.end_step(self.step, self.tcfg.log_every)  # up and down; counted empty, growth is anything else
         return result
 
     def fit(self):

@@ -26,12 +26,12 @@ from mgpucli.dist import runtime as dist_rt
 from mgpucli.engine.tasks import Later, _constant
 from mgpucli.errors import JobFailed
 
-_NO_BAD = 2**62  # "no non-finite step yet" (min-reducible)
-_FOLD_EVERY = 256  # pending losses and step pieces are folded at the latest after this many micro-steps
+NO_BAD = 2**62  # "no non-finite step yet" (min-reducible)
+FOLD_EVERY = 256  # pending losses and step pieces are folded at the latest after this many micro-steps
 
 
 @dataclass(slots=True)
-class _Reduction:
+class Reduction:
     """A log interval's all-reduce in flight, and what its record needs once it is done."""
 
     vec: torch.Tensor
@@ -124,8 +124,8 @@ class LogInterval:
         # Float32 losses summed in float64 cannot overflow: the total is NaN/inf exactly when one loss was, on
         # any rank once all-reduced (which step: only worked out when one was).
         losses = torch.stack(self._losses).sum(dtype=torch.float64) if self._losses else _constant(0.0, device)
-        if self._bad_folded:  # a fold earlier in this interval (> _FOLD_EVERY micro-steps) checked some already
-            losses = torch.where(self.first_bad < _NO_BAD, float("nan"), losses)
+        if self._bad_folded:  # a fold earlier in this interval (> FOLD_EVERY micro-steps) checked some already
+            losses = torch.where(self.first_bad < NO_BAD, float("nan"), losses)
             self._bad_folded = False  # this reduction carries first_bad's verdict; a later fold sets it again
         flags = [losses, _constant(float(self.signal_received is not None), device)]
         if self._acc_dirty or not self._step_rows:
@@ -139,7 +139,7 @@ class LogInterval:
         work = dist_rt.all_reduce_sum(vec, self.rt, async_op=True)
         now = time.perf_counter()
         elapsed = now - self._interval_start
-        self._in_flight = _Reduction(vec, work, self._losses, self._loss_steps, self.step, self.epoch, elapsed,
+        self._in_flight = Reduction(vec, work, self._losses, self._loss_steps, self.step, self.epoch, elapsed,
                                      self.optimizer.param_groups[0]["lr"], time.time())
         self._losses, self._loss_steps = [], []
         self._interval_start, self._interval_steps = now, 0
@@ -175,7 +175,7 @@ class LogInterval:
             return
         finite = torch.isfinite(torch.stack(self._losses))
         steps = _to(torch.tensor(self._loss_steps, dtype=torch.int64), self.rt.device)
-        self.first_bad = torch.minimum(self.first_bad, torch.where(finite, _NO_BAD, steps).min())
+        self.first_bad = torch.minimum(self.first_bad, torch.where(finite, NO_BAD, steps).min())
         self._bad_folded = True
         self._losses.clear()
         self._loss_steps.clear()
@@ -192,7 +192,7 @@ class LogInterval:
         self._finish_reduction()
         self._fold()
         with self.progress.in_phase("checkpoint: NaN check all-reduce"):
-            flag = dist_rt.all_reduce_sum((self.first_bad < _NO_BAD).to(torch.float64).reshape(1), self.rt)
+            flag = dist_rt.all_reduce_sum((self.first_bad < NO_BAD).to(torch.float64).reshape(1), self.rt)
         if flag.item():
             self._raise_nan()
         self._bad_folded = False

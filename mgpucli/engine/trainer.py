@@ -34,7 +34,7 @@ from mgpucli.dist.watch import Progress
 from mgpucli.engine import state as st
 from mgpucli.engine.data import build_loaders, to_device
 from mgpucli.engine.evaluate import evaluate_exact
-from mgpucli.engine.interval import _FOLD_EVERY, _NO_BAD, LogInterval, _Reduction
+from mgpucli.engine.interval import FOLD_EVERY, NO_BAD, LogInterval, Reduction
 from mgpucli.engine.report import Reporter
 from mgpucli.engine.rundir import MetricsWriter, checkpoint_dir
 from mgpucli.engine.strategy import wrap_model
@@ -98,10 +98,10 @@ class Trainer(Checkpoints, LogInterval):
         self.autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.tcfg.precision)
         self.scaler = torch.amp.GradScaler(rt.device.type) if self.tcfg.precision == "fp16" else None
         self.acc = torch.zeros(len(self.task.stat_names), dtype=torch.float64, device=rt.device)
-        self.first_bad = torch.full((), _NO_BAD, dtype=torch.int64, device=rt.device)
+        self.first_bad = torch.full((), NO_BAD, dtype=torch.int64, device=rt.device)
         self._acc_dirty = False  # acc holds sums not yet reduced (Task.stats rows, or a fold of pieces)
         self._bad_folded = False  # first_bad may hold a non-finite step not yet reduced
-        self._in_flight: _Reduction | None = None  # a log interval's all-reduce, finished a step later
+        self._in_flight: Reduction | None = None  # a log interval's all-reduce, finished a step later
         self._losses: list[torch.Tensor] = []  # detached losses not yet checked for NaN/inf (bounded: see _fold)
         self._loss_steps: list[int] = []  # the step each of them belongs to
         self._step_rows: list[Any] = []  # per-step stats pieces, added up by _fold (see Task.step_stats)
@@ -274,7 +274,7 @@ class Trainer(Checkpoints, LogInterval):
         # Keep the loss on the device; _fold finds the first non-finite one once per interval (no sync here).
         self._losses.append(detached)
         self._loss_steps.append(self.step + 1)
-        if len(self._losses) >= _FOLD_EVERY:
+        if len(self._losses) >= FOLD_EVERY:
             self._fold()
         scaled = loss if self.hot.grad_accum == 1 else loss / self.hot.grad_accum
         self.progress.phase = self._backward_phase if sync else "backward"

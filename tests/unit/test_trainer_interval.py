@@ -1,6 +1,6 @@
 """The log interval's reduction, in one process (no process group): the metric sums it reports are Task.stats'
 sums, whichever way the task hands in its step stats, and a non-finite loss is caught even when an earlier fold
-(an interval longer than _FOLD_EVERY micro-steps) already took it off the pending list."""
+(an interval longer than FOLD_EVERY micro-steps) already took it off the pending list."""
 
 from __future__ import annotations
 
@@ -80,7 +80,7 @@ def test_interval_metrics_are_the_sums_of_task_stats(make_trainer, task):
 def test_a_nan_loss_folded_before_the_interval_still_stops_the_run(make_trainer, monkeypatch):
     """Step 2's loss is NaN; a fold at the 4th micro-step takes it off the pending list, and the interval's
     remaining losses are finite: the reduction still names step 2."""
-    monkeypatch.setattr(trainer_module, "_FOLD_EVERY", 4)
+    monkeypatch.setattr(trainer_module, "FOLD_EVERY", 4)
     tr = make_trainer()
     batches = list(tr.loaders.train)
     _steps(tr, batches[:2])
