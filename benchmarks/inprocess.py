@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -148,7 +149,7 @@ def _endless(loader, sampler):
 
 def mgpu_setup(workload: str, extra_overrides: list[str]):
     """mgpu's Trainer for ``workload``'s recipe, set up as ``mgpu train`` sets it up (in a fresh run dir), and
-    its Runtime; call ``runtime.teardown()`` when done."""
+    its Runtime; call :func:`mgpu_teardown` when done."""
     from mgpucli.config import load_recipe
     from mgpucli.dist import runtime
     from mgpucli.dist.env import read_rank_env
@@ -163,6 +164,15 @@ def mgpu_setup(workload: str, extra_overrides: list[str]):
     trainer = Trainer(cfg, rt, NullReporter())
     trainer.setup()
     return trainer, rt
+
+
+def mgpu_teardown(trainer) -> None:
+    """Close the trainer, remove this rank's temporary run dir, destroy the process group."""
+    from mgpucli.dist import runtime
+
+    trainer.close()
+    shutil.rmtree(trainer.run_dir.parent, ignore_errors=True)
+    runtime.teardown()
 
 
 def paired_chunks(sides: dict, rounds: int, chunk: int, distributed: bool, before_chunk=None) -> dict:
@@ -205,19 +215,16 @@ def gather_chunks(chunks: dict, rt) -> list[dict]:
 
 def measure(args) -> dict | None:
     """Both sides in this process; chunk records of this rank (rank 0 returns every rank's summary)."""
-    from mgpucli.dist import runtime
-
     overrides = [f"trainer.log_every={args.log_every or 10**9}"] if args.log_every is not None else []
     trainer, rt = mgpu_setup(args.workload, overrides)
     try:
         sides = {"A": hand_written(args.workload, rt, rt.device), "B": mgpu_trainer(trainer)}
         chunks = paired_chunks(sides, args.rounds, args.chunk, rt.distributed)
-        trainer.close()
         everyone = gather_chunks(chunks, rt)
         threads = int(os.environ.get("OMP_NUM_THREADS", "1"))
         return summarise(args, everyone, trainer.hot.log_every, threads) if rt.rank == 0 else None
     finally:
-        runtime.teardown()
+        mgpu_teardown(trainer)
 
 
 def summarise(args, ranks: list[dict], log_every: int, threads: int) -> dict:

@@ -15,11 +15,10 @@ tests/unit/test_tbevents.py reads these files back with TensorBoard's own reader
 Events are queued and written in batches, as TensorBoard's own writers do (``SummaryWriter``: 10 events or
 120 s): here up to 10 events or 10 s, checked when an event is added, and everything at ``flush``/``close``.
 Encoding an event costs ~20 us of pure Python (its CRC-32C above all) when the caches are warm and ~4 times
-that right after a training step, once per log interval on rank 0. Measured on the quickstart MLP in one
-process (~520 us steps; chunks of 200 steps alternating, 150 pairs): writing each event at once cost
-5.1 us per step (95%: 2.6-7.6) more than batching, about what having no event file at all saves
-(4.3 us, 0.2-8.0). metrics.jsonl, not this file, is the record flushed at every interval; a hard kill loses
-at most the queued TensorBoard events.
+that right after a training step, once per log interval on rank 0. On the quickstart MLP in one process
+(~520 us steps; benchmarks/pieces.py), the event file cost 6.5 us per step (95%: 3.3-8.9) written per
+interval and 2.7 (-0.8-5.5) batched. metrics.jsonl, not this file, is the record flushed at every interval;
+a hard kill loses at most the queued TensorBoard events.
 """
 
 from __future__ import annotations
