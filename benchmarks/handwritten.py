@@ -132,6 +132,7 @@ def main() -> None:
                 "gc": __import__("gc").get_stats()}
         with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as fh:
             json.dump(info, fh)
+        dist.barrier()  # bench: gloo could abort at exit when one rank tore down while the other still wrote
     dist.destroy_process_group()
 
 
