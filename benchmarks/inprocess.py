@@ -68,9 +68,9 @@ def launch(args) -> int:
 def run_distributed(script: str, worker_args: list[str], nproc: int, timeout: float) -> int:
     """``script worker_args`` under torch.distributed.run with ``nproc`` processes (the cores shared between
     them); prints the last JSON line of its output."""
-    from mgpucli.cpus import available_cores
+    from mgpucli.cpus import threads_per_process
 
-    env = {**os.environ, "OMP_NUM_THREADS": str(max(1, available_cores() // nproc)),
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads_per_process(nproc)),
            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
            script, *worker_args]
@@ -221,8 +221,7 @@ def measure(args) -> dict | None:
         sides = {"A": hand_written(args.workload, rt, rt.device), "B": mgpu_trainer(trainer)}
         chunks = paired_chunks(sides, args.rounds, args.chunk, rt.distributed)
         everyone = gather_chunks(chunks, rt)
-        threads = int(os.environ.get("OMP_NUM_THREADS", "1"))
-        return summarise(args, everyone, trainer.hot.log_every, threads) if rt.rank == 0 else None
+        return summarise(args, everyone, trainer.hot.log_every, rt.cpu_threads) if rt.rank == 0 else None
     finally:
         mgpu_teardown(trainer)
 

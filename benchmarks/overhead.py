@@ -53,7 +53,7 @@ from benchmarks.stats import (  # noqa: E402
     step_intervals,
     window,
 )
-from mgpucli.cpus import available_cores  # noqa: E402
+from mgpucli.cpus import available_cores, threads_per_process  # noqa: E402
 
 PROBE = REPO / "benchmarks" / "probe"
 HANDWRITTEN = REPO / "benchmarks" / "handwritten.py"
@@ -541,7 +541,7 @@ def parse_args(argv: list[str] | None = None):
     args = p.parse_args(argv)
     if args.gpus is not None:
         args.nproc = args.gpus
-    args.threads = args.threads or max(1, available_cores() // args.nproc)
+    args.threads = args.threads or threads_per_process(args.nproc)
     return args
 
 

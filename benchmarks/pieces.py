@@ -145,7 +145,7 @@ def measure(args) -> dict | None:
         rates = gather_chunks({"rate": pacer.rate if pacer is not None else 0.0}, rt)
         if rt.rank != 0:
             return None
-        out = summarise(args, everyone, trainer.hot.log_every, int(os.environ.get("OMP_NUM_THREADS", "1")))
+        out = summarise(args, everyone, trainer.hot.log_every, rt.cpu_threads)
         out["piece"] = args.piece
         if pacer is not None:
             rate = min(r["rate"] for r in rates)

@@ -15,3 +15,8 @@ def available_cores() -> int:
         return len(os.sched_getaffinity(0)) or 1
     except AttributeError:  # macOS, Windows: no affinity API
         return os.cpu_count() or 1
+
+
+def threads_per_process(nproc: int) -> int:
+    """The usable cores shared out between ``nproc`` processes on this machine: at least 1 each."""
+    return max(1, available_cores() // max(1, nproc))

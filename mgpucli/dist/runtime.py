@@ -13,7 +13,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from mgpucli.cpus import available_cores
+from mgpucli.cpus import threads_per_process
 from mgpucli.dist.env import RankEnv
 from mgpucli.errors import UsageError
 
@@ -64,7 +64,7 @@ def choose_device(preference: str, env: RankEnv, cuda_count: int | None = None) 
 
 def default_cpu_threads(env: RankEnv) -> int:
     """Cores / processes on this node, at least 1 (torchrun alone would pin every worker to one thread)."""
-    return max(1, available_cores() // max(1, env.local_world_size))
+    return threads_per_process(env.local_world_size)
 
 
 def setup(env: RankEnv, device_pref: str, timeout_s: int, cpu_threads: int | None) -> Runtime:

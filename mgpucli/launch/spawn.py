@@ -12,7 +12,7 @@ import subprocess
 import sys
 from collections.abc import Mapping
 
-from mgpucli.cpus import available_cores
+from mgpucli.cpus import threads_per_process
 from mgpucli.dist.select import DeviceSelection
 from mgpucli.proctree import kill_tree
 
@@ -23,7 +23,7 @@ def worker_env(selection: DeviceSelection, environ: Mapping[str, str] | None = N
     if selection.cuda_visible_devices is not None:
         env["CUDA_VISIBLE_DEVICES"] = selection.cuda_visible_devices
     if selection.kind == "cpu" and "OMP_NUM_THREADS" not in env:
-        env["OMP_NUM_THREADS"] = str(max(1, available_cores() // selection.nproc))
+        env["OMP_NUM_THREADS"] = str(threads_per_process(selection.nproc))
     return env
 
 

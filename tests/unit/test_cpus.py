@@ -26,3 +26,11 @@ def test_importing_it_imports_no_torch():
     code = "import sys, mgpucli.cpus; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and out.stdout.strip() == "False"
+
+
+def test_threads_per_process_shares_the_usable_cores_and_gives_each_at_least_one(monkeypatch):
+    monkeypatch.setattr(cpus.os, "sched_getaffinity", lambda pid: set(range(8)), raising=False)
+    assert cpus.threads_per_process(2) == 4
+    assert cpus.threads_per_process(3) == 2  # the remainder is left idle, as torchrun's split does
+    assert cpus.threads_per_process(16) == 1
+    assert cpus.threads_per_process(0) == 8  # "no processes" counts as one
