@@ -4,6 +4,7 @@ is saved and restored mid-epoch (torchdata's StatefulDataLoader), and exact vali
 
 from __future__ import annotations
 
+import functools
 import random
 import warnings
 from collections.abc import Iterator
@@ -95,6 +96,25 @@ def build_loaders(train_set: Dataset, val_set: Dataset | None, data_cfg, seed: i
         val_batches = FixedBatches(len(val_set), int(data_cfg.val_batch_size or batch), rt.rank, rt.world_size)
         val = DataLoader(val_set, batch_sampler=val_batches, **common)
     return Loaders(train=train, sampler=sampler, val=val, val_batches=val_batches, num_workers=workers)
+
+
+def batch_mover(device: torch.device, non_blocking: bool):
+    """The step path's ``to_device(batch, device, non_blocking)``, as one function made once. On the CPU a batch
+    of CPU tensors is returned as it is (``.to`` would return each tensor itself, at ~0.3 us a call, and
+    ``to_device``'s checks cost ~1.5 us a step, ~3 times that right after a step): two type checks per tensor
+    instead. Anything else goes through :func:`to_device`."""
+    if device.type != "cpu":
+        return functools.partial(to_device, device=device, non_blocking=non_blocking)
+
+    def keep_cpu_batch(batch):
+        if type(batch) is list or type(batch) is tuple:
+            for item in batch:
+                if type(item) is not torch.Tensor or not item.is_cpu:
+                    return to_device(batch, device, non_blocking)
+            return batch
+        return to_device(batch, device, non_blocking)
+
+    return keep_cpu_batch
 
 
 def to_device(batch, device: torch.device, non_blocking: bool):

@@ -32,7 +32,7 @@ from mgpucli.config.targets import build
 from mgpucli.dist.runtime import Runtime
 from mgpucli.dist.watch import Progress
 from mgpucli.engine import state as st
-from mgpucli.engine.data import build_loaders, to_device
+from mgpucli.engine.data import batch_mover, build_loaders
 from mgpucli.engine.evaluate import evaluate_exact
 from mgpucli.engine.interval import FOLD_EVERY, NO_BAD, LogInterval, Reduction
 from mgpucli.engine.report import Reporter
@@ -110,7 +110,7 @@ class Trainer(Checkpoints, LogInterval):
                           if self.autocast_dtype is not None else contextlib.nullcontext)
         self._no_sync = self.wrapped.train.no_sync if self.wrapped.is_ddp else contextlib.nullcontext
         self._fsdp_accum = self.wrapped.is_fsdp and self.hot.grad_accum > 1
-        self._non_blocking = rt.device.type == "cuda"
+        self._to_device = batch_mover(rt.device, non_blocking=rt.device.type == "cuda")
         self._backward_phase = ("backward (gradient all-reduce)" if rt.distributed
                                 and self.wrapped.strategy in ("ddp", "fsdp") else "backward")
         self.signal_received: str | None = None  # set by the signal handler, on this rank only
@@ -240,7 +240,7 @@ class Trainer(Checkpoints, LogInterval):
         return metrics
 
     def _forward_backward(self, batch, sync: bool) -> None:
-        inputs, targets = to_device(batch, self.rt.device, non_blocking=self._non_blocking)
+        inputs, targets = self._to_device(batch)
         if self.hot.channels_last and inputs.dim() == 4:
             inputs = inputs.contiguous(memory_format=torch.channels_last)
         self.progress.step, self.progress.phase = self.step + 1, "forward"  # two attribute writes: no I/O
