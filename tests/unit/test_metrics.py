@@ -124,3 +124,17 @@ def test_later_pieces_fall_back_to_one_call_per_step_when_shapes_differ():
     assert sum_step_rows(rows, torch.device("cpu")).tolist() == [2.0, 3.0]  # a Later and a tensor in one column
     rows = [(Later(_correct, *a),), (Later(_correct, *b),)]
     assert sum_step_rows(rows, torch.device("cpu")).tolist() == [2.0]
+
+
+def test_a_stack_is_reused_only_for_the_very_same_tensors():
+    from mgpucli.engine.interval import Stacked, column_sums
+
+    losses = [torch.tensor(1.5), torch.tensor(2.5)]
+    stacked = Stacked(losses, torch.stack(losses))
+    assert stacked.of(list(losses)) is stacked.stacked
+    others = [torch.tensor(1.5), torch.tensor(2.5)]  # equal values, other tensors: stacked afresh
+    assert stacked.of(others) is not stacked.stacked and torch.equal(stacked.of(others), stacked.stacked)
+    assert stacked.of(losses[:1]).tolist() == [1.5]
+    rows = [((loss, 4), 4) for loss in losses]
+    cpu = torch.device("cpu")
+    assert [t.item() for t in column_sums(rows, cpu, stacked)] == [t.item() for t in column_sums(rows, cpu)] == [16.0, 8.0]
