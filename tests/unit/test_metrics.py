@@ -137,4 +137,5 @@ def test_a_stack_is_reused_only_for_the_very_same_tensors():
     assert stacked.of(losses[:1]).tolist() == [1.5]
     rows = [((loss, 4), 4) for loss in losses]
     cpu = torch.device("cpu")
-    assert [t.item() for t in column_sums(rows, cpu, stacked)] == [t.item() for t in column_sums(rows, cpu)] == [16.0, 8.0]
+    reused = [t.item() for t in column_sums(rows, cpu, stacked)]
+    assert reused == [t.item() for t in column_sums(rows, cpu)] == [16.0, 8.0]
