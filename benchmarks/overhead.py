@@ -10,9 +10,12 @@ step, peak memory and final weights; plus ``mgpu --help``/``--version`` start-up
 Rounds are interleaved AB, BA, AB, ... ; every figure is a per-round value, summarised as median, IQR and range
 over rounds, with the 95% interval of that median, and the ratios are paired (B/A within a round). Steps are
 timed after a warm-up, between two consecutive steps of one epoch (validation and checkpoints between epochs are
-not steps). A target is "ok" only when the whole interval meets it. With ``--interleaved N``, also N time-sliced
-sessions per workload (benchmarks/interleaved.py, a diagnostic): both jobs run at once and take turns every
-fraction of a second, so that their steps are compared on the same seconds of the machine.
+not steps). A target is "ok" only when the whole interval meets it. On the CPU each workload is then measured
+once more with both loops in the same processes (benchmarks/inprocess.py, ``--same-process N`` chunk pairs): on a
+shared machine whose speed drifts by tens of percent between runs, that is the comparison that resolves a
+step-time ratio of a few percent, and its mean step per chunk carries a verdict too. With ``--interleaved N``,
+also N time-sliced sessions per workload (benchmarks/interleaved.py, a diagnostic): both jobs run at once and take
+turns every fraction of a second, so that their steps are compared on the same seconds of the machine.
 
     python benchmarks/overhead.py                      # CPU, 2 gloo processes, both workloads, CLI start-up
     python benchmarks/overhead.py --workload mlp --rounds 12
@@ -43,6 +46,8 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from benchmarks.stats import (  # noqa: E402
+    Interval,
+    Spread,
     median,
     median_interval,
     paired_ratios,
@@ -63,6 +68,8 @@ FIRST_STEP_TARGET_S = 0.5
 MEMORY_TARGET = 1.05
 CLI_TARGET_S = 0.3
 DEFAULT_ROUNDS = {"mlp": 20, "charlm": 10}  # the MLP's ~1.5 ms steps vary most from run to run
+# Chunk pairs of benchmarks/inprocess.py (both loops in the same processes, 20 steps a chunk): ~1.5 min each.
+SAME_PROCESS_ROUNDS = {"mlp": 1000, "charlm": 40}
 # Epochs per run, the same on both sides. The MLP's steps are ~1 ms: 10 epochs give each run 640 steps per rank
 # (the recipe's 3 would leave ~170 after the warm-up); the char LM keeps its recipe's 2 (176 steps, ~40 ms each).
 DEFAULT_EPOCHS = {"mlp": 10, "charlm": None}
@@ -472,6 +479,55 @@ def report_interleaved(workload: str, sliced: dict[str, Any]) -> tuple[list[str]
     return lines, data | {"ratio": asdict(r), "ci95": asdict(ci), "target": STEP_TARGET[workload]}
 
 
+def same_process(workload: str, args, log=None) -> dict[str, Any]:
+    """benchmarks/inprocess.py on ``workload``: both loops in the same ``--nproc`` processes, alternating chunks
+    of 20 steps (DDP over gloo on both sides). Returns its JSON summary, or ``{"error": ...}``."""
+    rounds = SAME_PROCESS_ROUNDS[workload] if args.same_process is None else args.same_process
+    cmd = [sys.executable, str(REPO / "benchmarks" / "inprocess.py"), "--workload", workload,
+           "--nproc", str(args.nproc), "--rounds", str(rounds), "--timeout", str(args.timeout)]
+    if log is not None:
+        log(f"[{workload} same processes] {rounds} chunk pairs: {' '.join(cmd[1:])}")
+    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout + 60, env=env,
+                              stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        return {"error": f"inprocess.py took over {args.timeout + 60:.0f} s"}
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        return {"error": f"inprocess.py exited {proc.returncode}: {(proc.stderr or proc.stdout)[-500:].strip()}"}
+    return json.loads(lines[-1])
+
+
+def report_same_process(workload: str, d: dict[str, Any]) -> tuple[list[str], dict[str, Any]]:
+    """The same-process comparison's rows. Its mean step per chunk (each chunk holds one log interval, so
+    mgpu's whole bookkeeping) carries the step target's verdict: chunks a few dozen milliseconds apart see the
+    same state of the machine, which separate runs do not."""
+    head = (f"step time with both loops in the same {d.get('processes', '?')} process(es) "
+            f"(benchmarks/inprocess.py: DDP over gloo on both sides, each with its own model, optimizer and "
+            f"loader; chunks of {d.get('chunk', '?')} steps alternating A/B, {d.get('rounds', '?')} chunk pairs; "
+            "what it leaves out: the launcher, start-up, mgpu's heap and GC settings):")
+    if "error" in d:
+        return [head, "", f"failed: {d['error']}"], d
+    target = STEP_TARGET[workload]
+    lines = [head, "", "| metric | hand-written (A) | mgpu (B) | B/A or B-A per chunk pair: median (IQR, range) | "
+             "95% interval of that median | target | |", "|---|---|---|---|---|---|---|"]
+    data = dict(d)
+    for key, name, limit in (("wall_per_step_mean", "step time, mean per chunk (its log interval included)", target),
+                             ("wall_per_step_median", "step time, median per chunk", None)):
+        row = d[key]
+        r, ci = Spread(**row["ratio"]), Interval(**row["ratio_ci95"])
+        verdict = resolved_verdict(ci, limit) if limit is not None else ""
+        lines.append(f"| {name} | {row['A_us']:.0f} us | {row['B_us']:.0f} us | {r.fmt(3)} | {ci.fmt(3)} | "
+                     f"{'' if limit is None else f'<= {limit:.2f}'} | {verdict} |")
+        data[key] = row | {"target": limit, "verdict": verdict}
+    cpu = d["cpu_per_step"]
+    diff, ci = Spread(**cpu["diff_us"]), Interval(**cpu["diff_us_ci95"])
+    lines.append(f"| training-thread CPU per step (B-A, us) | {cpu['A_us']:.0f} us | {cpu['B_us']:.0f} us | "
+                 f"{diff.fmt(1)} | {ci.fmt(1)} | | |")
+    return lines, data
+
+
 def report_cli(cli: dict[str, Any]) -> tuple[list[str], dict[str, Any]]:
     lines = [f"### CLI start-up ({cli['command']}, {len(next(iter(cli['seconds'].values())))} interleaved runs)", "",
              "| command | median | 95% interval of the median | IQR | range | target | |",
@@ -525,6 +581,9 @@ def parse_args(argv: list[str] | None = None):
                    help="OMP_NUM_THREADS for both sides (default: cores / processes)")
     p.add_argument("--cli-repeats", type=int, default=20, help="runs of each CLI command (0: skip)")
     p.add_argument("--no-audit", action="store_true", help="skip the untimed hot-path audit run")
+    p.add_argument("--same-process", type=int, default=None, metavar="N",
+                   help="chunk pairs of the same-process comparison, benchmarks/inprocess.py (default: mlp 1000, "
+                        "charlm 40; 0: skip; CPU only)")
     p.add_argument("--interleaved", type=int, default=0, metavar="N",
                    help="diagnostics: N time-sliced sessions of both jobs per workload (benchmarks/interleaved.py)")
     p.add_argument("--slice", type=float, default=None, metavar="S",
@@ -606,6 +665,12 @@ def main(argv: list[str] | None = None) -> int:
                 lines, results["workloads"][workload] = report_workload(workload, runs, args, drift)
                 _emit(lines + [""])
                 save()
+            pairs = SAME_PROCESS_ROUNDS[workload] if args.same_process is None else args.same_process
+            if pairs and args.gpus is None:
+                lines, results["workloads"][workload]["same_process"] = report_same_process(
+                    workload, same_process(workload, args, lambda line: print(line, file=sys.stderr)))
+                _emit(lines + [""])
+                save()
             sessions = args.interleaved
             if sessions and args.gpus is None:
                 from benchmarks import interleaved
@@ -632,9 +697,19 @@ def main(argv: list[str] | None = None) -> int:
         else:
             shutil.rmtree(root, ignore_errors=True)
     save()
-    missed = [w for w, d in results["workloads"].items()
-              if any(isinstance(v, dict) and v.get("verdict") == "MISSED" for v in d.values())]
-    return 1 if missed else 0
+    return 1 if missed_targets(results) else 0
+
+
+def missed_targets(results: dict[str, Any]) -> list[str]:
+    """The workloads with a MISSED verdict: a row of the separate runs, or of the same-process comparison."""
+    def verdicts(d: dict[str, Any]):
+        for v in d.values():
+            if isinstance(v, dict):
+                yield v.get("verdict")
+        for v in d.get("same_process", {}).values():
+            if isinstance(v, dict):
+                yield v.get("verdict")
+    return [w for w, d in results["workloads"].items() if "MISSED" in verdicts(d)]
 
 
 if __name__ == "__main__":

@@ -59,3 +59,51 @@ def test_time_sliced_diagnostic_carries_no_verdict():
     assert "verdict" not in data and data["target"] == 1.03
     text = "\n".join(lines)
     assert "MISSED" not in text and "no verdict" in text and "1.250" in text
+
+
+def _same_process_summary(ratios: list[float]) -> dict:
+    from dataclasses import asdict
+
+    from benchmarks.stats import median_interval, spread
+
+    def row(rs):
+        return {"A_us": 1000.0, "B_us": 1000.0 * spread(rs).median, "ratio": asdict(spread(rs)),
+                "ratio_ci95": asdict(median_interval(rs))}
+
+    diffs = [10.0, 12.0, 14.0, 16.0, 18.0]
+    return {"processes": 2, "chunk": 20, "rounds": len(ratios), "wall_per_step_mean": row(ratios),
+            "wall_per_step_median": row([r + 0.5 for r in ratios]),
+            "cpu_per_step": {"A_us": 900.0, "B_us": 914.0, "diff_us": asdict(spread(diffs)),
+                             "diff_us_ci95": asdict(median_interval(diffs))}}
+
+
+def test_the_same_process_comparison_judges_the_step_target_by_its_mean_step():
+    """Its mean step per chunk (the log interval included) carries the verdict; the median per chunk is shown
+    without one; a MISSED there fails the benchmark like a MISSED row of the separate runs."""
+    from benchmarks.overhead import missed_targets, report_same_process
+
+    ok_ratios = [1.00, 1.01, 1.02, 1.01, 1.00, 1.02, 1.01, 1.00, 1.01, 1.02, 1.01]
+    lines, data = report_same_process("mlp", _same_process_summary(ok_ratios))
+    assert data["wall_per_step_mean"]["verdict"] == "ok" and data["wall_per_step_median"]["verdict"] == ""
+    text = "\n".join(lines)
+    assert "| step time, mean per chunk (its log interval included) |" in text and "<= 1.03 | ok |" in text
+    assert ("| training-thread CPU per step (B-A, us) | 900 us | 914 us | "
+            "14.0 (IQR 12.0-16.0, range 10.0-18.0, n=5) |") in text
+    assert missed_targets({"workloads": {"mlp": {"same_process": data}}}) == []
+
+    high = [r + 0.1 for r in ok_ratios]
+    _, data = report_same_process("mlp", _same_process_summary(high))
+    assert data["wall_per_step_mean"]["verdict"] == "MISSED"
+    assert missed_targets({"workloads": {"mlp": {"same_process": data}}}) == ["mlp"]
+
+    straddling = [0.98, 1.00, 1.02, 1.03, 1.04, 1.05, 1.01, 1.03, 0.99, 1.06, 1.02]
+    _, data = report_same_process("charlm", _same_process_summary(straddling))
+    assert data["wall_per_step_mean"]["verdict"] == "not resolved" and data["wall_per_step_mean"]["target"] == 1.01
+
+
+def test_a_failed_same_process_comparison_is_reported_not_judged():
+    from benchmarks.overhead import missed_targets, report_same_process
+
+    lines, data = report_same_process("mlp", {"error": "inprocess.py exited 1: boom"})
+    assert "failed: inprocess.py exited 1: boom" in "\n".join(lines)
+    assert missed_targets({"workloads": {"mlp": {"same_process": data}}}) == []
