@@ -114,13 +114,20 @@ def median_interval(values: Sequence[float], confidence: float = 0.95) -> Interv
     if n == 0:
         return Interval(math.nan, math.nan, 0.0)
 
-    def coverage(k: int) -> float:  # P(x(k) <= median <= x(n+1-k)) = 1 - 2 P(Binomial(n, 1/2) < k)
-        return 1.0 - 2.0 * sum(math.comb(n, i) for i in range(k)) / 2**n
+    # P(x(k) <= median <= x(n+1-k)) = 1 - 2 P(Binomial(n, 1/2) < k), from the running sum of C(n, i), i < k, in
+    # exact integers: an int / int division rounds once and cannot overflow (2**n is past a float from n = 1024).
+    whole = 2**n
 
-    k = 1
-    while k + 1 <= (n + 1) // 2 and coverage(k + 1) >= confidence:
-        k += 1
-    return Interval(xs[k - 1], xs[n - k], coverage(k))
+    def coverage(below: int) -> float:
+        return 1.0 - (2 * below) / whole
+
+    k, term, below = 1, 1, 1  # term = C(n, k-1); below = sum of C(n, i) for i < k
+    while k + 1 <= (n + 1) // 2:
+        next_term = term * (n - k + 1) // k  # C(n, k)
+        if coverage(below + next_term) < confidence:
+            break
+        k, term, below = k + 1, next_term, below + next_term
+    return Interval(xs[k - 1], xs[n - k], coverage(below))
 
 
 def resolved_verdict(ci: Interval, limit: float) -> str:
