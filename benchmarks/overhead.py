@@ -68,8 +68,9 @@ FIRST_STEP_TARGET_S = 0.5
 MEMORY_TARGET = 1.05
 CLI_TARGET_S = 0.3
 DEFAULT_ROUNDS = {"mlp": 20, "charlm": 10}  # the MLP's ~1.5 ms steps vary most from run to run
-# Chunk pairs of benchmarks/inprocess.py (both loops in the same processes, 20 steps a chunk): ~1.5 min each.
-SAME_PROCESS_ROUNDS = {"mlp": 1000, "charlm": 40}
+# Chunk pairs of benchmarks/inprocess.py (both loops in the same processes, 20 steps a chunk): ~5 min for the MLP
+# (1000 pairs left its 95% interval ~5 points wide), ~4 min for the char LM.
+SAME_PROCESS_ROUNDS = {"mlp": 3000, "charlm": 100}
 # Epochs per run, the same on both sides. The MLP's steps are ~1 ms: 10 epochs give each run 640 steps per rank
 # (the recipe's 3 would leave ~170 after the warm-up); the char LM keeps its recipe's 2 (176 steps, ~40 ms each).
 DEFAULT_EPOCHS = {"mlp": 10, "charlm": None}
@@ -483,16 +484,17 @@ def same_process(workload: str, args, log=None) -> dict[str, Any]:
     """benchmarks/inprocess.py on ``workload``: both loops in the same ``--nproc`` processes, alternating chunks
     of 20 steps (DDP over gloo on both sides). Returns its JSON summary, or ``{"error": ...}``."""
     rounds = SAME_PROCESS_ROUNDS[workload] if args.same_process is None else args.same_process
+    limit = max(args.timeout, 1200.0)  # one comparison is thousands of chunks: ~5 min on the MLP here
     cmd = [sys.executable, str(REPO / "benchmarks" / "inprocess.py"), "--workload", workload,
-           "--nproc", str(args.nproc), "--rounds", str(rounds), "--timeout", str(args.timeout)]
+           "--nproc", str(args.nproc), "--rounds", str(rounds), "--timeout", str(limit)]
     if log is not None:
         log(f"[{workload} same processes] {rounds} chunk pairs: {' '.join(cmd[1:])}")
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout + 60, env=env,
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=limit + 60, env=env,
                               stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired:
-        return {"error": f"inprocess.py took over {args.timeout + 60:.0f} s"}
+        return {"error": f"inprocess.py took over {limit + 60:.0f} s"}
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
     if proc.returncode != 0 or not lines:
         return {"error": f"inprocess.py exited {proc.returncode}: {(proc.stderr or proc.stdout)[-500:].strip()}"}
@@ -582,8 +584,8 @@ def parse_args(argv: list[str] | None = None):
     p.add_argument("--cli-repeats", type=int, default=20, help="runs of each CLI command (0: skip)")
     p.add_argument("--no-audit", action="store_true", help="skip the untimed hot-path audit run")
     p.add_argument("--same-process", type=int, default=None, metavar="N",
-                   help="chunk pairs of the same-process comparison, benchmarks/inprocess.py (default: mlp 1000, "
-                        "charlm 40; 0: skip; CPU only)")
+                   help="chunk pairs of the same-process comparison, benchmarks/inprocess.py (default: mlp 3000, "
+                        "charlm 100; 0: skip; CPU only)")
     p.add_argument("--interleaved", type=int, default=0, metavar="N",
                    help="diagnostics: N time-sliced sessions of both jobs per workload (benchmarks/interleaved.py)")
     p.add_argument("--slice", type=float, default=None, metavar="S",
