@@ -4,11 +4,11 @@
 Both loops run in the same process(es), as in benchmarks/inprocess.py, alternating chunks of ``--chunk`` steps.
 Each section of a step is timed where it is called (wall clock, ``perf_counter_ns``, a wrapper around the call):
 
-* on both sides: ``forward`` (the model's), ``loss``, ``backward``, ``optimizer.step``, ``zero_grad``,
-  ``scheduler.step``;
+* on both sides: ``loader`` (the next batch), ``forward`` (the model's), ``loss``, ``backward``,
+  ``optimizer.step``, ``zero_grad``, ``scheduler.step``;
 * on mgpu's side only: ``to_device`` (the Trainer's batch mover), ``step_stats`` (the task's metric pieces),
   ``_start_reduction`` and ``_finish_reduction`` (the log interval);
-* ``rest``: the step's time outside them (the loader, the loop's own lines, the Trainer's bookkeeping).
+* ``rest``: the step's time outside them (the loop's own lines, the Trainer's bookkeeping).
 
 It prints, per section, the time per step of each side and B - A. The wrappers cost ~0.1 us a call on both
 sides; run it on an idle machine. With ``--nproc 2`` (DDP over gloo) the table is rank 0's.
@@ -34,7 +34,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-SHARED = ("forward", "loss", "backward", "optimizer.step", "zero_grad", "scheduler.step")
+SHARED = ("loader", "forward", "loss", "backward", "optimizer.step", "zero_grad", "scheduler.step")
 MGPU_ONLY = ("to_device", "step_stats", "_start_reduction", "_finish_reduction")
 
 
@@ -98,6 +98,23 @@ def _wrap_optim(clock: Clock, optimizer, scheduler) -> None:
         scheduler.step = clock.wrap("scheduler.step", scheduler.step)
 
 
+def instrument_loaders(clock: Clock) -> None:
+    """Time each batch taken from either side's loader (inprocess._endless feeds both)."""
+    from benchmarks import inprocess
+
+    endless = inprocess._endless
+
+    def timed_endless(loader, sampler):
+        batches = endless(loader, sampler)
+        while True:
+            started = time.perf_counter_ns()
+            batch = next(batches)
+            clock.ns[(clock.side, "loader")] += time.perf_counter_ns() - started
+            yield batch
+
+    inprocess._endless = timed_endless
+
+
 def instrument_backward(clock: Clock) -> None:
     import torch
 
@@ -119,7 +136,7 @@ def table(clock: Clock, steps: dict[str, int]) -> list[str]:
         a, b = per_step("A", section), per_step("B", section)
         lines.append(f"| {section} | {a:.2f} | {b:.2f} | {b - a:+.2f} |")
     rest = {s: per_step(s, "step") - sum(per_step(s, n) for n in (*SHARED, *MGPU_ONLY)) for s in "AB"}
-    lines.append(f"| rest (loader, loop, bookkeeping) | {rest['A']:.2f} | {rest['B']:.2f} | "
+    lines.append(f"| rest (the loop, bookkeeping) | {rest['A']:.2f} | {rest['B']:.2f} | "
                  f"{rest['B'] - rest['A']:+.2f} |")
     a, b = per_step("A", "step"), per_step("B", "step")
     lines.append(f"| **whole step** | {a:.2f} | {b:.2f} | {b - a:+.2f} |")
@@ -136,6 +153,7 @@ def measure(args) -> list[str] | None:
     clock = Clock()
     instrument_hand_written(clock)
     instrument_backward(clock)
+    instrument_loaders(clock)
     trainer, rt = inprocess.mgpu_setup(args.workload, [])
     try:
         instrument_trainer(clock, trainer)

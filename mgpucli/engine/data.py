@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
+from torch.utils.data import BatchSampler, DataLoader, Dataset, DistributedSampler, Sampler
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from mgpucli.cpus import available_cores
@@ -87,8 +87,12 @@ def build_loaders(train_set: Dataset, val_set: Dataset | None, data_cfg, seed: i
               "persistent_workers": workers > 0}
     sampler = DistributedSampler(train_set, num_replicas=rt.world_size, rank=rt.rank,
                                  shuffle=bool(data_cfg.shuffle), seed=seed, drop_last=False)
-    train = StatefulDataLoader(train_set, batch_size=batch, sampler=sampler, drop_last=bool(data_cfg.drop_last),
-                               **common)
+    # torch's BatchSampler, not torchdata's default: that one builds each batch index by index in Python (~4 us a
+    # step on the quickstart MLP, benchmarks/sections.py). Without a stateful batch sampler StatefulDataLoader
+    # saves how many batches it yielded and resumes by skipping as many from the same (seeded, set_epoch'd)
+    # sampler, which also reads the state torchdata's batch sampler saved (tests/unit/test_loader_state.py).
+    batches = BatchSampler(sampler, batch, drop_last=bool(data_cfg.drop_last))
+    train = StatefulDataLoader(train_set, batch_sampler=batches, **common)
     val = val_batches = None
     if val_set is not None:
         if len(val_set) == 0:

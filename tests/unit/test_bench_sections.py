@@ -35,5 +35,5 @@ def test_the_table_gives_per_step_figures_and_the_rest():
     lines = table(clock, {"A": 10, "B": 10})
     assert "| forward | 100.00 | 100.00 | +0.00 |" in lines
     assert "| step_stats | 0.00 | 20.00 | +20.00 |" in lines
-    assert "| rest (loader, loop, bookkeeping) | 400.00 | 440.00 | +40.00 |" in lines
+    assert "| rest (the loop, bookkeeping) | 400.00 | 440.00 | +40.00 |" in lines
     assert lines[-1] == "| **whole step** | 500.00 | 560.00 | +60.00 |"
