@@ -87,10 +87,11 @@ def build_loaders(train_set: Dataset, val_set: Dataset | None, data_cfg, seed: i
               "persistent_workers": workers > 0}
     sampler = DistributedSampler(train_set, num_replicas=rt.world_size, rank=rt.rank,
                                  shuffle=bool(data_cfg.shuffle), seed=seed, drop_last=False)
-    # torch's BatchSampler, not torchdata's default: that one builds each batch index by index in Python (~4 us a
-    # step on the quickstart MLP, benchmarks/sections.py). Without a stateful batch sampler StatefulDataLoader
-    # saves how many batches it yielded and resumes by skipping as many from the same (seeded, set_epoch'd)
-    # sampler, which also reads the state torchdata's batch sampler saved (tests/unit/test_loader_state.py).
+    # torch's BatchSampler, not torchdata's default: that one builds each batch index by index in Python (~0.8 us
+    # a batch of 32 here, warm; benchmarks/sections.py times the loader). Without a stateful batch sampler,
+    # StatefulDataLoader saves how many batches it yielded and resumes by skipping as many from the same (seeded,
+    # set_epoch'd) sampler, which also reads the state torchdata's batch sampler saved
+    # (tests/unit/test_loader_state.py).
     batches = BatchSampler(sampler, batch, drop_last=bool(data_cfg.drop_last))
     train = StatefulDataLoader(train_set, batch_sampler=batches, **common)
     val = val_batches = None
