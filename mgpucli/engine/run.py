@@ -9,6 +9,7 @@ from typing import Any
 
 from mgpucli.dist.env import RankEnv
 from mgpucli.engine.report import NullReporter, Reporter
+from mgpucli.errors import Preempted
 from mgpucli.heap import settle_gc
 
 
@@ -41,7 +42,15 @@ def run_training(recipe: str, overrides: list[str], *, resume: str | None = None
         trainer = Trainer(cfg, rt, reporter, resume=resume, overwrite=overwrite)
         trainer.setup()
         settle_gc()  # the start-up's objects are frozen: no collection walks them again (mgpucli/heap.py)
-        return trainer.fit()
+        result = trainer.fit()
+        # Every rank is done with the group before any rank destroys it: a rank that tore gloo down while another
+        # still finished its last save could abort at exit ("terminate called without an active exception",
+        # SIGABRT), and a finished run was reported as failed (seen once in ~100 benchmark runs).
+        runtime.barrier(rt)
+        return result
+    except Preempted:
+        runtime.barrier(rt)  # every rank agreed on the stop and saved: the same meeting before teardown
+        raise
     except (RuntimeError, torch.OutOfMemoryError) as err:
         clearer = None if trainer is None else failures.translate(
             err, getattr(trainer, "progress", None), env.rank, trainer.step + 1, cfg.trainer.timeout_s,
