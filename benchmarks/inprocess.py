@@ -59,18 +59,35 @@ def parse_args(argv: list[str] | None = None):
 
 def launch(args) -> int:
     """Run this script under torch.distributed.run with ``--nproc`` processes; print rank 0's JSON."""
+    return run_distributed(__file__, worker_args(args), args.nproc, args.timeout)
+
+
+def worker_args(args) -> list[str]:
+    """This script's arguments for its workers (not --nproc: torchrun's parser would take it for its own)."""
     worker = ["--workload", args.workload, "--rounds", str(args.rounds), "--chunk", str(args.chunk)]
-    if args.log_every is not None:  # (not --nproc: torchrun's parser would take it for its --nproc-per-node)
-        worker += ["--log-every", str(args.log_every)]
-    return run_distributed(__file__, worker, args.nproc, args.timeout)
+    return worker + (["--log-every", str(args.log_every)] if args.log_every is not None else [])
 
 
 def run_distributed(script: str, worker_args: list[str], nproc: int, timeout: float) -> int:
     """``script worker_args`` under torch.distributed.run with ``nproc`` processes (the cores shared between
     them); prints the last JSON line of its output."""
+    result = distributed_json(script, worker_args, nproc, timeout)
+    if "error" in result:
+        print(result["error"], file=sys.stderr)
+        return result.get("rc", 1)
+    print(json.dumps(result))
+    return 0
+
+
+def distributed_json(script: str, worker_args: list[str], nproc: int, timeout: float,
+                     threads: int | None = None) -> dict:
+    """``script worker_args`` under torch.distributed.run with ``nproc`` processes, ``threads`` intra-op threads
+    each (default: the cores shared between them); the last JSON line its ranks printed, as a dict, or
+    ``{"error": why}``."""
     from mgpucli.cpus import threads_per_process
 
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads_per_process(nproc)),
+    threads = threads or threads_per_process(nproc)
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads),
            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
            script, *worker_args]
@@ -79,14 +96,12 @@ def run_distributed(script: str, worker_args: list[str], nproc: int, timeout: fl
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout,
                               stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired:
-        print(f"{name}: the {nproc}-process run took over {timeout:.0f} s", file=sys.stderr)
-        return 1
+        return {"error": f"{name}: the {nproc}-process run took over {timeout:.0f} s"}
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
     if proc.returncode != 0 or not lines:
-        print(proc.stdout[-3000:] + proc.stderr[-3000:], file=sys.stderr)
-        return proc.returncode or 1
-    print(lines[-1])
-    return 0
+        return {"error": f"{name} exited {proc.returncode}: " + (proc.stdout[-3000:] + proc.stderr[-3000:]).strip(),
+                "rc": proc.returncode or 1}
+    return json.loads(lines[-1])
 
 
 def hand_written(workload: str, rt, device):
@@ -175,15 +190,19 @@ def mgpu_teardown(trainer) -> None:
     runtime.teardown()
 
 
+WARMUP_PAIRS = 2  # chunk pairs run before the ones paired_chunks keeps
+
+
 def paired_chunks(sides: dict, rounds: int, chunk: int, distributed: bool, before_chunk=None) -> dict:
-    """``rounds`` AB/BA pairs of ``chunk`` calls of each side's step (after two pairs of warm-up), both ranks
-    starting each chunk together: ``{side: [(training-thread CPU s, [wall s of each step]), ...]}``."""
+    """``rounds`` AB/BA pairs of ``chunk`` calls of each side's step (after WARMUP_PAIRS pairs of warm-up), both
+    ranks starting each chunk together: ``{side: [(training-thread CPU s, [wall s of each step]), ...]}``.
+    ``before_chunk(side)`` runs before every chunk, the warm-up's included."""
     import torch.distributed as dist
 
     from benchmarks.stats import round_orders
 
     chunks: dict[str, list[tuple[float, list[float]]]] = {side: [] for side in sides}
-    for rnd, order in enumerate(round_orders(rounds + 2)):  # the first two pairs warm up
+    for rnd, order in enumerate(round_orders(rounds + WARMUP_PAIRS)):
         for side in order:
             if before_chunk is not None:
                 before_chunk(side)
@@ -197,7 +216,7 @@ def paired_chunks(sides: dict, rounds: int, chunk: int, distributed: bool, befor
                 now = time.perf_counter()
                 walls.append(now - before)
                 before = now
-            if rnd >= 2:
+            if rnd >= WARMUP_PAIRS:
                 chunks[side].append((time.thread_time() - cpu0, walls))
     return chunks
 

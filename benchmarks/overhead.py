@@ -483,22 +483,15 @@ def report_interleaved(workload: str, sliced: dict[str, Any]) -> tuple[list[str]
 def same_process(workload: str, args, log=None) -> dict[str, Any]:
     """benchmarks/inprocess.py on ``workload``: both loops in the same ``--nproc`` processes, alternating chunks
     of 20 steps (DDP over gloo on both sides). Returns its JSON summary, or ``{"error": ...}``."""
+    from benchmarks import inprocess
+
     rounds = SAME_PROCESS_ROUNDS[workload] if args.same_process is None else args.same_process
     limit = max(args.timeout, 1200.0)  # one comparison is thousands of chunks: ~5 min on the MLP here
-    cmd = [sys.executable, str(REPO / "benchmarks" / "inprocess.py"), "--workload", workload,
-           "--nproc", str(args.nproc), "--rounds", str(rounds), "--timeout", str(limit)]
+    worker = inprocess.worker_args(argparse.Namespace(workload=workload, rounds=rounds, chunk=20, log_every=None))
     if log is not None:
-        log(f"[{workload} same processes] {rounds} chunk pairs: {' '.join(cmd[1:])}")
-    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=limit + 60, env=env,
-                              stdin=subprocess.DEVNULL)
-    except subprocess.TimeoutExpired:
-        return {"error": f"inprocess.py took over {limit + 60:.0f} s"}
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
-    if proc.returncode != 0 or not lines:
-        return {"error": f"inprocess.py exited {proc.returncode}: {(proc.stderr or proc.stdout)[-500:].strip()}"}
-    return json.loads(lines[-1])
+        log(f"[{workload} same processes] {rounds} chunk pairs: inprocess.py {' '.join(worker)} on "
+            f"{args.nproc} process(es)")
+    return inprocess.distributed_json(inprocess.__file__, worker, args.nproc, limit, threads=args.threads)
 
 
 def report_same_process(workload: str, d: dict[str, Any]) -> tuple[list[str], dict[str, Any]]:

@@ -20,9 +20,7 @@ sides; run it on an idle machine. With ``--nproc 2`` (DDP over gloo) the table i
 from __future__ import annotations
 
 import argparse
-import contextlib
 import functools
-import io
 import json
 import os
 import sys
@@ -144,11 +142,8 @@ def table(clock: Clock, steps: dict[str, int]) -> list[str]:
 
 
 def measure(args) -> list[str] | None:
-    """Both sides in this process, instrumented; rank 0 returns the table."""
-    import torch.distributed as dist
-
+    """Both sides in this process, instrumented, stepped by inprocess.paired_chunks; rank 0 returns the table."""
     from benchmarks import inprocess
-    from benchmarks.stats import round_orders
 
     clock = Clock()
     instrument_hand_written(clock)
@@ -158,21 +153,19 @@ def measure(args) -> list[str] | None:
     try:
         instrument_trainer(clock, trainer)
         sides = {"A": inprocess.hand_written(args.workload, rt, rt.device), "B": inprocess.mgpu_trainer(trainer)}
-        steps = {"A": 0, "B": 0}
-        for rnd, order in enumerate(round_orders(args.rounds + 2)):  # the first two pairs warm up
-            if rnd == 2:
+        started = 0
+
+        def before_chunk(side: str) -> None:
+            nonlocal started
+            started += 1
+            if started == 2 * inprocess.WARMUP_PAIRS + 1:  # the warm-up's sections go, as its steps do
                 clock.ns.clear()
-            for side in order:
-                clock.side = side
-                if rt.distributed:
-                    dist.barrier()
-                step = sides[side]
-                for _ in range(args.chunk):
-                    started = time.perf_counter_ns()
-                    step()
-                    clock.ns[(side, "step")] += time.perf_counter_ns() - started
-                if rnd >= 2:
-                    steps[side] += args.chunk
+            clock.side = side
+
+        chunks = inprocess.paired_chunks(sides, args.rounds, args.chunk, rt.distributed, before_chunk)
+        steps = {side: sum(len(walls) for _, walls in kept) for side, kept in chunks.items()}
+        for side, kept in chunks.items():
+            clock.ns[(side, "step")] = round(1e9 * sum(sum(walls) for _, walls in kept))
         if rt.rank != 0:
             return None
         return [f"sections of a step, {args.workload}, {rt.world_size} process(es), {args.rounds} chunk pairs of "
@@ -194,15 +187,15 @@ def parse_args(argv: list[str] | None = None):
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.nproc > 1 and "LOCAL_RANK" not in os.environ:  # launch the workers; rank 0 prints the table as JSON
-        from benchmarks.inprocess import run_distributed
+        from benchmarks.inprocess import distributed_json
 
-        out = io.StringIO()
-        with contextlib.redirect_stdout(out):
-            rc = run_distributed(__file__, ["--workload", args.workload, "--rounds", str(args.rounds),
-                                            "--chunk", str(args.chunk)], args.nproc, args.timeout)
-        if rc == 0:
-            print("\n".join(json.loads(out.getvalue().strip().splitlines()[-1])["table"]))
-        return rc
+        result = distributed_json(__file__, ["--workload", args.workload, "--rounds", str(args.rounds),
+                                             "--chunk", str(args.chunk)], args.nproc, args.timeout)
+        if "error" in result:
+            print(result["error"], file=sys.stderr)
+            return result.get("rc", 1)
+        print("\n".join(result["table"]))
+        return 0
     import torch
 
     torch.set_num_threads(int(os.environ.setdefault("OMP_NUM_THREADS", "1")))

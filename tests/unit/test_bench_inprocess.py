@@ -26,3 +26,14 @@ def test_chunks_pair_by_index_and_ranks_combine():
     # median step of the slower rank's chunk: A 2, 2, 2 ms; B 2, 4, 2.5 ms
     assert out["wall_per_step_median"]["ratio"]["median"] == pytest.approx(1.25)
     assert out["wall_per_step_median"]["ratio_ci95"]["coverage"] == pytest.approx(0.75)  # 3 pairs: the range
+
+
+def test_a_distributed_run_that_fails_comes_back_as_an_error_with_its_exit_code(tmp_path):
+    from benchmarks.inprocess import distributed_json
+
+    script = tmp_path / "fails.py"
+    script.write_text("import sys\nprint('{\"not\": \"reached\"}' if False else 'boom')\nsys.exit(3)\n")
+    out = distributed_json(str(script), [], nproc=1, timeout=120)
+    assert out["rc"] == 1 and "fails.py exited 1" in out["error"] and "boom" in out["error"]  # torchrun: 1
+    script.write_text("import json\nprint('noise')\nprint(json.dumps({'ok': 1}))\n")
+    assert distributed_json(str(script), [], nproc=1, timeout=120) == {"ok": 1}
