@@ -16,6 +16,8 @@ shared machine whose speed drifts by tens of percent between runs, that is the c
 step-time ratio of a few percent, and its mean step per chunk carries a verdict too. With ``--interleaved N``,
 also N time-sliced sessions per workload (benchmarks/interleaved.py, a diagnostic): both jobs run at once and take
 turns every fraction of a second, so that their steps are compared on the same seconds of the machine.
+With ``--cores N``, also N rounds of both whole jobs at once, each confined to a core of its own (benchmarks/cores.py,
+a diagnostic): whole processes compared on the same seconds of the machine, with the same thread placement.
 
     python benchmarks/overhead.py                      # CPU, 2 gloo processes, both workloads, CLI start-up
     python benchmarks/overhead.py --workload mlp --rounds 12
@@ -581,13 +583,17 @@ def parse_args(argv: list[str] | None = None):
                         "charlm 100; 0: skip; CPU only)")
     p.add_argument("--interleaved", type=int, default=0, metavar="N",
                    help="diagnostics: N time-sliced sessions of both jobs per workload (benchmarks/interleaved.py)")
+    p.add_argument("--cores", type=int, default=0, metavar="N",
+                   help="diagnostics: N rounds of both whole jobs at once, each on a core of its own, swapping cores "
+                        "every round (benchmarks/cores.py; Linux, 2+ cores)")
     p.add_argument("--slice", type=float, default=None, metavar="S",
                    help="seconds per slice in the time-sliced sessions (default: mlp 0.25, charlm 1.0)")
     p.add_argument("--timeout", type=float, default=600, help="seconds one run may take")
     p.add_argument("--pin", action="store_true",
                    help="pin each rank to one core on both sides (less migration noise; not how users run)")
     p.add_argument("--experiment", default="", metavar="NAMES",
-                   help="diagnostics: swap pieces of mgpu's side (plain-loader, no-heartbeat; comma-separated)")
+                   help="diagnostics: swap pieces of mgpu's side (plain-loader, no-heartbeat, no-freeze; "
+                        "comma-separated)")
     p.add_argument("--mgpu-override", action="append", default=[], metavar="KEY=VALUE",
                    help="an extra recipe override for the mgpu side only (experiments; repeatable)")
     p.add_argument("--json", type=Path, default=None, help="write every figure here")
@@ -673,6 +679,14 @@ def main(argv: list[str] | None = None) -> int:
                 sliced = interleaved.measure(workload, sessions, args, root, REPO, command, environment,
                                              lambda line: print(line, file=sys.stderr))
                 lines, results["workloads"][workload]["interleaved"] = report_interleaved(workload, sliced)
+                _emit(lines + [""])
+                save()
+            if args.cores and args.gpus is None:
+                from benchmarks import cores
+
+                paired = cores.measure(workload, args.cores, args, root, REPO, command, environment,
+                                       lambda line: print(line, file=sys.stderr))
+                lines, results["workloads"][workload]["cores"] = cores.report(workload, paired, STEP_TARGET[workload])
                 _emit(lines + [""])
                 save()
             if not args.no_audit:

@@ -113,6 +113,11 @@ def _experiments(trainer_module) -> None:
         data.StatefulDataLoader = torch.utils.data.DataLoader
     if "no-heartbeat" in wanted:  # no per-rank progress thread
         trainer_module.Progress.start = lambda self: None
+    if "no-freeze" in wanted:  # start-up's objects not frozen (gc.freeze); full collections resume as usual
+        from mgpucli.engine import run
+        from mgpucli.heap import resume_full_gc
+
+        run.settle_gc = resume_full_gc
 
 
 def _ddp_facts(model) -> dict | None:
