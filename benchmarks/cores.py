@@ -2,19 +2,19 @@
 
 benchmarks/overhead.py's rounds run the two jobs one after the other, and on this shared 2-core machine the step
 time of the same code moves by tens of percent between runs: each run's threads land on the cores in a different
-way, and the machine itself drifts. Here both jobs (each with all its ranks) start together, one confined to core 0
-and the other to core 1 (CPU affinity, inherited by every process and thread they start), and the next round swaps
-the cores. Both jobs then see the same seconds of the machine, and each rank shares its core with the same
-threads on both sides (its job's other rank and their gloo threads), so the thread placement that makes separate
-runs bimodal is the same for both. A round's figure is each job's median step (and its mean training-thread CPU
-per step) over the seconds both were stepping, between consecutive steps of one epoch; the ratio is paired within
-the round, and the rounds are summarised by their median with a 95% interval (benchmarks/stats.py).
+way, and the machine itself drifts. Here both jobs (each with all its ranks) start together, each confined to one of
+the first two cores this process may use (CPU affinity, inherited by every process and thread they start), and the
+next round swaps the cores. Both jobs then see the same seconds of the machine, and each rank shares its core with
+the same threads on both sides (its job's other rank and their gloo threads), so the thread placement that makes
+separate runs bimodal is the same for both. A round's figure is each job's median step (and its mean training-thread
+CPU per step) over the seconds both were stepping, between consecutive steps of one epoch; the ratio is paired
+within the round, and the rounds are summarised by their median with a 95% interval (benchmarks/stats.py).
 
-A diagnostic (``overhead.py --cores N``, or this script for comparing mgpu with a variant of itself), not a
-target's measurement: two ranks on one core step about twice as slowly as on two, and they switch between each
-other on every collective, which is not what a user runs. What it does well is compare whole processes (launcher,
-start-up state, heap, threads) on the same seconds of the machine: per-round ratios spread over about +-5% here,
-where separate runs spread over +-20%. Linux only (``os.sched_setaffinity``).
+A diagnostic (``overhead.py --cores N``, or this script for comparing mgpu with a variant of itself), not a target's
+measurement: two ranks on one core step about twice as slowly as on two, and they switch between each other on every
+collective, which is not what a user runs. What it does well is compare whole processes (launcher, start-up state,
+heap, threads) on the same seconds of the machine: per-round ratios spread over about +-5-10% here, where separate
+runs spread over +-20%. Linux only (``os.sched_setaffinity``).
 
     python benchmarks/cores.py --rounds 16                      # mgpu (B) against the hand-written loop (A)
     python benchmarks/cores.py --rounds 16 --sides B,B+no-freeze  # mgpu against mgpu with a probe experiment
