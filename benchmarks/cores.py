@@ -23,7 +23,6 @@ runs spread over +-20%. Linux only (``os.sched_setaffinity``).
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import subprocess
@@ -39,7 +38,8 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from benchmarks.stats import median, median_interval, spread  # noqa: E402
+from benchmarks.interleaved import rank_steps  # noqa: E402
+from benchmarks.stats import median, median_interval, spread, step_intervals, window  # noqa: E402
 from mgpucli.proctree import kill_tree  # noqa: E402
 
 SETTLE_S = 0.3  # steps counted from this long after both jobs have started stepping
@@ -77,15 +77,15 @@ def overlap(steps: list[list[list[tuple]]], settle: float = SETTLE_S) -> tuple[f
 def window_figures(ranks: list[list[tuple]], lo: float, hi: float) -> tuple[float, float, int]:
     """(median step, mean training-thread CPU per step, steps) over ``[lo, hi]``: intervals between consecutive
     steps of one epoch, every rank pooled (they move in lockstep). NaN where no step fits."""
-    steps, cpu = [], []
+    steps, cpu_steps, cpu_total = [], 0, 0.0
     for records in ranks:
-        for a, b in zip(records, records[1:], strict=False):
-            if a[1] == b[1] and lo <= a[2] and b[2] <= hi:
-                steps.append(b[2] - a[2])
-                cpu.append(b[4] - a[4])
+        inside = [r for r in records if lo <= r[2] <= hi]  # in time order: neighbours here were neighbours there
+        steps += step_intervals([(s, e, t) for s, e, t, *_ in inside], warmup=0)
+        n, total = window([(r[0], r[1], r[4]) for r in inside], warmup=0)  # training-thread CPU, same intervals
+        cpu_steps, cpu_total = cpu_steps + n, cpu_total + total
     if not steps:
         return float("nan"), float("nan"), 0
-    return median(steps), sum(cpu) / len(cpu), len(steps)
+    return median(steps), cpu_total / cpu_steps, len(steps)
 
 
 def _pinned(core: int):
@@ -126,11 +126,10 @@ def run_pair(workload: str, rnd: int, sides: Sequence[str], cores: Sequence[int]
                 kill_tree(proc)
     steps = []
     for side, proc, out in zip(sides, procs, outs, strict=True):
-        ranks = sorted(out.glob("rank*.json"))
-        if proc.returncode != 0 or len(ranks) != args.nproc:
-            return Pair(tuple(cores), [],
-                        f"{side}: exit {proc.returncode}, {len(ranks)} rank files; see {out / 'output.log'}")
-        steps.append([[tuple(s) for s in json.loads(p.read_text())["steps"]] for p in ranks])
+        records, error = rank_steps(side, proc.returncode, out, args.nproc)
+        if error:
+            return Pair(tuple(cores), [], error)
+        steps.append(records)
     return Pair(tuple(cores), steps)
 
 

@@ -144,12 +144,20 @@ def run_session(workload: str, session: int, args, root: Path, cwd: Path, comman
                 kill_tree(proc)
     steps: dict[str, list[list[tuple[int, int, float]]]] = {}
     for side, out in outs.items():
-        ranks = sorted(out.glob("rank*.json"))
-        if procs[side].returncode != 0 or len(ranks) != args.nproc:
-            return Session(slices, {}, f"{side}: exit {procs[side].returncode}, {len(ranks)} rank files; "
-                                       f"see {out / 'output.log'}")
-        steps[side] = [[(s, e, t) for s, e, t, *_ in json.loads(p.read_text())["steps"]] for p in ranks]
+        records, error = rank_steps(side, procs[side].returncode, out, args.nproc)
+        if error:
+            return Session(slices, {}, error)
+        steps[side] = [[(s, e, t) for s, e, t, *_ in rank] for rank in records]
     return Session(slices, steps)
+
+
+def rank_steps(side: str, returncode: int | None, out: Path, nproc: int) -> tuple[list[list[tuple]], str | None]:
+    """A finished job's step records, one list per rank (the rank<N>.json files its ranks wrote in ``out``), or
+    why there are none: a non-zero exit or a missing rank file (the job's log is ``out``/output.log)."""
+    ranks = sorted(out.glob("rank*.json"))
+    if returncode != 0 or len(ranks) != nproc:
+        return [], f"{side}: exit {returncode}, {len(ranks)} rank files; see {out / 'output.log'}"
+    return [[tuple(s) for s in json.loads(p.read_text())["steps"]] for p in ranks], None
 
 
 def measure(workload: str, sessions: int, args, root: Path, cwd: Path, command, environment,
