@@ -7,6 +7,8 @@ every figure is paired chunk by chunk, so both sides see the same seconds of the
 
 * ``interval``: the log interval (its one all-reduce, the record, metrics.jsonl and TensorBoard, the NaN
   check) every ``trainer.log_every`` steps, against none;
+* ``shared``: short log intervals sharing one all-reduce (``REDUCE_EVERY_S``, engine/interval.py), against one
+  all-reduce per interval (use ``--chunk 240``: a chunk must span several reductions);
 * ``writer``: rank 0's metrics.jsonl and TensorBoard writes, against none (the interval itself stays);
 * ``tensorboard``: the TensorBoard event file (written in batches), against none;
 * ``tensorboard-unbatched``: each TensorBoard event encoded and written at once, against the batches of 10
@@ -48,7 +50,7 @@ from benchmarks.inprocess import (  # noqa: E402
     summarise,
 )
 
-PIECES = ("interval", "writer", "tensorboard", "tensorboard-unbatched", "heartbeat")
+PIECES = ("interval", "shared", "writer", "tensorboard", "tensorboard-unbatched", "heartbeat")
 
 
 def parse_args(argv: list[str] | None = None):
@@ -106,7 +108,10 @@ def scaled_to_1hz(ratio: float, rate: float) -> float:
 def switch(trainer, piece: str, hz: float):
     """``set(on)``: the piece as mgpu runs it (True) or without it (False), for this trainer; and the heartbeat's
     pacer (None for other pieces)."""
+    from mgpucli.engine import interval
+
     hot, writer = trainer.hot, trainer.writer
+    reduce_every_s = interval.REDUCE_EVERY_S
     tb = writer._tb if writer is not None else None
     pacer = None
     if piece == "heartbeat":
@@ -118,6 +123,8 @@ def switch(trainer, piece: str, hz: float):
     def set_piece(on: bool) -> None:
         if piece == "interval":
             trainer.hot = hot if on else replace(hot, log_every=10**9)
+        elif piece == "shared":  # every rank switches at the same step, so they agree on each reduction's size
+            interval.REDUCE_EVERY_S = reduce_every_s if on else 0.0
         elif piece == "writer":
             trainer.writer = writer if on else None
         elif piece == "tensorboard" and writer is not None:

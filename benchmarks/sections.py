@@ -7,7 +7,8 @@ Each section of a step is timed where it is called (wall clock, ``perf_counter_n
 * on both sides: ``loader`` (the next batch), ``forward`` (the model's), ``loss``, ``backward``,
   ``optimizer.step``, ``zero_grad``, ``scheduler.step``;
 * on mgpu's side only: ``to_device`` (the Trainer's batch mover), ``step_stats`` (the task's metric pieces),
-  ``_start_reduction`` and ``_finish_reduction`` (the log interval);
+  ``_close_interval``, ``_start_reduction`` and ``_finish_reduction`` (the log interval: its sums, the
+  all-reduce of the closed intervals, and the records);
 * ``rest``: the step's time outside them (the loop's own lines, the Trainer's bookkeeping).
 
 It prints, per section, the time per step of each side and B - A. The wrappers cost ~0.1 us a call on both
@@ -33,7 +34,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 SHARED = ("loader", "forward", "loss", "backward", "optimizer.step", "zero_grad", "scheduler.step")
-MGPU_ONLY = ("to_device", "step_stats", "_start_reduction", "_finish_reduction")
+MGPU_ONLY = ("to_device", "step_stats", "_close_interval", "_start_reduction", "_finish_reduction")
 
 
 class Clock:
@@ -84,7 +85,7 @@ def instrument_trainer(clock: Clock, trainer) -> None:
     trainer.task.loss = clock.wrap("loss", trainer.task.loss)
     trainer.task.step_stats = clock.wrap("step_stats", trainer.task.step_stats)
     trainer._to_device = clock.wrap("to_device", trainer._to_device)
-    for name in ("_start_reduction", "_finish_reduction"):
+    for name in ("_close_interval", "_start_reduction", "_finish_reduction"):
         setattr(trainer, name, clock.wrap(name, getattr(trainer, name)))
     _wrap_optim(clock, trainer.optimizer, trainer.scheduler)
 

@@ -1,16 +1,25 @@
 """The log interval: per-step metric pieces and losses kept on the device, reduced with one collective.
 
 Hot-path rules: no host sync per step. Each step leaves its metric pieces (Task.step_stats) and its detached
-loss on the device; at the interval's last step one vector (the metric sums, the interval's loss total as the
-NaN check, and the stop flag) is all-reduced asynchronously, and the next step reads it, so its latency overlaps
-that step's work. Every rank reads it at the same step, so the ranks agree on a stop or a NaN. A save, the end
-of an epoch, max_steps and a stop read it first.
+loss on the device; at the interval's last step they become one vector (the metric sums and the interval's loss
+total, the NaN check), and the interval is *closed*. Closed intervals are all-reduced together (their vectors and
+two control values, the stop flag and rank 0's pace, in one), asynchronously, and the next step reads them, so
+the latency overlaps that step's work. Every rank reads them at the same step, so the ranks agree on a stop or a
+NaN. A save, the end of an epoch, max_steps and a stop reduce and read what is closed first.
+
+How many intervals share a reduction adapts to their pace: one where an interval takes REDUCE_EVERY_S or more,
+else as many as fit in it (at most MAX_BATCH). Every record is still one log interval's exact sums, at its own
+step; on short steps the records are written (and a stop or a NaN is agreed) about every REDUCE_EVERY_S instead
+of every interval. An all-reduce, its wait and its read cost a fixed few hundred microseconds of wall time on
+gloo whatever they carry: every 20 steps of ~1 ms (the quickstart MLP on 2 processes) that was ~2% of the step
+time (benchmarks/README.md). The pace every rank uses is rank 0's, read from the reduced control values (the
+other ranks add zeros: exact), so every rank picks the same number and the collectives stay in step.
 
 :class:`LogInterval` is a part of :class:`mgpucli.engine.trainer.Trainer` (a mixin): it uses the trainer's
 ``rt``, ``task``, ``optimizer``, ``progress``, ``writer``, ``reporter``, ``step``, ``epoch`` and
 ``signal_received``, and owns the interval state that ``Trainer.setup`` creates (``acc``, ``first_bad``,
-``_losses``, ``_loss_steps``, ``_step_rows``, ``_in_flight``, ``_acc_dirty``, ``_bad_folded``,
-``_interval_start``, ``_interval_steps``).
+``_losses``, ``_loss_steps``, ``_step_rows``, ``_closed``, ``_batch``, ``_in_flight``, ``_acc_dirty``,
+``_bad_folded``, ``_interval_start``, ``_interval_steps``).
 """
 
 from __future__ import annotations
@@ -28,14 +37,15 @@ from mgpucli.errors import JobFailed
 
 NO_BAD = 2**62  # "no non-finite step yet" (min-reducible)
 FOLD_EVERY = 256  # pending losses and step pieces are folded at the latest after this many micro-steps
+REDUCE_EVERY_S = 0.25  # short log intervals share one all-reduce, about this often
+MAX_BATCH = 16  # log intervals one all-reduce carries at most
 
 
 @dataclass(slots=True)
-class Reduction:
-    """A log interval's all-reduce in flight, and what its record needs once it is done."""
+class Closed:
+    """A log interval whose sums are made, waiting for its reduction, and what its record needs."""
 
-    vec: torch.Tensor
-    work: Any  # the collective's handle (None on one process)
+    vec: torch.Tensor  # the metric sums and the loss total (float64, on the device)
     losses: list[torch.Tensor]  # the interval's pending losses, to find a non-finite one's step
     loss_steps: list[int]
     step: int
@@ -43,6 +53,22 @@ class Reduction:
     elapsed: float
     lr: float
     time: float
+
+
+@dataclass(slots=True)
+class Reduction:
+    """An all-reduce in flight: the closed intervals' vectors, then the control values, in one vector."""
+
+    flat: torch.Tensor
+    work: Any  # the collective's handle (None on one process)
+    intervals: list[Closed]
+
+
+def intervals_per_reduction(pace: float) -> int:
+    """How many log intervals the next all-reduce carries, from the pace (seconds per interval) of the last."""
+    if not pace > 0 or not math.isfinite(pace):
+        return 1
+    return max(1, min(MAX_BATCH, int(REDUCE_EVERY_S / pace)))
 
 
 def sum_step_rows(rows: list[Any], device: torch.device) -> torch.Tensor:
@@ -135,22 +161,20 @@ class LogInterval:
     """The Trainer's log-interval methods (see the module docstring for the state they share with it)."""
 
     def _reduce_and_log(self) -> dict[str, Any] | None:
-        """Every interval reduced and logged, now: the one in flight, then the steps since (at the end of an
-        epoch, and when every rank stops). Returns the latest train metrics (None if there were none)."""
+        """Every interval reduced and logged, now: the ones in flight, then those closed and the steps since (at
+        the end of an epoch, and when every rank stops). Returns the latest train metrics (None if there were
+        none)."""
         metrics = self._finish_reduction()
         if self._interval_steps:
+            self._close_interval()
+        if self._closed:
             self._start_reduction()
-            metrics = self._finish_reduction()
+            metrics = self._finish_reduction() or metrics
         return metrics
 
-    def _start_reduction(self) -> None:
-        """Start the one collective of a log interval: the metric sums, the interval's loss total (the NaN
-        check) and the stop flag, in one vector made with as few ops as possible (see _sum_column).
-
-        The all-reduce runs while the next step computes, and that step finishes it (_finish_reduction): a
-        blocking one costs its whole latency on the interval's step (~0.35 ms on 2 gloo processes here, a
-        quarter of the MLP recipe's step). Every rank finishes it at the same step, so they still agree on
-        where to stop, and a save, the end of an epoch or a stop finishes it first."""
+    def _close_interval(self) -> None:
+        """Make the interval's vector, the metric sums and its loss total (the NaN check), with as few ops as
+        possible (see _sum_column), and keep it with what its record needs until its reduction."""
         device = self.rt.device
         # Float32 losses summed in float64 cannot overflow: the total is NaN/inf exactly when one loss was, on
         # any rank once all-reduced (which step: only worked out when one was).
@@ -158,45 +182,62 @@ class LogInterval:
         losses = stacked.stacked.sum(dtype=torch.float64) if stacked is not None else _constant(0.0, device)
         if self._bad_folded:  # a fold earlier in this interval (> FOLD_EVERY micro-steps) checked some already
             losses = torch.where(self.first_bad < NO_BAD, float("nan"), losses)
-            self._bad_folded = False  # this reduction carries first_bad's verdict; a later fold sets it again
-        flags = [losses, _constant(float(self.signal_received is not None), device)]
+            self._bad_folded = False  # this interval carries first_bad's verdict; a later fold sets it again
         if self._acc_dirty or not self._step_rows:
             self._fold_rows()
-            vec = torch.cat([self.acc, torch.stack(flags)])
+            vec = torch.cat([self.acc, losses.reshape(1)])
             self.acc.zero_()
             self._acc_dirty = False
-        else:  # the usual interval: the pieces' column sums and the flags, stacked at once
-            vec = _float64_vector([*column_sums(self._step_rows, device, stacked), *flags])
+        else:  # the usual interval: the pieces' column sums and the loss total, stacked at once
+            vec = _float64_vector([*column_sums(self._step_rows, device, stacked), losses])
             self._step_rows.clear()
-        work = dist_rt.all_reduce_sum(vec, self.rt, async_op=True)
         now = time.perf_counter()
-        elapsed = now - self._interval_start
-        self._in_flight = Reduction(vec, work, self._losses, self._loss_steps, self.step, self.epoch, elapsed,
-                                     self.optimizer.param_groups[0]["lr"], time.time())
+        self._closed.append(Closed(vec, self._losses, self._loss_steps, self.step, self.epoch,
+                                   now - self._interval_start, self.optimizer.param_groups[0]["lr"], time.time()))
         self._losses, self._loss_steps = [], []
         self._interval_start, self._interval_steps = now, 0
 
+    def _start_reduction(self) -> None:
+        """Start the one collective of the closed intervals: their vectors and two control values (the stop flag,
+        and rank 0's pace, from which every rank takes the next reduction's size).
+
+        The all-reduce runs while the next step computes, and that step finishes it (_finish_reduction): a
+        blocking one costs its whole latency on the step (~0.35 ms on 2 gloo processes here, a quarter of the
+        MLP recipe's step). Every rank finishes it at the same step, so they still agree on where to stop, and a
+        save, the end of an epoch or a stop finishes it first."""
+        closed, self._closed = self._closed, []
+        pace = sum(c.elapsed for c in closed) / len(closed) if self.rt.rank == 0 else 0.0
+        control = torch.tensor([float(self.signal_received is not None), pace], dtype=torch.float64)
+        flat = torch.cat([*(c.vec for c in closed), _to(control, self.rt.device)])
+        self._in_flight = Reduction(flat, dist_rt.all_reduce_sum(flat, self.rt, async_op=True), closed)
+
     def _finish_reduction(self) -> dict[str, Any] | None:
-        """Wait for the interval's all-reduce (if one is in flight), stop on a non-finite loss, take the stop
-        flag, and log the interval's record."""
+        """Wait for the all-reduce (if one is in flight), log each interval's record, stop on a non-finite loss,
+        take the stop flag and the next reduction's size. Returns the last record's metrics."""
         done, self._in_flight = self._in_flight, None
         if done is None:
             return None
         with self.progress.in_phase("log interval: metrics/NaN/stop all-reduce"):
             if done.work is not None:
                 done.work.wait()
-            vec = done.vec.tolist()
-        sums, loss_total, stop = vec[:-2], vec[-2], vec[-1]
-        if not math.isfinite(loss_total):
-            self._losses[:0], self._loss_steps[:0] = done.losses, done.loss_steps
-            self._fold()  # every rank: finds its first non-finite step, then they agree on the earliest
-            self._raise_nan()
+            *values, stop, pace = done.flat.tolist()
+        width = len(values) // len(done.intervals)
+        metrics = None
+        for i, interval in enumerate(done.intervals):
+            sums, loss_total = values[i * width:(i + 1) * width - 1], values[(i + 1) * width - 1]
+            if not math.isfinite(loss_total):
+                later = done.intervals[i:]
+                self._losses[:0] = [loss for c in later for loss in c.losses]
+                self._loss_steps[:0] = [s for c in later for s in c.loss_steps]
+                self._fold()  # every rank: finds its first non-finite step, then they agree on the earliest
+                self._raise_nan()
+            metrics = self.task.metrics(sums)
+            samples = sums[self.task.stat_names.index("samples")] if "samples" in self.task.stat_names else 0
+            self._emit({"split": "train", "step": interval.step, "epoch": interval.epoch, **metrics,
+                        "samples_per_s": samples / interval.elapsed if interval.elapsed > 0 else 0.0,
+                        "lr": interval.lr, "time": interval.time})
         self.stop_agreed = self.stop_agreed or stop > 0
-        metrics = self.task.metrics(sums)
-        samples = sums[self.task.stat_names.index("samples")] if "samples" in self.task.stat_names else 0
-        self._emit({"split": "train", "step": done.step, "epoch": done.epoch, **metrics,
-                    "samples_per_s": samples / done.elapsed if done.elapsed > 0 else 0.0, "lr": done.lr,
-                    "time": done.time})
+        self._batch = intervals_per_reduction(pace)
         return metrics
 
     def _fold(self) -> None:
@@ -220,8 +261,12 @@ class LogInterval:
             self._step_rows.clear()
 
     def _check_finite(self) -> None:
-        """Before a save: all ranks agree that no step so far produced a non-finite loss."""
+        """Before a save: the closed intervals logged, and all ranks agree that no step so far produced a
+        non-finite loss."""
         self._finish_reduction()
+        if self._closed:
+            self._start_reduction()
+            self._finish_reduction()
         self._fold()
         with self.progress.in_phase("checkpoint: NaN check all-reduce"):
             flag = dist_rt.all_reduce_sum((self.first_bad < NO_BAD).to(torch.float64).reshape(1), self.rt)

@@ -4,9 +4,10 @@ Its two other parts live beside it: the log interval's reduction and NaN check (
 run dir and checkpoints (engine/trainer_checkpoints.py).
 
 Hot-path rules: no host sync per step (losses and metrics accumulate on the device as sums and are reduced
-with one collective per log interval, started at the interval's last step and read at the next one, so that
-its latency overlaps that step's work); ``no_sync`` on non-final accumulation micro-steps; the interval's losses
-stay on the device, and a non-finite one is found when the interval's reduction is read, and before every save.
+with one collective per log interval, or per several short ones (engine/interval.py), started at the interval's
+last step and read at the next one, so that its latency overlaps that step's work); ``no_sync`` on non-final
+accumulation micro-steps; the interval's losses stay on the device, and a non-finite one is found when the
+interval's reduction is read, and before every save.
 Every tensor op on the step path costs a few microseconds of dispatch even when its data is tiny, and an
 OmegaConf attribute read costs more: the step path reads plain settings and adds as few ops as it can
 (benchmarks/overhead.py holds it against a hand-written DDP loop).
@@ -34,7 +35,7 @@ from mgpucli.dist.watch import Progress
 from mgpucli.engine import state as st
 from mgpucli.engine.data import batch_mover, build_loaders
 from mgpucli.engine.evaluate import evaluate_exact
-from mgpucli.engine.interval import FOLD_EVERY, NO_BAD, LogInterval, Reduction
+from mgpucli.engine.interval import FOLD_EVERY, NO_BAD, Closed, LogInterval, Reduction
 from mgpucli.engine.report import Reporter
 from mgpucli.engine.rundir import MetricsWriter, checkpoint_dir
 from mgpucli.engine.strategy import wrap_model
@@ -101,7 +102,9 @@ class Trainer(Checkpoints, LogInterval):
         self.first_bad = torch.full((), NO_BAD, dtype=torch.int64, device=rt.device)
         self._acc_dirty = False  # acc holds sums not yet reduced (Task.stats rows, or a fold of pieces)
         self._bad_folded = False  # first_bad may hold a non-finite step not yet reduced
-        self._in_flight: Reduction | None = None  # a log interval's all-reduce, finished a step later
+        self._closed: list[Closed] = []  # log intervals whose sums are made, waiting for their all-reduce
+        self._batch = 1  # closed intervals per all-reduce (engine/interval.py), the same on every rank
+        self._in_flight: Reduction | None = None  # an all-reduce of closed intervals, finished a step later
         self._losses: list[torch.Tensor] = []  # detached losses not yet checked for NaN/inf (bounded: see _fold)
         self._loss_steps: list[int] = []  # the step each of them belongs to
         self._step_rows: list[Any] = []  # per-step stats pieces, added up by _fold (see Task.step_stats)
@@ -126,8 +129,8 @@ class Trainer(Checkpoints, LogInterval):
         """Train for ``trainer.epochs`` (or until ``trainer.max_steps``); returns the final metrics.
 
         SIGTERM/SIGINT/SIGUSR1 request a stop; the ranks agree on it when the next log-interval reduction
-        is read (so within ``trainer.log_every`` + 1 steps), save a checkpoint there and raise Preempted. A
-        second SIGINT interrupts at once.
+        is read (within ``trainer.log_every`` + 1 steps, or about REDUCE_EVERY_S where short intervals share
+        a reduction), save a checkpoint there and raise Preempted. A second SIGINT interrupts at once.
         """
         steps_per_epoch = math.ceil(len(self.loaders.train) / self.tcfg.grad_accum)
         self.reporter.start(self._info(steps_per_epoch))
@@ -299,7 +302,9 @@ class Trainer(Checkpoints, LogInterval):
         self.reporter.step(self.step)
         metrics = self._finish_reduction() if self._in_flight is not None else None  # started a step ago
         if self.step % hot.log_every == 0:
-            self._start_reduction()
+            self._close_interval()
+            if len(self._closed) >= self._batch:
+                self._start_reduction()
         if hot.checkpoint_every_steps and self.step % hot.checkpoint_every_steps == 0 and not self._done():
             metrics = self._finish_reduction() or metrics
             self.save(mid_epoch=True)

@@ -81,11 +81,12 @@ def test_sigterm_to_launch_checkpoints_and_resume_equals_uninterrupted(tmp_path)
     full = mgpu("launch", "--cpu", "--nproc", "2", QUICK, *SMALL, *common, "run_dir=full", cwd=tmp_path,
                 timeout=180)
     assert full.returncode == 0, full.output
-    # Step 26 sleeps 3 s on every rank (the math is unchanged), so the SIGTERM sent once step 24 is logged (at
-    # step 25) lands mid-epoch for sure: without it, the 24 remaining ~ms steps could all finish first.
-    proc = _launch(tmp_path, *common, "run_dir=part", env={"MGPU_FAULT": "sleep@step=26", "MGPU_FAULT_SLEEP": "3"})
+    # Every step sleeps 0.1 s on every rank (the math is unchanged), so the SIGTERM sent once step 20 is logged
+    # (at step 21) lands mid-epoch for sure: without it, the remaining ~ms steps could all finish first. Steps that
+    # slow also give each log interval an all-reduce of its own (short ones share one, agreed at the next).
+    proc = _launch(tmp_path, *common, "run_dir=part", env={"MGPU_FAULT": "sleep", "MGPU_FAULT_SLEEP": "0.1"})
     try:
-        _wait_for_step(tmp_path / "part", 24, proc)  # mid-epoch 2 (16 steps per epoch)
+        _wait_for_step(tmp_path / "part", 20, proc)  # mid-epoch 2 (16 steps per epoch)
         os.killpg(proc.pid, signal.SIGTERM)  # what SLURM / Kubernetes send
         out, err = proc.communicate(timeout=45)
     finally:
@@ -93,7 +94,7 @@ def test_sigterm_to_launch_checkpoints_and_resume_equals_uninterrupted(tmp_path)
     assert proc.returncode != 0
     assert "stopped by SIGTERM at step" in err and "--resume auto" in err
     mid = load_ckpt(tmp_path / "part/checkpoints/last.pt")
-    assert 24 <= mid["step"] < 48 and mid["mid_epoch"]
+    assert 20 <= mid["step"] < 48 and mid["mid_epoch"]
     resumed = mgpu("launch", "--cpu", "--nproc", "2", QUICK, *SMALL, *common, "run_dir=part", "--resume", "auto",
                    cwd=tmp_path, timeout=180)
     assert resumed.returncode == 0, resumed.output

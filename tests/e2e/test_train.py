@@ -59,6 +59,12 @@ def test_two_processes_match_one_process_with_twice_the_batch(tmp_path):
         torch.testing.assert_close(a["model"][key], b["model"][key], rtol=1e-4, atol=1e-5)
     assert "global batch 32 = 16 per process x 2 process(es)" in two.stderr
     assert two.stderr.count("global batch") == 1  # only rank 0 prints
+    # every log interval has its record, once and in order, however many shared an all-reduce (ms steps: several)
+    trains = {name: [m for m in metrics(tmp_path / name) if m["split"] == "train"] for name in ("one", "two")}
+    assert [m["step"] for m in trains["two"]] == [m["step"] for m in trains["one"]] == [8, 16, 24, 32]
+    for a, b in zip(trains["two"], trains["one"], strict=True):
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-4)
+        assert a["accuracy"] == pytest.approx(b["accuracy"], abs=0.01)
 
 
 def test_legacy_torch_distributed_launch(tmp_path):

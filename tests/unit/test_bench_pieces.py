@@ -70,6 +70,13 @@ def test_each_piece_switches_on_and_off():
     assert tb.max_queue == 1  # "with": each event written at once
     set_piece(False)
     assert tb.max_queue == 10
+    from mgpucli.engine import interval
+
+    set_piece, _ = pieces.switch(t, "shared", 200)
+    set_piece(False)
+    assert interval.REDUCE_EVERY_S == 0.0 and interval.intervals_per_reduction(1e-6) == 1  # one per interval
+    set_piece(True)
+    assert interval.REDUCE_EVERY_S == 0.25 and interval.intervals_per_reduction(1e-6) == interval.MAX_BATCH
 
 
 def test_a_short_real_run_reports_paired_chunks():

@@ -1,6 +1,7 @@
 """The log interval's reduction, in one process (no process group): the metric sums it reports are Task.stats'
 sums, whichever way the task hands in its step stats, and a non-finite loss is caught even when an earlier fold
-(an interval longer than FOLD_EVERY micro-steps) already took it off the pending list."""
+(an interval longer than FOLD_EVERY micro-steps) already took it off the pending list. Short intervals share one
+reduction, and each record is still its own interval's."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import torch
 from mgpucli.config import load_recipe
 from mgpucli.dist import runtime
 from mgpucli.dist.env import RankEnv
+from mgpucli.engine import interval
 from mgpucli.engine import trainer as trainer_module
 from mgpucli.engine.report import NullReporter
 from mgpucli.engine.tasks import Regression
@@ -101,9 +103,10 @@ def test_a_nan_loss_in_the_interval_stops_the_run(make_trainer):
         tr._reduce_and_log()
 
 
-def test_an_interval_is_logged_by_the_next_step_with_its_own_step_and_lr(make_trainer):
+def test_an_interval_is_logged_by_the_next_step_with_its_own_step_and_lr(make_trainer, monkeypatch):
     """The interval's all-reduce runs while the next step computes: that step logs the record, which carries
     the interval's step, lr and sums; a save, or the end of the epoch, finishes one in flight at once."""
+    monkeypatch.setattr(interval, "REDUCE_EVERY_S", 0.0)  # one interval per reduction, however short
     tr = make_trainer("trainer.log_every=4")
     logged = []
     tr._emit = logged.append
@@ -111,7 +114,7 @@ def test_an_interval_is_logged_by_the_next_step_with_its_own_step_and_lr(make_tr
     expected = torch.zeros(len(tr.task.stat_names), dtype=torch.float64)
     _steps(tr, batches[:4], expected)
     lr_at_4 = tr.optimizer.param_groups[0]["lr"]
-    assert logged == [] and tr._in_flight is not None and tr._in_flight.step == 4
+    assert logged == [] and tr._in_flight is not None and [c.step for c in tr._in_flight.intervals] == [4]
     _steps(tr, batches[4:5])
     assert tr._in_flight is None and len(logged) == 1
     record = logged[0]
@@ -123,3 +126,87 @@ def test_an_interval_is_logged_by_the_next_step_with_its_own_step_and_lr(make_tr
     assert tr._in_flight is None and [r["step"] for r in logged] == [4, 8]
     _steps(tr, batches[:2])  # (the shard has 8 batches)
     assert tr._reduce_and_log() is not None and [r["step"] for r in logged] == [4, 8, 10]  # the partial interval
+
+
+class IntervalSums:
+    """Each interval's metrics from Task.stats (the reference), made from the batches as the trainer steps them."""
+
+    def __init__(self, tr, log_every: int):
+        self.tr, self.log_every, self.metrics = tr, log_every, []
+        self.sums = torch.zeros(len(tr.task.stat_names), dtype=torch.float64)
+
+    def steps(self, batches) -> None:
+        for batch in batches:
+            _steps(self.tr, [batch], self.sums)
+            if self.tr.step % self.log_every == 0:
+                self.metrics.append(self.tr.task.metrics(self.sums.tolist()))
+                self.sums.zero_()
+
+
+def test_short_intervals_share_a_reduction_and_each_keeps_its_own_record(make_trainer, monkeypatch):
+    """The first reduction carries one interval; the pace it reads makes the next ones carry MAX_BATCH (here 3).
+    Intervals closed in between wait, unlogged, and are then logged in order, each with its own step, lr and
+    sums; a save logs the waiting ones first."""
+    monkeypatch.setattr(interval, "MAX_BATCH", 3)
+    monkeypatch.setattr(interval, "REDUCE_EVERY_S", 1e9)  # every interval counts as short
+    tr = make_trainer("trainer.log_every=2")
+    logged, lrs = [], {}
+    tr._emit = logged.append
+    step = tr._optimizer_step
+
+    def remember_lr():
+        metrics = step()
+        lrs[tr.step] = tr.optimizer.param_groups[0]["lr"]  # the lr when the step's interval closed
+        return metrics
+
+    tr._optimizer_step = remember_lr
+    batches = list(tr.loaders.train)  # 8 batches
+    expected = IntervalSums(tr, 2)
+    expected.steps(batches[:3])  # step 2 reduced alone, read at step 3
+    assert [r["step"] for r in logged] == [2] and tr._batch == 3
+    expected.steps(batches[3:7])  # steps 4 and 6 closed, waiting
+    assert [r["step"] for r in logged] == [2] and [c.step for c in tr._closed] == [4, 6] and tr._in_flight is None
+    expected.steps(batches[7:8])  # step 8: the third, reduced with 4 and 6
+    assert [c.step for c in tr._in_flight.intervals] == [4, 6, 8] and not tr._closed
+    expected.steps(batches[:2])  # step 9 reads them; step 10 closes the next
+    assert [r["step"] for r in logged] == [2, 4, 6, 8] and [c.step for c in tr._closed] == [10]
+    tr._check_finite()  # what a save does first
+    assert [r["step"] for r in logged] == [2, 4, 6, 8, 10] and not tr._closed and tr._in_flight is None
+    assert [{k: r[k] for k in ("loss", "accuracy")} for r in logged] == expected.metrics
+    assert [r["lr"] for r in logged] == [lrs[s] for s in (2, 4, 6, 8, 10)]
+
+
+def test_a_nan_loss_in_a_shared_reduction_logs_the_intervals_before_it(make_trainer, monkeypatch):
+    monkeypatch.setattr(interval, "MAX_BATCH", 3)
+    monkeypatch.setattr(interval, "REDUCE_EVERY_S", 1e9)
+    tr = make_trainer("trainer.log_every=2")
+    logged = []
+    tr._emit = logged.append
+    batches = list(tr.loaders.train)
+    _steps(tr, batches[:7])  # step 2 logged at 3; steps 4 and 6 closed
+    assert [c.step for c in tr._closed] == [4, 6]
+    tr._closed[1].losses[1] = torch.tensor(float("nan"))  # as if step 6's loss had been NaN
+    tr._closed[1].vec[-1] = float("nan")  # ... and so its interval's loss total
+    _steps(tr, batches[7:8])  # step 8 reduces 4, 6 and 8
+    with pytest.raises(JobFailed, match="NaN or inf at step 6"):
+        _steps(tr, batches[:1])  # step 9 reads them
+    assert [r["step"] for r in logged] == [2, 4]
+
+
+def test_a_stop_is_agreed_when_the_shared_reduction_is_read(make_trainer, monkeypatch):
+    monkeypatch.setattr(interval, "MAX_BATCH", 3)
+    monkeypatch.setattr(interval, "REDUCE_EVERY_S", 1e9)
+    tr = make_trainer("trainer.log_every=2")
+    batches = list(tr.loaders.train)
+    _steps(tr, batches[:4])
+    tr.signal_received = "SIGTERM"
+    _steps(tr, batches[4:8])  # steps 4 and 6 closed; step 8 starts their reduction, with the stop flag
+    assert not tr.stop_agreed
+    _steps(tr, batches[:1])
+    assert tr.stop_agreed
+
+
+@pytest.mark.parametrize(("pace", "batch"), [(0.3, 1), (0.25, 1), (0.1, 2), (0.02, 12), (1e-4, 16), (0.0, 1),
+                                             (float("nan"), 1), (float("inf"), 1)])
+def test_intervals_per_reduction_fit_the_pace(pace, batch):
+    assert interval.intervals_per_reduction(pace) == batch
