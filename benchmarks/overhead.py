@@ -283,9 +283,9 @@ def compare_weights(a: str | None, b: str | None) -> tuple[bool | None, str]:
 
 
 def summarise_audit(run: Run, log_every: int, warmup: int) -> dict[str, Any]:
-    """Hot-path facts from an audit run: collectives only at log steps, host syncs only at the step after one
-    (where the interval's all-reduce, started at the log step, is read: the Trainer's _finish_reduction), and
-    no object growth."""
+    """Hot-path facts from an audit run: collectives only at log steps (at most one: short intervals share one),
+    host syncs only at the step after one (where the all-reduce, started at the log step, is read: the Trainer's
+    _finish_reduction), and no object growth."""
     out: dict[str, Any] = {}
     if not run.audit:
         return {"error": run.error or "no audit data"}
@@ -301,8 +301,9 @@ def summarise_audit(run: Run, log_every: int, warmup: int) -> dict[str, Any]:
                 coll_steps.add(step)
             if on_log:
                 coll_log.append(colls)
-        # Live objects are counted (after a full collection) at every log step: the median change per step
-        # between consecutive counts shows a steady leak and ignores one-time jumps (the first validation).
+        # Live objects are counted (after a full collection) at every log step, less those the closed log
+        # intervals hold until their reduction (the probe's count): the median change per step between
+        # consecutive counts shows a steady leak and ignores one-time jumps (the first validation).
         # The probe writes out rank 0's TensorBoard queue (bounded, tested on its own) before each count.
         counted = [(s, objs) for s, _, _, objs in rows if s > warmup and objs >= 0]
         if len(counted) > 1:
@@ -552,7 +553,7 @@ def report_audit(workload: str, facts: dict[str, Any], log_every: int) -> list[s
     return [
         f"- {workload} ({facts['steps']} steps, log_every {log_every}): host syncs from mgpu's code outside the log "
         f"interval: {'none' if ok_sync else facts['host_syncs_outside_log_interval'][:10]}; Python collectives "
-        f"outside it: {'none' if ok_coll else facts['collectives_outside_log_interval'][:10]}, per log interval: "
+        f"outside it: {'none' if ok_coll else facts['collectives_outside_log_interval'][:10]}, per log step: "
         f"{facts['collectives_per_log_interval']}; live Python objects, median change per step (per rank): "
         f"{facts['live_objects_growth_per_step']}; CUDA sync warnings: {facts['cuda_sync_warnings']}; DDP: "
         f"gradient_as_bucket_view={ddp.get('gradient_as_bucket_view')}, bucket cap "

@@ -58,8 +58,8 @@ def _patch(module) -> None:
             tb = getattr(self.writer, "_tb", None)
             if tb is not None and self.step % self.tcfg.log_every == 0:
                 tb.flush()  # rank 0's TensorBoard queue (<= 10 events, tests/unit/test_tbevents_queue.py) saws
-            audit.end_step(self.step, self.tcfg.log_every)  # up and down; counted empty, growth is anything else
-        return result
+            audit.end_step(self.step, self.tcfg.log_every, self)  # up and down; counted empty: growth is
+        return result  # anything else
 
     def fit(self):
         if audit is not None:
@@ -193,21 +193,35 @@ class _Audit:
         self.between_epochs[1] += self.collectives
         self.syncs = self.collectives = 0
 
-    def end_step(self, step: int, log_every: int) -> None:
+    def end_step(self, step: int, log_every: int, trainer) -> None:
         """Counts since the previous step; live objects (after a full collection) at log-interval steps only,
-        so that every sample is taken at the same point of the loop."""
+        so that every sample is taken at the same point of the loop, less those the closed log intervals hold
+        until their reduction is read (engine/interval.py: how many wait depends on the pace, up to 16)."""
         import gc
 
         objects = -1
         if step % log_every == 0:
             gc.collect()
-            objects = len(gc.get_objects())
+            objects = len(gc.get_objects()) - _held_by_closed_intervals(trainer)
         self.per_step.append((step, self.syncs, self.collectives, objects))
         self.syncs = self.collectives = 0
 
     def report(self) -> dict:
         return {"per_step": self.per_step, "cuda_sync_warnings": self.cuda_sync_warnings,
                 "between_epochs": self.between_epochs}
+
+
+def _held_by_closed_intervals(trainer) -> int:
+    """The GC-tracked objects that closed log intervals hold: each interval, its losses (the list and the
+    tensors), its steps and its vector; a reduction in flight, its vector and its list of intervals."""
+    import gc
+
+    flight = trainer._in_flight
+    intervals = [*trainer._closed, *(flight.intervals if flight is not None else ())]
+    held = {id(o): o for c in intervals for o in (c, c.losses, c.loss_steps, c.vec, *c.losses)}
+    if flight is not None:
+        held.update({id(o): o for o in (flight, flight.flat, flight.intervals)})
+    return sum(1 for o in held.values() if gc.is_tracked(o))
 
 
 class _Hook:
