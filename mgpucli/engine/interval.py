@@ -221,10 +221,10 @@ class LogInterval:
             if done.work is not None:
                 done.work.wait()
             *values, stop, pace = done.flat.tolist()
-        width = len(values) // len(done.intervals)
-        metrics = None
+        metrics, end = None, 0
         for i, interval in enumerate(done.intervals):
-            sums, loss_total = values[i * width:(i + 1) * width - 1], values[(i + 1) * width - 1]
+            start, end = end, end + interval.vec.numel()
+            sums, loss_total = values[start:end - 1], values[end - 1]
             if not math.isfinite(loss_total):
                 later = done.intervals[i:]
                 self._losses[:0] = [loss for c in later for loss in c.losses]

@@ -143,13 +143,17 @@ class IntervalSums:
                 self.sums.zero_()
 
 
-def test_short_intervals_share_a_reduction_and_each_keeps_its_own_record(make_trainer, monkeypatch):
+@pytest.mark.parametrize("task", ["classification", "regression"])
+def test_short_intervals_share_a_reduction_and_each_keeps_its_own_record(make_trainer, monkeypatch, task):
     """The first reduction carries one interval; the pace it reads makes the next ones carry MAX_BATCH (here 3).
     Intervals closed in between wait, unlogged, and are then logged in order, each with its own step, lr and
-    sums; a save logs the waiting ones first."""
+    sums (pieces, or a stats() vector task's ``acc``); a save logs the waiting ones first."""
     monkeypatch.setattr(interval, "MAX_BATCH", 3)
     monkeypatch.setattr(interval, "REDUCE_EVERY_S", 1e9)  # every interval counts as short
     tr = make_trainer("trainer.log_every=2")
+    if task == "regression":
+        tr.task = Regression()
+        tr.acc = torch.zeros(len(tr.task.stat_names), dtype=torch.float64)
     logged, lrs = [], {}
     tr._emit = logged.append
     step = tr._optimizer_step
@@ -160,7 +164,8 @@ def test_short_intervals_share_a_reduction_and_each_keeps_its_own_record(make_tr
         return metrics
 
     tr._optimizer_step = remember_lr
-    batches = list(tr.loaders.train)  # 8 batches
+    batches = [(x, torch.nn.functional.one_hot(y, 4).float() if task == "regression" else y)
+               for x, y in tr.loaders.train]  # 8 batches
     expected = IntervalSums(tr, 2)
     expected.steps(batches[:3])  # step 2 reduced alone, read at step 3
     assert [r["step"] for r in logged] == [2] and tr._batch == 3
@@ -172,7 +177,7 @@ def test_short_intervals_share_a_reduction_and_each_keeps_its_own_record(make_tr
     assert [r["step"] for r in logged] == [2, 4, 6, 8] and [c.step for c in tr._closed] == [10]
     tr._check_finite()  # what a save does first
     assert [r["step"] for r in logged] == [2, 4, 6, 8, 10] and not tr._closed and tr._in_flight is None
-    assert [{k: r[k] for k in ("loss", "accuracy")} for r in logged] == expected.metrics
+    assert [{k: r[k] for k in expected.metrics[0]} for r in logged] == expected.metrics
     assert [r["lr"] for r in logged] == [lrs[s] for s in (2, 4, 6, 8, 10)]
 
 
