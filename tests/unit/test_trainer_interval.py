@@ -211,6 +211,23 @@ def test_a_stop_is_agreed_when_the_shared_reduction_is_read(make_trainer, monkey
     assert tr.stop_agreed
 
 
+def test_only_rank_0_hands_in_a_pace(make_trainer, monkeypatch):
+    """Every rank takes the next reduction's size from the reduced pace, so only rank 0 adds its own (the others
+    add 0.0: the sum is rank 0's value exactly, the same on every rank, and the collectives stay in step). Here
+    one process plays rank 1 (no process group: nothing is added to what it hands in)."""
+    from dataclasses import replace
+
+    monkeypatch.setattr(interval, "REDUCE_EVERY_S", 1e9)
+    tr = make_trainer("trainer.log_every=2")
+    batches = list(tr.loaders.train)
+    tr.rt = replace(tr.rt, env=replace(tr.rt.env, rank=1))
+    _steps(tr, batches[:3])
+    assert tr._batch == 1  # a pace of 0: one interval per reduction
+    tr.rt = replace(tr.rt, env=replace(tr.rt.env, rank=0))
+    _steps(tr, batches[3:5])
+    assert tr._batch == interval.MAX_BATCH
+
+
 @pytest.mark.parametrize(("pace", "batch"), [(0.3, 1), (0.25, 1), (0.1, 2), (0.02, 12), (1e-4, 16), (0.0, 1),
                                              (float("nan"), 1), (float("inf"), 1)])
 def test_intervals_per_reduction_fit_the_pace(pace, batch):
