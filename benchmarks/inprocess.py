@@ -140,16 +140,24 @@ def hand_written(workload: str, rt, device):
 
 
 def mgpu_trainer(trainer):
-    """Side B: mgpu's Trainer, one optimizer step per call (the recipe's grad_accum micro-steps)."""
+    """Side B: mgpu's Trainer, one optimizer step per call (the recipe's grad_accum micro-steps).
+
+    The time between two calls (the other side's chunk, the barrier) is not mgpu's: its log interval's clock is
+    moved past it, so that the interval's time (a record's samples/s, and the pace that sets how many intervals
+    share an all-reduce, engine/interval.py) counts mgpu's own steps, as in a run of mgpu alone."""
     trainer.wrapped.train.train()
     trainer._interval_start, trainer._interval_steps = time.perf_counter(), 0
     batches = _endless(trainer.loaders.train, trainer.loaders.sampler)
     accum = trainer.hot.grad_accum
+    returned = [None]  # when the previous call returned
 
     def step() -> None:
+        if returned[0] is not None:
+            trainer._interval_start += time.perf_counter() - returned[0]
         for micro in range(accum):
             trainer._forward_backward(next(batches), sync=micro == accum - 1)
         trainer._optimizer_step()
+        returned[0] = time.perf_counter()
 
     return step
 

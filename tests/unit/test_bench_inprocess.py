@@ -37,3 +37,28 @@ def test_a_distributed_run_that_fails_comes_back_as_an_error_with_its_exit_code(
     assert out["rc"] == 1 and "fails.py exited 1" in out["error"] and "boom" in out["error"]  # torchrun: 1
     script.write_text("import json\nprint('noise')\nprint(json.dumps({'ok': 1}))\n")
     assert distributed_json(str(script), [], nproc=1, timeout=120) == {"ok": 1}
+
+
+def test_the_time_between_mgpu_steps_is_not_its_interval_time(monkeypatch):
+    """The other side's chunk runs between two of mgpu's steps: its log interval's clock skips that time, so
+    that its records and the pace of its shared all-reduces count mgpu's own steps only."""
+    from types import SimpleNamespace
+
+    from benchmarks import inprocess
+
+    now = [100.0]
+    monkeypatch.setattr(inprocess.time, "perf_counter", lambda: now[0])
+    monkeypatch.setattr(inprocess, "_endless", lambda loader, sampler: iter(range(10)))
+
+    def optimizer_step():
+        now[0] += 0.5  # each of mgpu's steps takes 0.5 s
+
+    trainer = SimpleNamespace(wrapped=SimpleNamespace(train=SimpleNamespace(train=lambda: None)),
+                              loaders=SimpleNamespace(train=None, sampler=None), hot=SimpleNamespace(grad_accum=1),
+                              _forward_backward=lambda batch, sync: None, _optimizer_step=optimizer_step)
+    step = inprocess.mgpu_trainer(trainer)
+    step()
+    step()
+    now[0] += 7.0  # the other side's chunk
+    step()
+    assert trainer._interval_start == 107.0 and now[0] - trainer._interval_start == 1.5  # three steps of 0.5 s
