@@ -57,9 +57,11 @@ def _patch(module) -> None:
         if audit is not None:
             tb = getattr(self.writer, "_tb", None)
             if tb is not None and self.step % self.tcfg.log_every == 0:
-                tb.flush()  # rank 0's TensorBoard queue (<= 10 events, tests/unit/test_tbevents_queue.py) saws
-            audit.end_step(self.step, self.tcfg.log_every, self)  # up and down; counted empty: growth is
-        return result  # anything else
+                # rank 0's TensorBoard queue (<= 10 events, tests/unit/test_tbevents_queue.py) saws up and down:
+                # counted empty, growth is anything else
+                tb.flush()
+            audit.end_step(self.step, self.tcfg.log_every, self)
+        return result
 
     def fit(self):
         if audit is not None:

@@ -167,10 +167,15 @@ class LogInterval:
         metrics = self._finish_reduction()
         if self._interval_steps:
             self._close_interval()
-        if self._closed:
-            self._start_reduction()
-            metrics = self._finish_reduction() or metrics
-        return metrics
+        return self._reduce_closed() or metrics
+
+    def _reduce_closed(self) -> dict[str, Any] | None:
+        """The closed intervals reduced and logged now (the caller has finished any reduction in flight);
+        returns the last record's metrics (None if none was closed)."""
+        if not self._closed:
+            return None
+        self._start_reduction()
+        return self._finish_reduction()
 
     def _close_interval(self) -> None:
         """Make the interval's vector, the metric sums and its loss total (the NaN check), with as few ops as
@@ -264,9 +269,7 @@ class LogInterval:
         """Before a save: the closed intervals logged, and all ranks agree that no step so far produced a
         non-finite loss."""
         self._finish_reduction()
-        if self._closed:
-            self._start_reduction()
-            self._finish_reduction()
+        self._reduce_closed()
         self._fold()
         with self.progress.in_phase("checkpoint: NaN check all-reduce"):
             flag = dist_rt.all_reduce_sum((self.first_bad < NO_BAD).to(torch.float64).reshape(1), self.rt)
