@@ -1,27 +1,38 @@
 #!/usr/bin/env python
-"""mgpu's step path against the hand-written loop's, in the same process(es), alternating chunks of steps.
+"""mgpu's step path against the hand-written loop's, in the same process(es), alternating steps.
 
 On a shared 2-core machine the step time of 2-process DDP drifts by tens of percent within a run, second to
 second (most likely as the scheduler places the processes' threads on the two cores). Separate runs, as
 benchmarks/overhead.py makes them, see different stretches of that drift. Here both loops live in the same
-processes and alternate every ``--chunk`` steps (AB, BA, ...; a few dozen milliseconds each), so both sides
-see the same stretches, and every figure is paired chunk by chunk:
+processes and take turns every ``--chunk`` steps (default 1: A, B, B, A, A, B, ...; a few milliseconds each),
+so both sides see the same stretches, and every figure is paired:
 
 * (A) the hand-written loop of benchmarks/handwritten.py: its own model, optimizer, scheduler, DataLoader with
   DistributedSampler and (with ``--nproc 2``) DDP, and its loop body: ``x.to(device), y.to(device)``, forward,
   ``F.cross_entropy``, ``zero_grad``, ``backward``, (clip), ``step``, (scheduler);
 * (B) mgpu's Trainer, built from the recipe as ``mgpu train`` builds it, stepping with
   ``Trainer._forward_backward`` + ``Trainer._optimizer_step``: metric pieces, NaN bookkeeping, progress, and
-  every ``log_every`` steps the reduction (a collective with ``--nproc 2``), metrics.jsonl and TensorBoard.
+  every ``log_every`` steps the log interval (its all-reduce, shared between intervals as in a real run, with
+  ``--nproc 2``), metrics.jsonl and TensorBoard.
 
-Per chunk it takes the training thread's CPU time and the wall time of each step; it reports per-step CPU
-time (B - A), and the chunk-paired B/A ratios of the mean and of the median step time, each as the median
-over chunks with its 95% interval (benchmarks/stats.py). What it leaves out, by design: what differs between
-whole processes (the launcher, start-up, mgpu's heap settings and threads); overhead.py measures those.
+Steps follow each other as in a training loop: no barrier between single steps (DDP's all-reduce in each
+keeps the ranks in step); chunks of more steps start together on both ranks (a barrier, outside the timing).
+Per chunk it takes the training thread's CPU time and the wall time of each step, from the end of the step
+before (a chunk's wall time: the slower rank's). The step-time
+figure is the ratio of totals, all of mgpu's steps against all of the hand-written loop's: the ratio of mean
+step times, every log interval and shared all-reduce counted. Its 95% interval is a bootstrap over blocks of
+``log_every`` steps per side (consecutive chunk pairs; one log interval each), which keeps the drift's
+correlation between neighbouring steps inside a block. Per-step CPU time (B - A) is summarised the same way.
+The chunk-paired medians of earlier versions (``--chunk 20``: one log interval a chunk) are still reported:
+the two chunks of a pair, 20 steps apart, correlate less (~0.4 on the MLP here, against ~0.6 for blocks of
+single-step pairs), and a median of chunk ratios gives little weight to the chunks that carry a shared
+all-reduce (one in ~8). What it leaves out, by
+design: what differs between whole processes (the launcher, start-up, mgpu's heap settings and threads);
+overhead.py measures those.
 
-    python benchmarks/inprocess.py --workload mlp --rounds 40                  # one process, no DDP
-    python benchmarks/inprocess.py --workload mlp --nproc 2 --rounds 1000      # 2 gloo processes, DDP (~2 min)
-    python benchmarks/inprocess.py --workload mlp --rounds 40 --log-every 0    # per-step work only
+    python benchmarks/inprocess.py --workload mlp --rounds 400                  # one process, no DDP
+    python benchmarks/inprocess.py --workload mlp --nproc 2 --rounds 60000      # 2 gloo processes, DDP (~6 min)
+    python benchmarks/inprocess.py --workload mlp --rounds 400 --log-every 0    # per-step work only
 
 Prints one JSON object (rank 0's, with every rank's chunks combined).
 """
@@ -30,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -49,8 +61,8 @@ RECIPES = {"mlp": REPO / "recipes" / "quickstart.yaml", "charlm": REPO / "recipe
 def parse_args(argv: list[str] | None = None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--workload", choices=sorted(RECIPES), default="mlp")
-    p.add_argument("--rounds", type=int, default=40, help="A/B chunk pairs (default 40)")
-    p.add_argument("--chunk", type=int, default=20, help="steps per chunk (default 20, the MLP's log_every)")
+    p.add_argument("--rounds", type=int, default=400, help="A/B chunk pairs (default 400)")
+    p.add_argument("--chunk", type=int, default=1, help="steps per chunk (default 1: the sides alternate steps)")
     p.add_argument("--nproc", type=int, default=1, help="processes (gloo, DDP on both sides when > 1)")
     p.add_argument("--log-every", type=int, default=None, help="trainer.log_every (default: the recipe's; 0: never)")
     p.add_argument("--timeout", type=float, default=900, help="seconds the --nproc run may take")
@@ -201,10 +213,11 @@ def mgpu_teardown(trainer) -> None:
 WARMUP_PAIRS = 2  # chunk pairs run before the ones paired_chunks keeps
 
 
-def paired_chunks(sides: dict, rounds: int, chunk: int, distributed: bool, before_chunk=None) -> dict:
-    """``rounds`` AB/BA pairs of ``chunk`` calls of each side's step (after WARMUP_PAIRS pairs of warm-up), both
-    ranks starting each chunk together: ``{side: [(training-thread CPU s, [wall s of each step]), ...]}``.
-    ``before_chunk(side)`` runs before every chunk, the warm-up's included."""
+def paired_chunks(sides: dict, rounds: int, chunk: int, distributed: bool, before_chunk=None,
+                  barrier: bool = True) -> dict:
+    """``rounds`` AB/BA pairs of ``chunk`` calls of each side's step (after WARMUP_PAIRS pairs of warm-up), with
+    ``barrier`` both ranks starting each chunk together: ``{side: [(training-thread CPU s, [wall s of each
+    step]), ...]}``. ``before_chunk(side)`` runs before every chunk, the warm-up's included."""
     import torch.distributed as dist
 
     from benchmarks.stats import round_orders
@@ -214,7 +227,7 @@ def paired_chunks(sides: dict, rounds: int, chunk: int, distributed: bool, befor
         for side in order:
             if before_chunk is not None:
                 before_chunk(side)
-            if distributed:
+            if distributed and barrier:
                 dist.barrier()  # both ranks start the chunk together
             step, walls = sides[side], []
             cpu0 = time.thread_time()
@@ -246,7 +259,10 @@ def measure(args) -> dict | None:
     trainer, rt = mgpu_setup(args.workload, overrides)
     try:
         sides = {"A": hand_written(args.workload, rt, rt.device), "B": mgpu_trainer(trainer)}
-        chunks = paired_chunks(sides, args.rounds, args.chunk, rt.distributed)
+        # A barrier per chunk makes each chunk's wall time its own steps' (chunks of a log interval, whose
+        # figures stand alone); single steps are summed over blocks, and a barrier before every step would add a
+        # collective and a wait to each that neither loop has (~10% of the MLP's step here).
+        chunks = paired_chunks(sides, args.rounds, args.chunk, rt.distributed, barrier=args.chunk > 1)
         everyone = gather_chunks(chunks, rt)
         return summarise(args, everyone, trainer.hot.log_every, rt.cpu_threads) if rt.rank == 0 else None
     finally:
@@ -254,7 +270,8 @@ def measure(args) -> dict | None:
 
 
 def summarise(args, ranks: list[dict], log_every: int, threads: int) -> dict:
-    """Chunk-paired figures: CPU per step per rank (mean of ranks), wall per step (the slowest rank's chunk)."""
+    """Paired figures: CPU per step per rank (mean of ranks), wall per step (the slowest rank's chunk); over
+    blocks of ``log_every`` steps per side (see the module docstring), and per chunk."""
     from benchmarks.stats import median, median_interval, paired_ratios, spread
 
     def per_chunk(side: str, fn) -> list[float]:
@@ -274,12 +291,51 @@ def summarise(args, ranks: list[dict], log_every: int, threads: int) -> dict:
     return {
         "workload": args.workload, "processes": len(ranks), "threads_per_process": threads,
         "log_every": log_every, "rounds": args.rounds, "chunk": n,
+        "blocks": summarise_blocks(mean, cpu, max(1, block_steps(log_every) // n), n),
         "cpu_per_step": {"A_us": 1e6 * median(cpu["A"]), "B_us": 1e6 * median(cpu["B"]),
                          "diff_us": asdict(spread(diff)), "diff_us_ci95": asdict(median_interval(diff)),
                          "ratio": asdict(spread(paired_ratios(cpu["B"], cpu["A"])))},
         "wall_per_step_mean": ratio(mean),
         "wall_per_step_median": ratio(med),
     }
+
+
+def summarise_blocks(wall: dict[str, list[float]], cpu: dict[str, list[float]], block: int, chunk: int) -> dict:
+    """Totals over blocks of ``block`` chunk pairs (``wall``/``cpu``: each chunk's seconds per step, per side):
+    mean step and CPU per step of each side, the ratio of totals B/A and CPU B - A, with bootstrap intervals."""
+    from benchmarks.stats import (
+        block_sums,
+        bootstrap_interval,
+        median_interval,
+        paired_ratios,
+        ratio_of_totals,
+        spread,
+        totals_ratio_interval,
+    )
+
+    w = {s: block_sums(wall[s], block) for s in "AB"}  # a block's seconds per step, summed over its chunks
+    c = list(zip(*(block_sums(cpu[s], block) for s in "AB"), strict=True))
+    count = len(c)
+
+    def per_step_us(total: float, blocks: int) -> float:
+        return 1e6 * total / (blocks * block) if blocks else math.nan
+
+    def cpu_diff_us(blocks) -> float:
+        return per_step_us(math.fsum(b - a for a, b in blocks), len(blocks))
+
+    ratios = paired_ratios(w["B"], w["A"])
+    return {"n": count, "steps_per_side": block * chunk,
+            "A_us": per_step_us(math.fsum(w["A"]), count), "B_us": per_step_us(math.fsum(w["B"]), count),
+            "ratio": ratio_of_totals(w["B"], w["A"]), "ratio_ci95": asdict(totals_ratio_interval(w["B"], w["A"])),
+            "block_ratio": asdict(spread(ratios)), "block_ratio_ci95": asdict(median_interval(ratios)),
+            "cpu_A_us": per_step_us(math.fsum(a for a, _ in c), count),
+            "cpu_B_us": per_step_us(math.fsum(b for _, b in c), count),
+            "cpu_diff_us": cpu_diff_us(c), "cpu_diff_us_ci95": asdict(bootstrap_interval(c, cpu_diff_us))}
+
+
+def block_steps(log_every: int) -> int:
+    """Steps per side in a block: one log interval (20 where intervals are off or longer than 1000 steps)."""
+    return log_every if 0 < log_every <= 1000 else 20
 
 
 def main(argv: list[str] | None = None) -> int:

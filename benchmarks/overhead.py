@@ -11,9 +11,9 @@ Rounds are interleaved AB, BA, AB, ... ; every figure is a per-round value, summ
 over rounds, with the 95% interval of that median, and the ratios are paired (B/A within a round). Steps are
 timed after a warm-up, between two consecutive steps of one epoch (validation and checkpoints between epochs are
 not steps). A target is "ok" only when the whole interval meets it. On the CPU each workload is then measured
-once more with both loops in the same processes (benchmarks/inprocess.py, ``--same-process N`` chunk pairs): on a
+once more with both loops in the same processes (benchmarks/inprocess.py, ``--same-process N`` step pairs): on a
 shared machine whose speed drifts by tens of percent between runs, that is the comparison that resolves a
-step-time ratio of a few percent, and its mean step per chunk carries a verdict too. With ``--interleaved N``,
+step-time ratio of a few percent, and its ratio of mean step times carries a verdict too. With ``--interleaved N``,
 also N time-sliced sessions per workload (benchmarks/interleaved.py, a diagnostic): both jobs run at once and take
 turns every fraction of a second, so that their steps are compared on the same seconds of the machine.
 With ``--cores N``, also N rounds of both whole jobs at once, each confined to a core of its own (benchmarks/cores.py,
@@ -70,9 +70,9 @@ FIRST_STEP_TARGET_S = 0.5
 MEMORY_TARGET = 1.05
 CLI_TARGET_S = 0.3
 DEFAULT_ROUNDS = {"mlp": 20, "charlm": 10}  # the MLP's ~1.5 ms steps vary most from run to run
-# Chunk pairs of benchmarks/inprocess.py (both loops in the same processes, 20 steps a chunk): ~5 min for the MLP
-# (1000 pairs left its 95% interval ~5 points wide), ~4 min for the char LM.
-SAME_PROCESS_ROUNDS = {"mlp": 3000, "charlm": 100}
+# Step pairs of benchmarks/inprocess.py (both loops in the same processes, taking turns step by step; the steps
+# of 3000 and 100 log intervals per side): ~5 min for the MLP, ~4 min for the char LM here.
+SAME_PROCESS_ROUNDS = {"mlp": 60000, "charlm": 2000}
 # Epochs per run, the same on both sides. The MLP's steps are ~1 ms: 10 epochs give each run 640 steps per rank
 # (the recipe's 3 would leave ~170 after the warm-up); the char LM keeps its recipe's 2 (176 steps, ~40 ms each).
 DEFAULT_EPOCHS = {"mlp": 10, "charlm": None}
@@ -484,45 +484,46 @@ def report_interleaved(workload: str, sliced: dict[str, Any]) -> tuple[list[str]
 
 
 def same_process(workload: str, args, log=None) -> dict[str, Any]:
-    """benchmarks/inprocess.py on ``workload``: both loops in the same ``--nproc`` processes, alternating chunks
-    of 20 steps (DDP over gloo on both sides). Returns its JSON summary, or ``{"error": ...}``."""
+    """benchmarks/inprocess.py on ``workload``: both loops in the same ``--nproc`` processes, taking turns step
+    by step (DDP over gloo on both sides). Returns its JSON summary, or ``{"error": ...}``."""
     from benchmarks import inprocess
 
     rounds = SAME_PROCESS_ROUNDS[workload] if args.same_process is None else args.same_process
-    limit = max(args.timeout, 1200.0)  # one comparison is thousands of chunks: ~5 min on the MLP here
-    worker = inprocess.worker_args(argparse.Namespace(workload=workload, rounds=rounds, chunk=20, log_every=None))
+    limit = max(args.timeout, 1200.0)  # one comparison is tens of thousands of steps: ~5 min on the MLP here
+    worker = inprocess.worker_args(argparse.Namespace(workload=workload, rounds=rounds, chunk=1, log_every=None))
     if log is not None:
-        log(f"[{workload} same processes] {rounds} chunk pairs: inprocess.py {' '.join(worker)} on "
+        log(f"[{workload} same processes] {rounds} step pairs: inprocess.py {' '.join(worker)} on "
             f"{args.nproc} process(es)")
     return inprocess.distributed_json(inprocess.__file__, worker, args.nproc, limit, threads=args.threads)
 
 
 def report_same_process(workload: str, d: dict[str, Any]) -> tuple[list[str], dict[str, Any]]:
-    """The same-process comparison's rows. Its mean step per chunk (each chunk holds one log interval, so
-    mgpu's whole bookkeeping) carries the step target's verdict: chunks a few dozen milliseconds apart see the
-    same state of the machine, which separate runs do not."""
+    """The same-process comparison's rows. The ratio of its totals (all of mgpu's steps against all of the
+    hand-written loop's, every log interval and shared all-reduce counted) carries the step target's verdict:
+    steps a few milliseconds apart see the same state of the machine, which separate runs do not."""
+    b = d.get("blocks", {})
     head = (f"step time with both loops in the same {d.get('processes', '?')} process(es) "
             f"(benchmarks/inprocess.py: DDP over gloo on both sides, each with its own model, optimizer and "
-            f"loader; chunks of {d.get('chunk', '?')} steps alternating A/B, {d.get('rounds', '?')} chunk pairs; "
-            "what it leaves out: the launcher, start-up, mgpu's heap and GC settings):")
+            f"loader, taking turns every {d.get('chunk', '?')} step(s), {d.get('rounds', '?')} pairs; blocks of "
+            f"{b.get('steps_per_side', '?')} steps per side, one log interval; what it leaves out: the launcher, "
+            "start-up, mgpu's heap and GC settings):")
     if "error" in d:
         return [head, "", f"failed: {d['error']}"], d
     target = STEP_TARGET[workload]
-    lines = [head, "", "| metric | hand-written (A) | mgpu (B) | B/A or B-A per chunk pair: median (IQR, range) | "
-             "95% interval of that median | target | |", "|---|---|---|---|---|---|---|"]
+    total_ci = Interval(**b["ratio_ci95"])
+    verdict = resolved_verdict(total_ci, target)
+    block, block_ci = Spread(**b["block_ratio"]), Interval(**b["block_ratio_ci95"])
+    cpu_ci = Interval(**b["cpu_diff_us_ci95"])
+    lines = [head, "", "| metric | hand-written (A) | mgpu (B) | B/A or B-A | 95% interval | target | |",
+             "|---|---|---|---|---|---|---|",
+             f"| step time, mean of all steps (ratio of totals; bootstrap over {b['n']} blocks) | {b['A_us']:.0f} us | "
+             f"{b['B_us']:.0f} us | {b['ratio']:.3f} | {total_ci.fmt(3)} | <= {target:.2f} | {verdict} |",
+             f"| step time per block (median of block ratios, IQR, range) | | | {block.fmt(3)} | "
+             f"{block_ci.fmt(3)} | | |",
+             f"| training-thread CPU per step (B-A, us) | {b['cpu_A_us']:.0f} us | {b['cpu_B_us']:.0f} us | "
+             f"{b['cpu_diff_us']:+.1f} | {cpu_ci.fmt(1)} | | |"]
     data = dict(d)
-    for key, name, limit in (("wall_per_step_mean", "step time, mean per chunk (its log interval included)", target),
-                             ("wall_per_step_median", "step time, median per chunk", None)):
-        row = d[key]
-        r, ci = Spread(**row["ratio"]), Interval(**row["ratio_ci95"])
-        verdict = resolved_verdict(ci, limit) if limit is not None else ""
-        lines.append(f"| {name} | {row['A_us']:.0f} us | {row['B_us']:.0f} us | {r.fmt(3)} | {ci.fmt(3)} | "
-                     f"{'' if limit is None else f'<= {limit:.2f}'} | {verdict} |")
-        data[key] = row | {"target": limit, "verdict": verdict}
-    cpu = d["cpu_per_step"]
-    diff, ci = Spread(**cpu["diff_us"]), Interval(**cpu["diff_us_ci95"])
-    lines.append(f"| training-thread CPU per step (B-A, us) | {cpu['A_us']:.0f} us | {cpu['B_us']:.0f} us | "
-                 f"{diff.fmt(1)} | {ci.fmt(1)} | | |")
+    data["blocks"] = b | {"target": target, "verdict": verdict}
     return lines, data
 
 
@@ -580,8 +581,8 @@ def parse_args(argv: list[str] | None = None):
     p.add_argument("--cli-repeats", type=int, default=20, help="runs of each CLI command (0: skip)")
     p.add_argument("--no-audit", action="store_true", help="skip the untimed hot-path audit run")
     p.add_argument("--same-process", type=int, default=None, metavar="N",
-                   help="chunk pairs of the same-process comparison, benchmarks/inprocess.py (default: mlp 3000, "
-                        "charlm 100; 0: skip; CPU only)")
+                   help="step pairs of the same-process comparison, benchmarks/inprocess.py (default: mlp 60000, "
+                        "charlm 2000; 0: skip; CPU only)")
     p.add_argument("--interleaved", type=int, default=0, metavar="N",
                    help="diagnostics: N time-sliced sessions of both jobs per workload (benchmarks/interleaved.py)")
     p.add_argument("--cores", type=int, default=0, metavar="N",

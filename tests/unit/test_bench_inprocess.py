@@ -28,6 +28,26 @@ def test_chunks_pair_by_index_and_ranks_combine():
     assert out["wall_per_step_median"]["ratio_ci95"]["coverage"] == pytest.approx(0.75)  # 3 pairs: the range
 
 
+def test_blocks_of_single_step_pairs_give_the_ratio_of_totals():
+    """--chunk 1: pairs of single steps, summed over blocks of log_every pairs (here 2): the slower rank's step
+    each time, every step counted (the 3 ms step of B's second block as much as any other)."""
+    args = argparse.Namespace(workload="mlp", rounds=4, chunk=1)
+    rank0 = {"A": [(0.001, [0.001]), (0.001, [0.001]), (0.001, [0.002]), (0.001, [0.001])],
+             "B": [(0.002, [0.001]), (0.001, [0.001]), (0.001, [0.003]), (0.002, [0.001])]}
+    rank1 = {"A": [(0.001, [0.002]), (0.001, [0.001]), (0.001, [0.001]), (0.001, [0.001])],
+             "B": [(0.002, [0.002]), (0.001, [0.001]), (0.001, [0.001]), (0.002, [0.001])]}
+    blocks = summarise(args, [rank0, rank1], log_every=2, threads=1)["blocks"]
+    assert blocks["n"] == 2 and blocks["steps_per_side"] == 2
+    # A: 2+1, 2+1 ms; B: 2+1, 3+1 ms -> 6 ms / 7 ms over 4 steps each
+    assert blocks["A_us"] == pytest.approx(1500.0) and blocks["B_us"] == pytest.approx(1750.0)
+    assert blocks["ratio"] == pytest.approx(7 / 6)
+    assert blocks["block_ratio"]["median"] == pytest.approx((1.0 + 4 / 3) / 2)
+    ci = blocks["ratio_ci95"]
+    assert ci["low"] == pytest.approx(1.0) and ci["high"] == pytest.approx(4 / 3) and ci["coverage"] == 0.95
+    # CPU: mean of the ranks per step; B - A = (1 + 0 + 0 + 1) ms / 4 steps
+    assert blocks["cpu_A_us"] == pytest.approx(1000.0) and blocks["cpu_diff_us"] == pytest.approx(500.0)
+
+
 def test_a_distributed_run_that_fails_comes_back_as_an_error_with_its_exit_code(tmp_path):
     from benchmarks.inprocess import distributed_json
 
@@ -62,3 +82,21 @@ def test_the_time_between_mgpu_steps_is_not_its_interval_time(monkeypatch):
     now[0] += 7.0  # the other side's chunk
     step()
     assert trainer._interval_start == 107.0 and now[0] - trainer._interval_start == 1.5  # three steps of 0.5 s
+
+
+def test_a_short_two_process_run_takes_turns_step_by_step(tmp_path):
+    """The real script on 2 gloo processes, single steps with no barrier between them: 40 pairs make 2 blocks
+    of one log interval (20 steps per side), and nothing is left running."""
+    import json
+    import sys
+
+    from tests.procs import REPO, group_alive, run
+
+    r = run([sys.executable, "benchmarks/inprocess.py", "--nproc", "2", "--rounds", "40", "--timeout", "150"],
+            cwd=REPO, timeout=180)
+    assert r.returncode == 0, r.output
+    result = json.loads(r.stdout.strip().splitlines()[-1])
+    assert result["processes"] == 2 and result["chunk"] == 1 and result["rounds"] == 40
+    blocks = result["blocks"]
+    assert blocks["n"] == 2 and blocks["steps_per_side"] == 20 and blocks["A_us"] > 0 and blocks["ratio"] > 0
+    assert group_alive(r.pid) == []

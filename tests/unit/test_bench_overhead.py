@@ -62,43 +62,39 @@ def test_time_sliced_diagnostic_carries_no_verdict():
 
 
 def _same_process_summary(ratios: list[float]) -> dict:
-    from dataclasses import asdict
+    """inprocess.py's summary of single-step pairs, one block each: A steps in 1 ms, B in ``ratio`` ms; the
+    training thread's CPU 900 us against 914 us a step."""
+    from benchmarks.inprocess import summarise_blocks
 
-    from benchmarks.stats import median_interval, spread
-
-    def row(rs):
-        return {"A_us": 1000.0, "B_us": 1000.0 * spread(rs).median, "ratio": asdict(spread(rs)),
-                "ratio_ci95": asdict(median_interval(rs))}
-
-    diffs = [10.0, 12.0, 14.0, 16.0, 18.0]
-    return {"processes": 2, "chunk": 20, "rounds": len(ratios), "wall_per_step_mean": row(ratios),
-            "wall_per_step_median": row([r + 0.5 for r in ratios]),
-            "cpu_per_step": {"A_us": 900.0, "B_us": 914.0, "diff_us": asdict(spread(diffs)),
-                             "diff_us_ci95": asdict(median_interval(diffs))}}
+    wall = {"A": [1e-3] * len(ratios), "B": [1e-3 * r for r in ratios]}
+    cpu = {"A": [900e-6] * len(ratios), "B": [914e-6] * len(ratios)}
+    return {"processes": 2, "chunk": 1, "rounds": len(ratios), "blocks": summarise_blocks(wall, cpu, 1, 1)}
 
 
-def test_the_same_process_comparison_judges_the_step_target_by_its_mean_step():
-    """Its mean step per chunk (the log interval included) carries the verdict; the median per chunk is shown
-    without one; a MISSED there fails the benchmark like a MISSED row of the separate runs."""
+def test_the_same_process_comparison_judges_the_step_target_by_the_ratio_of_its_totals():
+    """The ratio of all of mgpu's step time to all of the hand-written loop's (every log interval counted)
+    carries the verdict, with its bootstrap interval; the median per block is shown without one; a MISSED there
+    fails the benchmark like a MISSED row of the separate runs."""
     from benchmarks.overhead import missed_targets, report_same_process
 
     ok_ratios = [1.00, 1.01, 1.02, 1.01, 1.00, 1.02, 1.01, 1.00, 1.01, 1.02, 1.01]
     lines, data = report_same_process("mlp", _same_process_summary(ok_ratios))
-    assert data["wall_per_step_mean"]["verdict"] == "ok" and data["wall_per_step_median"]["verdict"] == ""
+    assert data["blocks"]["verdict"] == "ok" and data["blocks"]["target"] == 1.03
     text = "\n".join(lines)
-    assert "| step time, mean per chunk (its log interval included) |" in text and "<= 1.03 | ok |" in text
-    assert ("| training-thread CPU per step (B-A, us) | 900 us | 914 us | "
-            "14.0 (IQR 12.0-16.0, range 10.0-18.0, n=5) |") in text
+    assert "| step time, mean of all steps (ratio of totals; bootstrap over 11 blocks) | 1000 us | 1010 us | 1.010 |" \
+        in text and "<= 1.03 | ok |" in text
+    assert "| training-thread CPU per step (B-A, us) | 900 us | 914 us | +14.0 | 14.0-14.0 (95%) |" in text
+    assert "1 step(s), 11 pairs; blocks of 1 steps per side" in text
     assert missed_targets({"workloads": {"mlp": {"same_process": data}}}) == []
 
     high = [r + 0.1 for r in ok_ratios]
     _, data = report_same_process("mlp", _same_process_summary(high))
-    assert data["wall_per_step_mean"]["verdict"] == "MISSED"
+    assert data["blocks"]["verdict"] == "MISSED"
     assert missed_targets({"workloads": {"mlp": {"same_process": data}}}) == ["mlp"]
 
     straddling = [0.98, 1.00, 1.02, 1.03, 1.04, 1.05, 1.01, 1.03, 0.99, 1.06, 1.02]
     _, data = report_same_process("charlm", _same_process_summary(straddling))
-    assert data["wall_per_step_mean"]["verdict"] == "not resolved" and data["wall_per_step_mean"]["target"] == 1.01
+    assert data["blocks"]["verdict"] == "not resolved" and data["blocks"]["target"] == 1.01
 
 
 def test_a_failed_same_process_comparison_is_reported_not_judged():
