@@ -346,8 +346,17 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run_worker(measure_fn, args) -> int:
-    """In a worker process (or alone): torch's intra-op threads from OMP_NUM_THREADS, then ``measure_fn(args)``;
-    prints its result (rank 0's) as one JSON line."""
+    """In a worker process (or alone): glibc's malloc thresholds fixed as ``mgpu train`` fixes them, torch's
+    intra-op threads from OMP_NUM_THREADS, then ``measure_fn(args)``; prints its result (rank 0's) as one JSON
+    line.
+
+    The thresholds are the process's, so both sides share them. Left to adapt, they follow the process's
+    history: which side's step finds its freed memory trimmed and faults it in again is a lottery drawn per
+    process, and on the char LM it moved the ratio by ~1% from run to run with tight intervals inside each
+    (training-thread CPU per step B - A: -57 us in one run, +562 us in the next). Fixed, neither side pays it."""
+    from mgpucli.heap import steady_heap
+
+    steady_heap()  # before torch's first large allocation
     import torch
 
     torch.set_num_threads(int(os.environ.setdefault("OMP_NUM_THREADS", "1")))

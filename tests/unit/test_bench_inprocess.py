@@ -100,3 +100,15 @@ def test_a_short_two_process_run_takes_turns_step_by_step(tmp_path):
     blocks = result["blocks"]
     assert blocks["n"] == 2 and blocks["steps_per_side"] == 20 and blocks["A_us"] > 0 and blocks["ratio"] > 0
     assert group_alive(r.pid) == []
+
+
+def test_the_worker_fixes_the_malloc_thresholds_for_both_sides_before_measuring(monkeypatch):
+    """Both sides share one heap: its thresholds are fixed (as mgpu train fixes them) before anything is
+    measured, not left to the process's history."""
+    from benchmarks import inprocess
+    from mgpucli import heap
+
+    calls = []
+    monkeypatch.setattr(heap, "steady_heap", lambda: calls.append("heap") or True)
+    assert inprocess.run_worker(lambda args: calls.append("measure"), argparse.Namespace()) == 0
+    assert calls == ["heap", "measure"]
