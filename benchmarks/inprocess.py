@@ -31,7 +31,7 @@ design: what differs between whole processes (the launcher, start-up, mgpu's hea
 overhead.py measures those.
 
     python benchmarks/inprocess.py --workload mlp --rounds 400                  # one process, no DDP
-    python benchmarks/inprocess.py --workload mlp --nproc 2 --rounds 60000      # 2 gloo processes, DDP (~6 min)
+    python benchmarks/inprocess.py --workload mlp --nproc 2 --rounds 60000      # 2 gloo processes, DDP (~4-5 min)
     python benchmarks/inprocess.py --workload mlp --rounds 400 --log-every 0    # per-step work only
 
 Prints one JSON object (rank 0's, with every rank's chunks combined).
