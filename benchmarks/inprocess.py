@@ -18,17 +18,18 @@ so both sides see the same stretches, and every figure is paired:
 Steps follow each other as in a training loop: no barrier between single steps (DDP's all-reduce in each
 keeps the ranks in step); chunks of more steps start together on both ranks (a barrier, outside the timing).
 Per chunk it takes the training thread's CPU time and the wall time of each step, from the end of the step
-before (a chunk's wall time: the slower rank's). The step-time
-figure is the ratio of totals, all of mgpu's steps against all of the hand-written loop's: the ratio of mean
-step times, every log interval and shared all-reduce counted. Its 95% interval is a bootstrap over blocks of
-``log_every`` steps per side (consecutive chunk pairs; one log interval each), which keeps the drift's
-correlation between neighbouring steps inside a block. Per-step CPU time (B - A) is summarised the same way.
-The chunk-paired medians of earlier versions (``--chunk 20``: one log interval a chunk) are still reported:
-the two chunks of a pair, 20 steps apart, correlate less (~0.4 on the MLP here, against ~0.6 for blocks of
-single-step pairs), and a median of chunk ratios gives little weight to the chunks that carry a shared
-all-reduce (one in ~8). What it leaves out, by
-design: what differs between whole processes (the launcher, start-up, mgpu's heap settings and threads);
-overhead.py measures those.
+before (a chunk's wall time: the slower rank's). The step-time figure is the ratio of totals, all of mgpu's
+steps against all of the hand-written loop's: the ratio of mean step times, every log interval and shared
+all-reduce counted. Its 95% interval is a bootstrap over blocks of ``log_every`` steps per side (consecutive
+chunk pairs; one log interval each), which keeps the drift's correlation between neighbouring steps inside a
+block. Per-step CPU time (B - A) is summarised the same way. The chunk-paired medians of earlier versions
+(``--chunk 20``: one log interval a chunk) are still reported: the two chunks of a pair, 20 steps apart,
+correlate less (~0.4 on the MLP here, against ~0.6 for blocks of single-step pairs), and a median of chunk
+ratios gives little weight to the chunks that carry a shared all-reduce (one in ~8).
+
+Both sides share the process, so glibc's malloc thresholds are fixed for it as ``mgpu train`` fixes them (see
+run_worker). What it leaves out, by design: what else differs between whole processes (the launcher,
+start-up, mgpu's GC settings and threads); overhead.py measures those.
 
     python benchmarks/inprocess.py --workload mlp --rounds 400                  # one process, no DDP
     python benchmarks/inprocess.py --workload mlp --nproc 2 --rounds 60000      # 2 gloo processes, DDP (~4-5 min)

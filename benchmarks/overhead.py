@@ -505,8 +505,8 @@ def report_same_process(workload: str, d: dict[str, Any]) -> tuple[list[str], di
     head = (f"step time with both loops in the same {d.get('processes', '?')} process(es) "
             f"(benchmarks/inprocess.py: DDP over gloo on both sides, each with its own model, optimizer and "
             f"loader, taking turns every {d.get('chunk', '?')} step(s), {d.get('rounds', '?')} pairs; blocks of "
-            f"{b.get('steps_per_side', '?')} steps per side, one log interval; what it leaves out: the launcher, "
-            "start-up, mgpu's heap and GC settings):")
+            f"{b.get('steps_per_side', '?')} steps per side, one log interval; mgpu's malloc thresholds on both sides; "
+            "what it leaves out: the launcher, start-up, mgpu's GC settings and threads):")
     if "error" in d:
         return [head, "", f"failed: {d['error']}"], d
     target = STEP_TARGET[workload]
