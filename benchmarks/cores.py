@@ -58,10 +58,12 @@ class Pair:
 
 def side_spec(side: str) -> tuple[str, str]:
     """``"B+no-freeze,plain-loader"`` -> ``("B", "no-freeze,plain-loader")``: the job (A or B) and the probe
-    experiments (benchmarks/probe/sitecustomize.py) of mgpu's side."""
+    experiments (benchmarks/probe/sitecustomize.py) of mgpu's side; the hand-written loop's one experiment is
+    ``A+mgpu-imports`` (benchmarks/handwritten.py)."""
     job, _, experiment = side.partition("+")
-    if job not in ("A", "B") or (experiment and job != "B"):
-        raise ValueError(f"side {side!r}: A, B, or B+EXPERIMENT[,EXPERIMENT] (experiments are mgpu's side's)")
+    if job not in ("A", "B") or (job == "A" and experiment not in ("", "mgpu-imports")):
+        raise ValueError(f"side {side!r}: A, A+mgpu-imports, or B+EXPERIMENT[,EXPERIMENT] (the probe's experiments "
+                         "are mgpu's side's)")
     return job, experiment
 
 
@@ -197,7 +199,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--workload", choices=sorted(EPOCHS), default="mlp")
     p.add_argument("--rounds", type=int, default=16)
-    p.add_argument("--sides", default="A,B", help="two sides, second over first: A, B, or B+EXPERIMENT")
+    p.add_argument("--sides", default="A,B",
+                   help="two sides, second over first: A, A+mgpu-imports, B, or B+EXPERIMENT")
     p.add_argument("--epochs", type=int, default=None, help=f"epochs per job (default {EPOCHS})")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds one round may take")
     a = p.parse_args(argv)

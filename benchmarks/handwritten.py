@@ -64,11 +64,30 @@ def build(workload: str):
     return train_set, model, loss_fn, make_optim
 
 
+# A diagnostic (benchmarks/cores.py --sides A,A+mgpu-imports): the modules an mgpu worker imports beyond this
+# loop's (~250 of its ~320 more; mgpu's own code is imported, not run), to tell whether a larger process alone
+# makes the steps slower.
+MGPU_MODULES = ("mgpucli.cli.app", "mgpucli.cli.train_run", "mgpucli.engine.run", "mgpucli.engine.trainer",
+                "mgpucli.engine.data", "mgpucli.engine.checkpoint", "mgpucli.engine.tbevents", "mgpucli.config.loader",
+                "mgpucli.config.targets", "mgpucli.dist.watch", "hydra.utils", "omegaconf", "typer", "pydantic",
+                "torchdata.stateful_dataloader", "yaml")
+
+
+def experiments() -> list[str]:
+    """This side's diagnostics, from MGPU_BENCH_EXPERIMENT (comma-separated; only ``mgpu-imports`` is A's)."""
+    return [e for e in os.environ.get("MGPU_BENCH_EXPERIMENT", "").split(",") if e]
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--workload", choices=sorted(WORKLOADS), default="mlp")
     p.add_argument("--epochs", type=int, default=None)
     args = p.parse_args()
+    if "mgpu-imports" in experiments():  # bench: a diagnostic, never in overhead.py's rounds
+        import importlib
+
+        for name in MGPU_MODULES:
+            importlib.import_module(name)
     marks = {"imports done": time.time()}  # bench
     pinned = pin_to_core()  # bench: only with MGPU_BENCH_PIN=1 (the probe does the same on mgpu's side)
     rss = {"imports done": rss_mb()}  # bench

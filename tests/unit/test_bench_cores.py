@@ -17,11 +17,24 @@ from benchmarks.cores import overlap, side_spec, window_figures
 
 def test_sides_are_a_b_or_b_with_probe_experiments():
     assert side_spec("A") == ("A", "")
+    assert side_spec("A+mgpu-imports") == ("A", "mgpu-imports")
     assert side_spec("B") == ("B", "")
     assert side_spec("B+no-freeze,plain-loader") == ("B", "no-freeze,plain-loader")
     for bad in ("C", "A+no-freeze", ""):
-        with pytest.raises(ValueError, match="A, B, or B\\+EXPERIMENT"):
+        with pytest.raises(ValueError, match="A, A\\+mgpu-imports, or B\\+EXPERIMENT"):
             side_spec(bad)
+
+
+def test_the_hand_written_loop_can_import_what_an_mgpu_worker_imports(monkeypatch):
+    """A+mgpu-imports: every module of the list imports (a renamed module fails here, not in a 10-minute run)."""
+    import importlib
+
+    from benchmarks import handwritten
+
+    monkeypatch.setenv("MGPU_BENCH_EXPERIMENT", "mgpu-imports")
+    assert handwritten.experiments() == ["mgpu-imports"]
+    for name in handwritten.MGPU_MODULES:
+        assert importlib.import_module(name) is not None
 
 
 def _records(start: float, step_s: float, n: int, epoch_every: int = 1000, cpu_s: float = 0.0):
