@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler
 
-from benchmarks.procinfo import pin_to_core, process_start_time, rss_mb, thread_cpu_seconds
+from benchmarks.procinfo import experiments, pin_to_core, process_start_time, rss_mb, thread_cpu_seconds
 from mgpucli.components.datasets import CharText, SyntheticClassification
 from mgpucli.components.models import MLP, CharTransformer
 
@@ -71,11 +71,6 @@ MGPU_MODULES = ("mgpucli.cli.app", "mgpucli.cli.train_run", "mgpucli.engine.run"
                 "mgpucli.engine.data", "mgpucli.engine.checkpoint", "mgpucli.engine.tbevents", "mgpucli.config.loader",
                 "mgpucli.config.targets", "mgpucli.dist.watch", "hydra.utils", "omegaconf", "typer", "pydantic",
                 "torchdata.stateful_dataloader", "yaml")
-
-
-def experiments() -> list[str]:
-    """This side's diagnostics, from MGPU_BENCH_EXPERIMENT (comma-separated; only ``mgpu-imports`` is A's)."""
-    return [e for e in os.environ.get("MGPU_BENCH_EXPERIMENT", "").split(",") if e]
 
 
 def main() -> None:

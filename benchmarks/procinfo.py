@@ -60,3 +60,9 @@ def pin_to_core() -> int | None:
     except (AttributeError, OSError, ValueError):
         return None
     return core
+
+
+def experiments() -> set[str]:
+    """The diagnostics asked of this process: MGPU_BENCH_EXPERIMENT=a,b (the probe's on mgpu's side,
+    ``mgpu-imports`` on the hand-written loop's)."""
+    return set(filter(None, os.environ.get("MGPU_BENCH_EXPERIMENT", "").split(",")))

@@ -106,7 +106,9 @@ def _patch(module) -> None:
 def _experiments(trainer_module) -> None:
     """MGPU_BENCH_EXPERIMENT=a,b: swap one piece of mgpu for the hand-written loop's, to find what costs what.
     Diagnostics only (benchmarks/README.md); never used for the published figures."""
-    wanted = set(filter(None, os.environ.get("MGPU_BENCH_EXPERIMENT", "").split(",")))
+    from benchmarks.procinfo import experiments
+
+    wanted = experiments()
     if "plain-loader" in wanted:  # torch's DataLoader instead of torchdata's StatefulDataLoader
         import torch.utils.data
 
