@@ -73,6 +73,13 @@ MGPU_MODULES = ("mgpucli.cli.app", "mgpucli.cli.train_run", "mgpucli.engine.run"
                 "torchdata.stateful_dataloader", "yaml")
 
 
+def spin_seconds() -> float:
+    """A diagnostic (``MGPU_BENCH_EXPERIMENT=spin-25``): this many microseconds of busy CPU added to every step of
+    the loop, to see what a known per-step CPU cost does to whole jobs' step times on this machine."""
+    spins = [e for e in experiments() if e.startswith("spin-")]
+    return float(spins[0][len("spin-"):]) / 1e6 if spins else 0.0
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--workload", choices=sorted(WORKLOADS), default="mlp")
@@ -112,6 +119,7 @@ def main() -> None:
     rss["model wrapped"] = rss_mb()  # bench
 
     records, step, first_step_at = [], 0, None  # bench
+    spin = spin_seconds()  # bench: 0 unless a diagnostic asks for it
     for epoch in range(epochs):
         sampler.set_epoch(epoch)
         model.train()
@@ -126,6 +134,10 @@ def main() -> None:
             if scheduler is not None:
                 scheduler.step()
             step += 1
+            if spin:  # bench: a diagnostic's known per-step CPU cost
+                until = time.perf_counter() + spin
+                while time.perf_counter() < until:
+                    pass
             if cuda:  # bench: per-step timestamps on a GPU need the GPU's work done (both sides do this)
                 torch.cuda.synchronize()
             records.append((step, epoch, time.perf_counter(), time.process_time(), time.thread_time()))  # bench
