@@ -58,13 +58,21 @@ class Pair:
 
 def side_spec(side: str) -> tuple[str, str]:
     """``"B+no-freeze,plain-loader"`` -> ``("B", "no-freeze,plain-loader")``: the job (A or B) and the probe
-    experiments (benchmarks/probe/sitecustomize.py) of mgpu's side; the hand-written loop's one experiment is
-    ``A+mgpu-imports`` (benchmarks/handwritten.py)."""
+    experiments (benchmarks/probe/sitecustomize.py) of mgpu's side; the hand-written loop's are
+    ``A+mgpu-imports`` and ``A+spin-US`` (benchmarks/handwritten.py)."""
     job, _, experiment = side.partition("+")
-    if job not in ("A", "B") or (job == "A" and experiment not in ("", "mgpu-imports")):
-        raise ValueError(f"side {side!r}: A, A+mgpu-imports, or B+EXPERIMENT[,EXPERIMENT] (the probe's experiments "
-                         "are mgpu's side's)")
+    if job not in ("A", "B") or (job == "A" and not _loop_experiment(experiment)):
+        raise ValueError(f"side {side!r}: A, A+mgpu-imports, A+spin-US, or B+EXPERIMENT[,EXPERIMENT] (the probe's "
+                         "experiments are mgpu's side's)")
     return job, experiment
+
+
+def _loop_experiment(experiment: str) -> bool:
+    """The hand-written loop's diagnostics (benchmarks/handwritten.py): none, ``mgpu-imports``, ``spin-US``."""
+    if experiment in ("", "mgpu-imports"):
+        return True
+    before, spin, us = experiment.partition("spin-")
+    return not before and bool(spin) and us.replace(".", "", 1).isdigit()
 
 
 def overlap(steps: list[list[list[tuple]]], settle: float = SETTLE_S) -> tuple[float, float]:
@@ -200,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workload", choices=sorted(EPOCHS), default="mlp")
     p.add_argument("--rounds", type=int, default=16)
     p.add_argument("--sides", default="A,B",
-                   help="two sides, second over first: A, A+mgpu-imports, B, or B+EXPERIMENT")
+                   help="two sides, second over first: A, A+mgpu-imports, A+spin-US, B, or B+EXPERIMENT")
     p.add_argument("--epochs", type=int, default=None, help=f"epochs per job (default {EPOCHS})")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds one round may take")
     a = p.parse_args(argv)

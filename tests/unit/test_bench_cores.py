@@ -19,9 +19,11 @@ def test_sides_are_a_b_or_b_with_probe_experiments():
     assert side_spec("A") == ("A", "")
     assert side_spec("A+mgpu-imports") == ("A", "mgpu-imports")
     assert side_spec("B") == ("B", "")
+    assert side_spec("A+spin-25") == ("A", "spin-25")
+    assert side_spec("A+spin-12.5") == ("A", "spin-12.5")
     assert side_spec("B+no-freeze,plain-loader") == ("B", "no-freeze,plain-loader")
-    for bad in ("C", "A+no-freeze", ""):
-        with pytest.raises(ValueError, match="A, A\\+mgpu-imports, or B\\+EXPERIMENT"):
+    for bad in ("C", "A+no-freeze", "", "A+spin-", "A+spin-x", "A+xspin-5"):
+        with pytest.raises(ValueError, match="A, A\\+mgpu-imports, A\\+spin-US, or B\\+EXPERIMENT"):
             side_spec(bad)
 
 
@@ -36,6 +38,18 @@ def test_the_hand_written_loop_can_import_what_an_mgpu_worker_imports(monkeypatc
     assert experiments() == {"mgpu-imports"}
     for name in handwritten.MGPU_MODULES:
         assert importlib.import_module(name) is not None
+
+
+def test_the_hand_written_loop_spins_only_when_asked(monkeypatch):
+    """A+spin-US: that many microseconds of busy CPU a step; none without the experiment."""
+    from benchmarks import handwritten
+
+    monkeypatch.delenv("MGPU_BENCH_EXPERIMENT", raising=False)
+    assert handwritten.spin_seconds() == 0.0
+    monkeypatch.setenv("MGPU_BENCH_EXPERIMENT", "spin-25")
+    assert handwritten.spin_seconds() == pytest.approx(25e-6)
+    monkeypatch.setenv("MGPU_BENCH_EXPERIMENT", "mgpu-imports,spin-12.5")
+    assert handwritten.spin_seconds() == pytest.approx(12.5e-6)
 
 
 def _records(start: float, step_s: float, n: int, epoch_every: int = 1000, cpu_s: float = 0.0):
