@@ -38,6 +38,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from benchmarks.children import exit_on_sigterm  # noqa: E402
 from benchmarks.interleaved import rank_steps  # noqa: E402
 from benchmarks.stats import median, median_interval, spread, step_intervals, window  # noqa: E402
 from mgpucli.proctree import kill_tree  # noqa: E402
@@ -220,6 +221,7 @@ def main(argv: list[str] | None = None) -> int:
             side_spec(side)
         except ValueError as err:
             p.error(str(err))
+    exit_on_sigterm()  # stopped, it kills both jobs' process trees (run_pair's finally)
     args = overhead.parse_args(["--workload", a.workload, "--no-audit", "--timeout", str(a.timeout)])
     args.epochs = a.epochs
     with tempfile.TemporaryDirectory(prefix="mgpu-cores-") as root:

@@ -22,9 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -36,22 +34,11 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from benchmarks.children import end_tree, exit_on_sigterm  # noqa: E402
 from benchmarks.stats import median  # noqa: E402
 
 RECIPE = REPO / "recipes" / "charlm.yaml"
 WARMUP_INTERVALS = 2
-_CURRENT: subprocess.Popen | None = None  # the run in progress (killed with us on SIGTERM)
-
-
-def _on_signal(signum, frame) -> None:
-    if _CURRENT is not None:
-        try:
-            os.killpg(_CURRENT.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-    raise SystemExit(128 + signum)
-
-
 def throughput(records: list[dict[str, Any]], skip: int = WARMUP_INTERVALS) -> float | None:
     """Median ``samples_per_s`` of the train records after the first ``skip`` (None without enough)."""
     values = [r["samples_per_s"] for r in records if r.get("split") == "train" and r.get("samples_per_s")]
@@ -95,18 +82,12 @@ def run(args, strategy: str, gpus: int, root: Path) -> dict[str, Any]:
     with open(log, "w") as fh:
         proc = subprocess.Popen(cmd, cwd=REPO, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True)
-        global _CURRENT
-        _CURRENT = proc
         try:
             rc = proc.wait(timeout=args.timeout)
         except subprocess.TimeoutExpired:
             rc = -9
         finally:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-            proc.wait()
+            end_tree(proc)  # the launcher and its workers, on a time limit or a stopped benchmark
     metrics = run_dir / "metrics.jsonl"
     text = metrics.read_text() if metrics.exists() else ""
     records = [json.loads(line) for line in text.splitlines() if line.strip()]
@@ -170,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
         device = f"{visible} x {torch.cuda.get_device_name(0)}, torch {torch.__version__}"
     else:
         device = f"CPU smoke test, {args.gpus} gloo processes"
-    signal.signal(signal.SIGTERM, _on_signal)
+    exit_on_sigterm()
     root = Path(tempfile.mkdtemp(prefix="mgpu-dp-ddp-"))
     results = []
     try:

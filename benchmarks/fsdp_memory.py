@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 
@@ -55,6 +54,9 @@ def worker(strategy: str, d_model: int, layers: int, out: str) -> None:
     if rt.is_main:
         with open(out, "w") as fh:
             json.dump(gathered, fh)
+    # gloo can abort at exit (SIGABRT) when one rank tears the group down while the other still writes: meet first,
+    # as mgpu train and benchmarks/handwritten.py do
+    dist.barrier()
     teardown()
 
 
@@ -64,14 +66,20 @@ def main() -> None:
     ap.add_argument("--d-model", type=int, default=256)
     ap.add_argument("--layers", type=int, default=4)
     args = ap.parse_args()
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from benchmarks.children import exit_on_sigterm, run_tree
+
+    exit_on_sigterm()
     rows = {}
     with tempfile.TemporaryDirectory() as tmp:
         for strategy in ("ddp", "fsdp"):
             out = os.path.join(tmp, f"{strategy}.json")
             cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.nproc}",
                    __file__, "--worker", strategy, str(args.d_model), str(args.layers), out]
-            subprocess.run(cmd, check=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True,
-                           timeout=600)
+            rc, stdout, stderr = run_tree(cmd, {**os.environ, "OMP_NUM_THREADS": "1"}, timeout=600)
+            if rc != 0:
+                sys.exit(f"fsdp_memory.py: the {strategy} run " + ("took over 600 s" if rc is None else
+                                                                   f"exited {rc}:\n{(stdout + stderr)[-3000:]}"))
             with open(out) as fh:
                 rows[strategy] = json.load(fh)
     mib = 1024 * 1024

@@ -45,7 +45,6 @@ import json
 import math
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -97,6 +96,7 @@ def distributed_json(script: str, worker_args: list[str], nproc: int, timeout: f
     """``script worker_args`` under torch.distributed.run with ``nproc`` processes, ``threads`` intra-op threads
     each (default: the cores shared between them); the last JSON line its ranks printed, as a dict, or
     ``{"error": why}``."""
+    from benchmarks.children import exit_on_sigterm, run_tree
     from mgpucli.cpus import threads_per_process
 
     threads = threads or threads_per_process(nproc)
@@ -105,15 +105,13 @@ def distributed_json(script: str, worker_args: list[str], nproc: int, timeout: f
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
            script, *worker_args]
     name = Path(script).name
-    try:
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout,
-                              stdin=subprocess.DEVNULL)
-    except subprocess.TimeoutExpired:
+    exit_on_sigterm()  # this is the launching process: stopped, it kills the workers too (benchmarks/children.py)
+    rc, stdout, stderr = run_tree(cmd, env, timeout)
+    if rc is None:
         return {"error": f"{name}: the {nproc}-process run took over {timeout:.0f} s"}
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
-    if proc.returncode != 0 or not lines:
-        return {"error": f"{name} exited {proc.returncode}: " + (proc.stdout[-3000:] + proc.stderr[-3000:]).strip(),
-                "rc": proc.returncode or 1}
+    lines = [line for line in stdout.splitlines() if line.startswith("{")]
+    if rc != 0 or not lines:
+        return {"error": f"{name} exited {rc}: " + (stdout[-3000:] + stderr[-3000:]).strip(), "rc": rc or 1}
     return json.loads(lines[-1])
 
 

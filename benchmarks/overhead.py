@@ -33,7 +33,6 @@ import json
 import os
 import platform
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -47,6 +46,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from benchmarks.children import end_tree, exit_on_sigterm  # noqa: E402
 from benchmarks.stats import (  # noqa: E402
     Interval,
     Spread,
@@ -140,16 +140,6 @@ class Run:
     rss_at: dict[str, float] = field(default_factory=dict)  # milestone -> resident MiB (the largest rank)
 
 
-_CURRENT: subprocess.Popen | None = None  # the run in progress (killed with us on SIGTERM)
-
-
-def _kill_group(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
 def run_once(side: str, workload: str, rnd: int, args, root: Path, audit: bool = False) -> Run:
     out = root / workload / f"r{rnd:02d}-{side}{'-audit' if audit else ''}"
     out.mkdir(parents=True)
@@ -162,16 +152,12 @@ def run_once(side: str, workload: str, rnd: int, args, root: Path, audit: bool =
         t0 = time.time()
         proc = subprocess.Popen(cmd, cwd=REPO, env=environment(side, args, out, audit), stdout=fh,
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
-        global _CURRENT
-        _CURRENT = proc
         try:
             rc = proc.wait(timeout=args.timeout)
         except subprocess.TimeoutExpired:
-            _kill_group(proc)
-            proc.wait()
             rc = -9
         finally:
-            _kill_group(proc)  # nothing of a finished run may linger into the next one
+            end_tree(proc)  # nothing of a run may linger into the next one, nor outlive this script
     run = Run(side, workload, rnd, rc, time.time() - t0, load, log=str(log))
     ranks = sorted(out.glob("rank*.json"))
     if rc != 0 or len(ranks) != args.nproc:
@@ -612,12 +598,6 @@ def _emit(lines: list[str]) -> None:
     print("\n".join(lines), flush=True)
 
 
-def _on_signal(signum, frame) -> None:
-    if _CURRENT is not None:
-        _kill_group(_CURRENT)
-    raise SystemExit(128 + signum)
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.gpus:
@@ -627,7 +607,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"overhead.py --gpus {args.gpus}: skipped, {torch.cuda.device_count()} CUDA GPU(s) visible "
                   f"(run it with --cpu here).")
             return 0
-    signal.signal(signal.SIGTERM, _on_signal)
+    exit_on_sigterm()  # a stopped benchmark kills what it started (benchmarks/children.py)
     workloads = {"all": ["mlp", "charlm"], "none": []}.get(args.workload, [args.workload])
     root = Path(tempfile.mkdtemp(prefix="mgpu-bench-"))
     facts = machine_facts(args)
