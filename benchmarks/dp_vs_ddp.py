@@ -39,6 +39,8 @@ from benchmarks.stats import median  # noqa: E402
 
 RECIPE = REPO / "recipes" / "charlm.yaml"
 WARMUP_INTERVALS = 2
+
+
 def throughput(records: list[dict[str, Any]], skip: int = WARMUP_INTERVALS) -> float | None:
     """Median ``samples_per_s`` of the train records after the first ``skip`` (None without enough)."""
     values = [r["samples_per_s"] for r in records if r.get("split") == "train" and r.get("samples_per_s")]
