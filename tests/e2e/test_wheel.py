@@ -25,8 +25,17 @@ from tests.procs import RECIPES, REPO, load_ckpt, run
 pytestmark = pytest.mark.slow
 SHIPPED = sorted(p.name for p in RECIPES.glob("*.yaml"))
 SMALL = ["data.train.num_samples=512", "data.val.num_samples=128", "trainer.epochs=1"]
-SKIP = shutil.ignore_patterns(".git", ".venv", "runs", "build", "dist", "*.egg-info", "__pycache__",
-                              ".pytest_cache", ".ruff_cache", "tests", "benchmarks")
+# What the copy of the checkout leaves out: these names at its top only (``mgpucli/dist`` is a package, not a
+# build output), caches anywhere.
+TOP_LEVEL_SKIP = {".git", ".venv", "runs", "build", "dist", ".pytest_cache", ".ruff_cache", "tests", "benchmarks"}
+CACHES = shutil.ignore_patterns("*.egg-info", "__pycache__")
+PACKAGES = sorted(".".join(p.parent.relative_to(REPO).parts) for p in (REPO / "mgpucli").rglob("__init__.py")
+                  if "__pycache__" not in p.parts)
+
+
+def _skip(directory: str, names: list[str]) -> set[str]:
+    skipped = set(CACHES(directory, names))
+    return skipped | (TOP_LEVEL_SKIP & set(names)) if Path(directory) == REPO else skipped
 
 
 def _setuptools_problem() -> str | None:
@@ -57,7 +66,7 @@ def wheel(tmp_path_factory) -> Path:
     assert problem is None, problem
     work = tmp_path_factory.mktemp("build")
     src = work / "src"
-    shutil.copytree(REPO, src, ignore=SKIP)
+    shutil.copytree(REPO, src, ignore=_skip)
     _check(run([sys.executable, "-c", "import sys; from setuptools import build_meta as b; "
                 "print(b.build_sdist(sys.argv[1]))", str(work / "sdist")], cwd=src, timeout=120), "sdist")
     (sdist,) = (work / "sdist").glob("mgpu-*.tar.gz")
@@ -70,8 +79,11 @@ def wheel(tmp_path_factory) -> Path:
                 "--no-cache-dir", "-w", str(work / "wheel"), str(unpacked)], cwd=work, timeout=180), "pip wheel")
     (whl,) = (work / "wheel").glob("mgpu-*.whl")
     with zipfile.ZipFile(whl) as zf:
-        packed = {n for n in zf.namelist() if n.startswith("mgpucli/_recipes/")}
+        files = set(zf.namelist())
+    packed = {n for n in files if n.startswith("mgpucli/_recipes/")}
     assert packed == {f"mgpucli/_recipes/{n}" for n in SHIPPED}
+    missing = [p for p in PACKAGES if p.replace(".", "/") + "/__init__.py" not in files]
+    assert not missing, f"packages missing from the wheel: {missing}"
     return whl
 
 
@@ -110,6 +122,16 @@ def test_mgpu_comes_from_the_wheel_with_its_recipes(venv, outside):
     module, recipes_dir = r.stdout.split()
     assert Path(module).is_relative_to(venv) and Path(recipes_dir).is_relative_to(venv), r.stdout
     assert Path(recipes_dir).name == "_recipes"
+
+
+def test_every_package_imports_from_the_wheel(venv, outside):
+    """Each of mgpucli's packages from the venv itself: an editable install of the checkout in the environment it
+    borrows from must not fill in one the wheel lacks (mgpucli.dist once came from there)."""
+    code = ("import importlib, sys\nfor name in sys.argv[1:]:\n    print(importlib.import_module(name).__file__)")
+    r = in_venv(venv, "python", "-c", code, *PACKAGES, cwd=outside)
+    _check(r, "import every package")
+    files = r.stdout.split()
+    assert len(files) == len(PACKAGES) and all(Path(f).is_relative_to(venv) for f in files), r.stdout
 
 
 def test_recipes_lists_shows_and_copies(venv, outside):
