@@ -38,10 +38,10 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from benchmarks.children import exit_on_sigterm  # noqa: E402
+from benchmarks.children import end_tree, exit_on_sigterm  # noqa: E402
 from benchmarks.interleaved import rank_steps  # noqa: E402
+from benchmarks.procinfo import spin_seconds  # noqa: E402
 from benchmarks.stats import median, median_interval, spread, step_intervals, window  # noqa: E402
-from mgpucli.proctree import kill_tree  # noqa: E402
 
 SETTLE_S = 0.3  # steps counted from this long after both jobs have started stepping
 EPOCHS = {"mlp": 30, "charlm": 4}  # per job: both jobs step together for several seconds (~8 s for the MLP)
@@ -70,10 +70,7 @@ def side_spec(side: str) -> tuple[str, str]:
 
 def _loop_experiment(experiment: str) -> bool:
     """The hand-written loop's diagnostics (benchmarks/handwritten.py): none, ``mgpu-imports``, ``spin-US``."""
-    if experiment in ("", "mgpu-imports"):
-        return True
-    before, spin, us = experiment.partition("spin-")
-    return not before and bool(spin) and us.replace(".", "", 1).isdigit()
+    return experiment in ("", "mgpu-imports") or spin_seconds(experiment) is not None
 
 
 def overlap(steps: list[list[list[tuple]]], settle: float = SETTLE_S) -> tuple[float, float]:
@@ -133,8 +130,7 @@ def run_pair(workload: str, rnd: int, sides: Sequence[str], cores: Sequence[int]
                 return Pair(tuple(cores), [], f"{side} did not finish within {args.timeout:.0f} s")
     finally:
         for proc in procs:
-            if proc.poll() is None:
-                kill_tree(proc)
+            end_tree(proc)
     steps = []
     for side, proc, out in zip(sides, procs, outs, strict=True):
         records, error = rank_steps(side, proc.returncode, out, args.nproc)

@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler
 
+from benchmarks import procinfo
 from benchmarks.procinfo import experiments, pin_to_core, process_start_time, rss_mb, thread_cpu_seconds
 from mgpucli.components.datasets import CharText, SyntheticClassification
 from mgpucli.components.models import MLP, CharTransformer
@@ -77,7 +78,12 @@ def spin_seconds() -> float:
     """A diagnostic (``MGPU_BENCH_EXPERIMENT=spin-25``): this many microseconds of busy CPU added to every step of
     the loop, to see what a known per-step CPU cost does to whole jobs' step times on this machine."""
     spins = [e for e in experiments() if e.startswith("spin-")]
-    return float(spins[0][len("spin-"):]) / 1e6 if spins else 0.0
+    if not spins:
+        return 0.0
+    seconds = procinfo.spin_seconds(spins[0])
+    if seconds is None:
+        raise ValueError(f"MGPU_BENCH_EXPERIMENT: {spins[0]!r} is not spin-US (microseconds, e.g. spin-25)")
+    return seconds
 
 
 def main() -> None:

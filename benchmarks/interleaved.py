@@ -31,8 +31,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from benchmarks.children import end_tree
 from benchmarks.stats import median, median_interval, spread, step_intervals
-from mgpucli.proctree import descendants, kill_tree
+from mgpucli.proctree import descendants
 
 SKIP = 3  # steps left out at the start of every slice
 SETTLE_S = 7.0  # a job's time alone before the slicing starts: start-up (~3.5 s) and its first steps
@@ -140,8 +141,7 @@ def run_session(workload: str, session: int, args, root: Path, cwd: Path, comman
     finally:
         for proc in procs.values():
             _signal_tree(_tree(proc), signal.SIGCONT)
-            if proc.poll() is None:
-                kill_tree(proc)
+            end_tree(proc)
     steps: dict[str, list[list[tuple[int, int, float]]]] = {}
     for side, out in outs.items():
         records, error = rank_steps(side, procs[side].returncode, out, args.nproc)

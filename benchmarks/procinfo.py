@@ -66,3 +66,12 @@ def experiments() -> set[str]:
     """The diagnostics asked of this process: MGPU_BENCH_EXPERIMENT=a,b (the probe's on mgpu's side,
     ``mgpu-imports`` on the hand-written loop's)."""
     return set(filter(None, os.environ.get("MGPU_BENCH_EXPERIMENT", "").split(",")))
+
+
+def spin_seconds(experiment: str) -> float | None:
+    """``spin-US`` (the hand-written loop's calibration: US microseconds of busy CPU a step) in seconds; None for
+    any other name, a malformed one included."""
+    before, spin, us = experiment.partition("spin-")
+    if before or not spin or not us.replace(".", "", 1).isdigit():
+        return None
+    return float(us) / 1e6

@@ -11,8 +11,7 @@ import time
 from pathlib import Path
 
 from benchmarks.children import run_tree
-
-REPO = Path(__file__).resolve().parents[2]
+from tests.procs import REPO, proc_state, stop_tree
 
 # A launcher like torchrun: its worker runs in a session of its own (killing the launcher's group misses it).
 LAUNCHER = r"""
@@ -25,11 +24,7 @@ time.sleep(120)
 
 
 def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().split(")")[-1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
+    return proc_state(pid) not in (None, "Z")
 
 
 def _wait_for(path: Path, timeout: float = 30.0) -> int:
@@ -76,8 +71,6 @@ def test_a_benchmark_stopped_with_sigterm_kills_the_tree_it_started(tmp_path):
         assert proc.wait(timeout=30) == 128 + signal.SIGTERM
         assert _gone(worker), "the worker in its own session outlived the stopped benchmark"
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        stop_tree(proc)
         if pid_file.exists() and pid_file.read_text() and _alive(int(pid_file.read_text())):
             os.kill(int(pid_file.read_text()), signal.SIGKILL)

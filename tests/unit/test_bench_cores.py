@@ -50,6 +50,9 @@ def test_the_hand_written_loop_spins_only_when_asked(monkeypatch):
     assert handwritten.spin_seconds() == pytest.approx(25e-6)
     monkeypatch.setenv("MGPU_BENCH_EXPERIMENT", "mgpu-imports,spin-12.5")
     assert handwritten.spin_seconds() == pytest.approx(12.5e-6)
+    monkeypatch.setenv("MGPU_BENCH_EXPERIMENT", "spin-x")
+    with pytest.raises(ValueError, match="'spin-x' is not spin-US"):
+        handwritten.spin_seconds()
 
 
 def _records(start: float, step_s: float, n: int, epoch_every: int = 1000, cpu_s: float = 0.0):
