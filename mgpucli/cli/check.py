@@ -6,9 +6,16 @@ to stderr. Problems raise an MgpuError (exit 2) that the calling command prints.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from pathlib import Path
 
-def check_and_print(recipe: str, overrides: list[str], quiet: bool = False) -> None:
-    """Run the deep check (see :mod:`mgpucli.config.check`) and report it; ``quiet`` for non-zero ranks."""
+
+def check_and_print(recipe: str, overrides: list[str], quiet: bool = False,
+                    check_run_dir: Callable[[str, bool], Path | None] | None = None) -> None:
+    """Run the deep check (see :mod:`mgpucli.config.check`) and report it; ``quiet`` for non-zero ranks.
+
+    ``check_run_dir(run_dir, sharded)``: whether the run may start in its run dir as asked (UsageError if not),
+    returning the checkpoint it would resume (None: a fresh start)."""
     from mgpucli.config.check import check_deep
     from mgpucli.console import err_console
     from mgpucli.engine.run import ensure_cwd_on_path
@@ -17,6 +24,9 @@ def check_and_print(recipe: str, overrides: list[str], quiet: bool = False) -> N
     result = check_deep(recipe, overrides)
     if quiet:
         return
+    run_dir = str(result.cfg.run_dir)
+    resumes = (check_run_dir(run_dir, str(result.cfg.trainer.checkpoint_format) == "sharded")
+               if check_run_dir is not None else None)
     print(result.resolved_yaml(), end="", flush=True)
     where = f"shipped recipe {result.source} ({result.file})" if result.shipped else f"recipe {result.file}"
     lines = [f"ok: {where} checks out",
@@ -24,6 +34,8 @@ def check_and_print(recipe: str, overrides: list[str], quiet: bool = False) -> N
     for ds in result.datasets:
         size = f"{ds.size} samples" if ds.size is not None else "iterable (no length)"
         lines.append(f"  {ds.path}: {ds.target}, {size}, first sample {ds.sample}")
+    if check_run_dir is not None:
+        lines.append(f"  run dir {run_dir}: " + (f"resumes from {resumes}" if resumes is not None else "a fresh start"))
     lines.append("  nothing was trained or written; the resolved recipe is on stdout. Drop --check to train.")
     console = err_console()
     for line in lines:  # no markup: paths and sample shapes hold brackets

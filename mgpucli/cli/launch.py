@@ -67,9 +67,11 @@ def launch(
     try:
         if check:  # the recipe as every worker gets it (with --cpu's override); no devices or processes needed
             from mgpucli.cli.check import check_and_print
+            from mgpucli.launch.main import check_run_dir
             from mgpucli.launch.plan import worker_overrides
 
-            check_and_print(recipe, worker_overrides(opts))
+            check_and_print(recipe, worker_overrides(opts),
+                            check_run_dir=lambda run_dir, sharded: check_run_dir(run_dir, opts, sharded))
             sys.exit(0)
         code = run_launch(opts, dry_run=dry_run)
     except MgpuError as err:

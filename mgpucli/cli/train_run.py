@@ -29,8 +29,10 @@ def run_train(recipe: str, overrides: list[str], resume: str | None = None, over
         rank = env.rank if env.distributed else None
         if check:
             from mgpucli.cli.check import check_and_print
+            from mgpucli.run_files import check_start
 
-            check_and_print(recipe, overrides, quiet=rank not in (None, 0))
+            check_and_print(recipe, overrides, quiet=rank not in (None, 0),
+                            check_run_dir=lambda run_dir, sharded: check_start(run_dir, resume, overwrite, sharded))
             return
         _run(recipe, overrides, resume, overwrite, env)
     except MgpuError as err:
@@ -66,10 +68,12 @@ def _run(recipe, overrides, resume, overwrite, env) -> None:
     from torch.distributed.elastic.multiprocessing.errors import record
 
     from mgpucli.engine.run import run_training
+    from mgpucli.launch.records import mark_started
 
     def guarded() -> MgpuError | None:
         try:
-            run_training(recipe, overrides, resume=resume, overwrite=overwrite, env=env, reporter=_reporter(env.rank))
+            run_training(recipe, overrides, resume=resume, overwrite=overwrite, env=env, reporter=_reporter(env.rank),
+                         started=mark_started)
         except MgpuError as err:
             return err
         return None

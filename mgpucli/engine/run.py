@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import os
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from mgpucli.dist.env import RankEnv
@@ -21,8 +22,10 @@ def ensure_cwd_on_path() -> None:
 
 
 def run_training(recipe: str, overrides: list[str], *, resume: str | None = None, overwrite: bool = False,
-                 env: RankEnv, reporter: Reporter | None = None) -> dict[str, Any]:
-    """Load and check the recipe, set up the process group, train, and always tear down."""
+                 env: RankEnv, reporter: Reporter | None = None,
+                 started: Callable[[], None] | None = None) -> dict[str, Any]:
+    """Load and check the recipe, set up the process group, train, and always tear down. ``started`` is called
+    once set-up is done (the run dir taken, a checkpoint loaded) and training begins."""
     import torch
 
     from mgpucli.config import check_recipe, handoff, load_recipe
@@ -41,6 +44,8 @@ def run_training(recipe: str, overrides: list[str], *, resume: str | None = None
         rt = runtime.setup(env, cfg.trainer.device, cfg.trainer.timeout_s, cfg.trainer.cpu_threads)
         trainer = Trainer(cfg, rt, reporter, resume=resume, overwrite=overwrite)
         trainer.setup()
+        if started is not None:
+            started()
         settle_gc()  # the start-up's objects are frozen: no collection walks them again (mgpucli/heap.py)
         result = trainer.fit()
         # Every rank is done with the group before any rank destroys it: a rank that tore gloo down while another

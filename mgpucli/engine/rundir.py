@@ -1,7 +1,7 @@
 """The run directory (rank 0 only): ``recipe.yaml``, ``metrics.jsonl``, ``checkpoints/``, TensorBoard events.
 
 Run dirs are never clobbered by accident: a new run into a run dir that already holds checkpoints needs
-``--resume`` or ``--overwrite``.
+``--resume`` or ``--overwrite`` (the rule is :mod:`mgpucli.run_files`, which the launcher applies first).
 """
 
 from __future__ import annotations
@@ -14,32 +14,19 @@ from typing import Any
 from mgpucli.engine.checkpoint import clean_stale_temps
 from mgpucli.engine.tbevents import ScalarWriter
 from mgpucli.errors import UsageError
+from mgpucli.run_files import METRICS, check_start, checkpoint_dir
 
 
-def checkpoint_dir(run_dir: str | Path) -> Path:
-    return Path(run_dir) / "checkpoints"
-
-
-def existing_checkpoints(run_dir: str | Path) -> list[Path]:
-    ckpt = checkpoint_dir(run_dir)
-    return sorted([*ckpt.glob("*.pt"), *ckpt.glob("*.dcp")]) if ckpt.is_dir() else []
-
-
-def prepare_run_dir(run_dir: str | Path, resuming: bool, overwrite: bool, recipe_yaml: str) -> Path:
-    """Create (or reuse) the run dir; refuse to clobber checkpoints; write the resolved recipe."""
+def prepare_run_dir(run_dir: str | Path, resume: str | None, overwrite: bool, recipe_yaml: str,
+                    sharded: bool = False) -> Path | None:
+    """Take the run dir for this run (the rule: :func:`mgpucli.run_files.check_start`), create it, write the
+    resolved recipe; returns the checkpoint to resume from (None: a fresh start)."""
     path = Path(run_dir)
-    found = existing_checkpoints(path)
-    if found and not resuming and not overwrite:
-        raise UsageError(
-            f"run dir {path} already holds checkpoints ({', '.join(p.name for p in found[:3])}); "
-            "a new run would overwrite them.",
-            "Continue it with --resume auto, start afresh with --overwrite (deletes them), or set run_dir=... "
-            "(or name=...) for a new run dir.",
-        )
+    found = check_start(path, resume, overwrite, sharded)
     try:
-        if overwrite and not resuming:
+        if overwrite:
             shutil.rmtree(checkpoint_dir(path), ignore_errors=True)
-            (path / "metrics.jsonl").unlink(missing_ok=True)
+            (path / METRICS).unlink(missing_ok=True)
         checkpoint_dir(path).mkdir(parents=True, exist_ok=True)
         clean_stale_temps(checkpoint_dir(path))
         (path / "recipe.yaml").write_text(recipe_yaml)
@@ -50,7 +37,7 @@ def prepare_run_dir(run_dir: str | Path, resuming: bool, overwrite: bool, recipe
             f"cannot create run dir {path}: {why}.",
             "Choose another location with run_dir=PATH (or fix the path/permissions).",
         ) from None
-    return path
+    return found
 
 
 class MetricsWriter:

@@ -24,28 +24,25 @@ class Checkpoints:
     """The Trainer's run-dir and checkpoint methods."""
 
     def _prepare_run_dir(self) -> None:
-        """Rank 0 decides (and creates) the run dir; every rank gets the same verdict, so all fail together."""
+        """Rank 0 takes (and creates) the run dir; every rank gets the same verdict and checkpoint to resume, so
+        all fail or resume together."""
         from mgpucli.errors import UsageError
 
-        resume = self.resume
-        path = checkpoint_dir(self.run_dir) / ("last.dcp" if self.tcfg.checkpoint_format == "sharded" else "last.pt")
-        self.resume_path = None
-        if resume == "auto":
-            self.resume_path = path if path.exists() else None
-        elif resume:
-            self.resume_path = Path(resume)
-        problem = None
+        verdict: tuple = (None, None)  # (problem, checkpoint to resume)
         if self.rt.is_main:
             try:
-                prepare_run_dir(self.run_dir, self.resume_path is not None, self.overwrite,
-                                OmegaConf.to_yaml(self.cfg, resolve=True))
+                found = prepare_run_dir(self.run_dir, self.resume, self.overwrite,
+                                        OmegaConf.to_yaml(self.cfg, resolve=True),
+                                        sharded=self.tcfg.checkpoint_format == "sharded")
                 self.writer = MetricsWriter(self.run_dir, tensorboard=self.tcfg.tensorboard)
+                verdict = (None, str(found) if found is not None else None)
             except UsageError as err:
-                problem = (err.message, err.hint)
+                verdict = ((err.message, err.hint), None)
         with self.progress.in_phase("setup: run-dir check (broadcast from rank 0)"):
-            problem = dist_rt.broadcast_object(problem, self.rt)
+            problem, found = dist_rt.broadcast_object(verdict, self.rt)
         if problem:
             raise UsageError(*problem)
+        self.resume_path = Path(found) if found is not None else None
 
     # ------------------------------------------------------------------------------------ checkpoints
     @property

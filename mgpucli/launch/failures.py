@@ -21,7 +21,7 @@ import signal
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from mgpucli.errors import EXIT_PREEMPTED
+from mgpucli.errors import EXIT_PREEMPTED, EXIT_USAGE
 from mgpucli.launch.index import Attempt
 from mgpucli.launch.records import RECORD_NAME, FailureRecord, read_error_file, read_record
 
@@ -117,6 +117,11 @@ def collect(attempt: Attempt, exitcodes: Mapping[int, int] | None = None) -> lis
     return failures
 
 
+def all_refused(failures: list[RankFailure]) -> bool:
+    """Every failed rank exited with EXIT_USAGE: bad input (a recipe, a checkpoint) that no worker could use."""
+    return bool(failures) and all(f.exitcode == EXIT_USAGE for f in failures)
+
+
 def preempted(attempt: Attempt) -> list[FailureRecord]:
     """The ranks of ``attempt`` (on this node) that stopped gracefully on a signal with a checkpoint saved (exit
     code EXIT_PREEMPTED), or [] unless every rank that left a record did."""
@@ -157,9 +162,17 @@ def summarize(failures: list[RankFailure], attempt: Attempt, total_attempts: int
     if not failures:
         return f"the job failed in attempt {attempt.attempt}, but no rank left an error; logs: {attempt.dir}"
     first = failures[0]
-    out = [f"rank {first.rank} failed first ({first.describe()}) in attempt {attempt.attempt + 1} of "
-           f"{total_attempts}."]
-    if first.message:
+    refused = all_refused(failures)
+    if refused:  # the same bad input on every rank: rank 0 said it in full (the others stay quiet)
+        first = min(failures, key=lambda f: f.rank)
+        out = [f"every rank stopped on bad input (exit code {EXIT_USAGE}) in attempt {attempt.attempt + 1} of "
+               f"{total_attempts}; rank {first.rank} said:"]
+    else:
+        out = [f"rank {first.rank} failed first ({first.describe()}) in attempt {attempt.attempt + 1} of "
+               f"{total_attempts}."]
+    if refused:
+        pass  # the log's last lines below hold the whole message and its fix
+    elif first.message:
         out.append(f"  {first.message}")
     elif first.signal_name:
         out.append(f"  the process was killed by {first.signal_name} (from outside the job, the OOM killer, "
@@ -175,7 +188,7 @@ def summarize(failures: list[RankFailure], attempt: Attempt, total_attempts: int
     if last:
         out.append(f"  last lines of {log_path}" + (" (traceback lines left out):" if trace else ":"))
         out += [f"    {line}" for line in last]
-    others = [f"rank {f.rank} ({f.describe()})" for f in failures[1:]]
+    others = [f"rank {f.rank} ({f.describe()})" for f in failures if f is not first]
     if others:
         out.append(f"  also stopped: {', '.join(others)}")
     out.append(f"  all logs: {attempt.dir or '(none)'}; index: {launch_json}")

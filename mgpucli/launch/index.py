@@ -9,16 +9,21 @@ atomically at the start, at every attempt, and at the end, so it is useful even 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import sys
+import threading
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from mgpucli import __version__
+from mgpucli.launch.records import started
+
+POSTMORTEM_JSON = "postmortem.json"  # written beside launch.json by mgpucli.postmortem.render
 
 ENV_PREFIXES = ("CUDA_", "NCCL_", "TORCH_", "TORCHELASTIC_", "OMP_", "MASTER_", "SLURM_", "GLOO_", "MGPU_")
 # Even under a kept prefix, a name like these is a secret (e.g. a token for a model hub): never written.
@@ -75,10 +80,18 @@ def build_attempt(attempt: int, envs: Mapping[int, Mapping[str, str]], stdouts: 
 
 
 class LaunchRecord:
-    """The content of ``launch.json``, kept in memory and written atomically."""
+    """The content of ``launch.json``, kept in memory and written atomically (from the launcher's main thread and
+    its watcher: a lock keeps the writes whole).
 
-    def __init__(self, path: str, plan: Any, opts: Any, argv: list[str] | None = None):
+    ``path`` is where it is written now; ``final_path`` the run dir's ``launch.json``. The two differ while an
+    earlier run's records are in the run dir and this launch's training has not started: :meth:`promote` moves
+    the record there once it has (and drops the earlier run's ``postmortem.json``, which no longer describes it).
+    """
+
+    def __init__(self, path: str, plan: Any, opts: Any, argv: list[str] | None = None, final_path: str | None = None):
         self.path = path
+        self.final_path = final_path or path
+        self._lock = threading.Lock()
         self.attempts: list[Attempt] = []
         self.data: dict[str, Any] = {
             "mgpu_version": __version__,
@@ -121,7 +134,34 @@ class LaunchRecord:
         self.data["result"] = {"status": status, "exit_code": exit_code,
                                "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **details}
 
+    @property
+    def promoted(self) -> bool:
+        return self.path == self.final_path
+
+    def training_started(self) -> bool:
+        """Whether a worker of the latest attempt marked its training as started (:func:`records.started`)."""
+        latest = self.attempts[-1] if self.attempts else None
+        return latest is not None and any(started(f.error_file) for f in latest.ranks.values())
+
+    def promote(self) -> None:
+        """Make this record the run dir's ``launch.json`` (see the class docstring)."""
+        with self._lock:
+            if self.promoted:
+                return
+            pending, self.path = self.path, self.final_path
+            self._write()
+            stale = os.path.join(os.path.dirname(self.final_path), POSTMORTEM_JSON)
+            for path in (pending, stale):
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
+            with contextlib.suppress(OSError):
+                os.rmdir(os.path.dirname(pending))  # its own folder, now empty
+
     def write(self) -> None:
+        with self._lock:
+            self._write()
+
+    def _write(self) -> None:
         directory = os.path.dirname(self.path) or "."
         os.makedirs(directory, exist_ok=True)
         tmp = f"{self.path}.tmp{os.getpid()}"

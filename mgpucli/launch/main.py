@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import socket
 import sys
 import threading
 
 from mgpucli.cpus import available_cores
-from mgpucli.errors import EXIT_FAILED, UsageError
+from mgpucli.errors import EXIT_FAILED, EXIT_USAGE, UsageError
 from mgpucli.launch.plan import LaunchOptions, LaunchPlan, Machine, RecipeFacts, build_plan, worker_overrides
+from mgpucli.run_files import check_start, holds_a_run
 
 
 def load_recipe_facts(opts: LaunchOptions) -> RecipeFacts:
@@ -98,7 +100,28 @@ def prepare(opts: LaunchOptions) -> LaunchPlan:
 def _prepare(opts: LaunchOptions):
     facts, cfg = _check_recipe(opts)
     machine = this_machine(need_gpus=not opts.cpu and facts.device != "cpu")
-    return build_plan(opts, facts, machine), cfg
+    plan = build_plan(opts, facts, machine)
+    if plan.node_rank == 0:  # this node's rank 0 takes the run dir: refuse here what it would refuse there
+        check_run_dir(plan.run_dir, opts, sharded=str(cfg.trainer.checkpoint_format) == "sharded")
+    return plan, cfg
+
+
+def check_run_dir(run_dir: str, opts: LaunchOptions, sharded: bool = False):
+    """The run-dir rule the workers' rank 0 applies (:func:`mgpucli.run_files.check_start`), before any worker
+    starts; a refusal names the commands that fix it. Returns the checkpoint the run resumes (None: fresh)."""
+    try:
+        return check_start(run_dir, opts.resume, opts.overwrite, sharded)
+    except UsageError as err:
+        if opts.resume or opts.overwrite or "already holds checkpoints" not in err.message:
+            raise
+        if sys.argv[1:2] != ["launch"]:
+            raise
+        base = ["mgpu", *(a for a in sys.argv[1:] if a not in ("--dry-run", "--check"))]
+        raise UsageError(err.message, "\n".join([
+            "Continue it:      " + shlex.join([*base, "--resume", "auto"]),
+            "Start afresh:     " + shlex.join([*base, "--overwrite"]) + "   (deletes its checkpoints)",
+            "Or a new run dir: " + shlex.join([*base, "name=NEW_NAME"]) + "   (or run_dir=PATH)",
+        ])) from None
 
 
 def _make_run_dir(run_dir: str) -> None:
@@ -181,9 +204,24 @@ def launch(opts: LaunchOptions, dry_run: bool = False) -> int:
     later = threading.Timer(_RESUME_GC_AFTER_S, resume_full_gc)
     later.daemon = True
     later.start()
-    code = run_plan(plan, LaunchRecord(plan.launch_json, plan, opts))
-    if code == EXIT_FAILED:  # end the failure summary with the post-mortem (= `mgpu doctor RUN_DIR`), write it
+    record = LaunchRecord(_record_path(plan), plan, opts, final_path=plan.launch_json)
+    code = run_plan(plan, record)
+    if code in (EXIT_FAILED, EXIT_USAGE):  # end the failure summary with the post-mortem (`mgpu doctor RUN_DIR`)
         from mgpucli.postmortem import after_launch_failure
 
-        after_launch_failure(plan.run_dir)
+        after_launch_failure(os.path.dirname(record.path) if not record.promoted else plan.run_dir)
+    if not record.promoted:
+        err_console().print(
+            f"mgpu launch: no worker started training, so {plan.run_dir}'s records of its earlier run are untouched; "
+            f"this launch's record: {record.path}", markup=False, highlight=False)
     return code
+
+
+def _record_path(plan: LaunchPlan) -> str:
+    """Where this launch's record goes until its training starts: the run dir's own ``launch.json`` when the run dir
+    holds no earlier run; else a folder of its own in the log dir, so that a launch that fails before training never
+    replaces the earlier run's records (:meth:`mgpucli.launch.index.LaunchRecord.promote` moves it once training
+    starts)."""
+    if not holds_a_run(plan.run_dir):
+        return plan.launch_json
+    return os.path.join(plan.log_dir, f"launch-{plan.rdzv_id}", os.path.basename(plan.launch_json))

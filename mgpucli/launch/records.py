@@ -12,11 +12,13 @@ from __future__ import annotations
 import json
 import os
 import re
+import time
 from dataclasses import asdict, dataclass
 
 from mgpucli.errors import EXIT_PREEMPTED, EXIT_USAGE
 
 RECORD_NAME = "mgpu_failure.json"
+STARTED_NAME = "mgpu_started"  # a worker's mark that its training started (set-up done, run dir taken)
 
 # A non-finite loss comes back on every retry from the same checkpoint: retrying only burns restarts.
 _NAN = re.compile(r"\b(nan|non-finite|not finite)\b", re.IGNORECASE)
@@ -68,6 +70,26 @@ def failure_step(exc: BaseException) -> int | None:
 def record_path(error_file: str) -> str:
     """Where the record goes: next to torch's error file (``.../attempt_N/LOCAL_RANK/error.json``)."""
     return os.path.join(os.path.dirname(error_file), RECORD_NAME)
+
+
+def mark_started(environ: dict[str, str] | None = None) -> None:
+    """Under torchrun, leave ``mgpu_started`` beside this worker's error file: its training started. The launcher
+    makes this launch the run dir's record of the run only then, so a launch that fails before training never
+    replaces an earlier run's ``launch.json`` (see :mod:`mgpucli.launch.main`)."""
+    error_file = (os.environ if environ is None else environ).get("TORCHELASTIC_ERROR_FILE")
+    if not error_file:
+        return
+    try:
+        os.makedirs(os.path.dirname(error_file), exist_ok=True)
+        with open(os.path.join(os.path.dirname(error_file), STARTED_NAME), "w") as fh:
+            fh.write(f"{time.time()}\n")
+    except OSError:
+        pass  # the log dir is gone or read-only: the launcher then keeps the record where it started it
+
+
+def started(error_file: str) -> bool:
+    """Whether the worker whose error file is ``error_file`` marked its training as started."""
+    return bool(error_file) and os.path.exists(os.path.join(os.path.dirname(error_file), STARTED_NAME))
 
 
 def write_record(path: str, record: FailureRecord) -> None:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 from pathlib import Path
 
@@ -31,13 +32,14 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import elastic_launch
 
 from mgpucli.console import err_console, print_error
-from mgpucli.errors import EXIT_FAILED, EXIT_OK, EXIT_PREEMPTED
+from mgpucli.errors import EXIT_FAILED, EXIT_OK, EXIT_PREEMPTED, EXIT_USAGE
 from mgpucli.launch import failures as fl
 from mgpucli.launch.index import LaunchRecord, build_attempt
 from mgpucli.launch.plan import LaunchPlan
 from mgpucli.launch.records import RECORD_NAME, read_record
 from mgpucli.launch.restart import stop_reason
 from mgpucli.launch.watch import LAUNCH_PID_ENV
+from mgpucli.run_files import METRICS, last_checkpoint
 
 _MGPU_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 _TORCH_DEFAULT_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT"
@@ -166,6 +168,26 @@ def _preempted(plan: LaunchPlan, record: LaunchRecord, attempt, signal_name: str
     return EXIT_PREEMPTED
 
 
+class _PromoteWhenStarted(threading.Thread):
+    """Makes the launch record the run dir's ``launch.json`` as soon as a worker's training starts
+    (:meth:`LaunchRecord.promote`), while the job runs: `mgpu doctor RUN_DIR` then reads this run, not the last."""
+
+    def __init__(self, record: LaunchRecord, every_s: float = 0.5):
+        super().__init__(name="mgpu-promote-record", daemon=True)
+        self._record, self._every_s, self._finished = record, every_s, threading.Event()
+
+    def run(self) -> None:
+        while not self._record.promoted and not self._finished.wait(self._every_s):
+            if self._record.training_started():
+                self._record.promote()
+
+    def finish(self) -> None:
+        self._finished.set()
+        self.join()
+        if not self._record.promoted and self._record.training_started():
+            self._record.promote()
+
+
 def run_plan(plan: LaunchPlan, record: LaunchRecord) -> int:
     """Start the job, wait for it, report; returns the exit code for ``mgpu launch``."""
     os.environ.update(plan.env)
@@ -181,6 +203,8 @@ def run_plan(plan: LaunchPlan, record: LaunchRecord) -> int:
     total = 1 + int(args.max_restarts)
     handler = _Signals()
     handler.install()
+    promoter = _PromoteWhenStarted(record)
+    promoter.start()
     start = time.monotonic()
     try:
         handler.active = True
@@ -188,6 +212,7 @@ def run_plan(plan: LaunchPlan, record: LaunchRecord) -> int:
             elastic_launch(config, cmd)(*cmd_args)
         finally:
             handler.active = False
+            promoter.finish()
     except ChildFailedError as err:
         if record.attempts and all(f.exitcode == EXIT_PREEMPTED for f in err.failures.values()):
             return _preempted(plan, record, record.attempts[-1], None)
@@ -198,10 +223,11 @@ def run_plan(plan: LaunchPlan, record: LaunchRecord) -> int:
         attempt = record.attempts[-1]
         found = fl.collect(attempt, {rank: f.exitcode for rank, f in err.failures.items()})
         first = found[0].rank if found else None
-        record.set_result("failed", EXIT_FAILED, first_failed_rank=first, attempts=len(record.attempts),
+        code = EXIT_USAGE if fl.all_refused(found) else EXIT_FAILED
+        record.set_result("failed", code, first_failed_rank=first, attempts=len(record.attempts),
                           exitcodes={str(rank): f.exitcode for rank, f in err.failures.items()})
-        print_error(fl.summarize(found, attempt, total, plan.launch_json))
-        return EXIT_FAILED
+        print_error(fl.summarize(found, attempt, total, record.path))
+        return code
     except RestartRefused as err:
         attempt = record.attempt(err.failed_attempt) or record.attempts[-1]
         if fl.preempted(attempt):
@@ -210,7 +236,7 @@ def run_plan(plan: LaunchPlan, record: LaunchRecord) -> int:
         first = found[0].rank if found else None
         record.set_result("failed", EXIT_FAILED, first_failed_rank=first, attempts=len(record.attempts),
                           restart_refused=err.reason)
-        print_error(fl.summarize(found, attempt, total, plan.launch_json)
+        print_error(fl.summarize(found, attempt, total, record.path)
                     + f"\n  not restarted: {err.reason}.")
         return EXIT_FAILED
     except SignalException as err:
@@ -235,7 +261,16 @@ def run_plan(plan: LaunchPlan, record: LaunchRecord) -> int:
     record.write()
     err_console().print(
         f"mgpu launch: {plan.nnodes * plan.nproc_per_node} worker(s) finished in {took:.1f} s"
-        + (f" after {len(record.attempts) - 1} restart(s)" if len(record.attempts) > 1 else "")
-        + f". Logs: {plan.log_dir} (index: {plan.launch_json})"
+        + (f" after {len(record.attempts) - 1} restart(s)" if len(record.attempts) > 1 else "") + ". "
+        + "".join(f"{what}: {path}; " for what, path in _outputs(plan.run_dir))
+        + f"logs: {plan.log_dir} (index: {record.path})", markup=False, highlight=False,
     )
     return EXIT_OK
+
+
+def _outputs(run_dir: str) -> list[tuple[str, str]]:
+    """What the run left for the user, where it exists on this node: its latest checkpoint and its metrics."""
+    found = [("checkpoint", str(p)) for p in (last_checkpoint(run_dir), last_checkpoint(run_dir, sharded=True))
+             if p.exists()]
+    metrics = os.path.join(run_dir, METRICS)
+    return found + ([("metrics", metrics)] if os.path.isfile(metrics) else [])

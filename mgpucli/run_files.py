@@ -1,0 +1,95 @@
+"""What a run dir holds, and whether a new run may start in it (stdlib only).
+
+The launcher checks a run dir before it starts any worker, ``--check`` and ``--dry-run`` report the same, and the
+engine's rank 0 applies the same rule when it takes the run dir (``mgpu train`` also runs alone or under plain
+torchrun): one rule, one message, wherever it is met first.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from mgpucli.errors import UsageError
+
+CHECKPOINTS = "checkpoints"
+LAST_FULL = "last.pt"
+LAST_SHARDED = "last.dcp"
+LAUNCH_JSON = "launch.json"
+METRICS = "metrics.jsonl"
+
+
+def checkpoint_dir(run_dir: str | Path) -> Path:
+    return Path(run_dir) / CHECKPOINTS
+
+
+def last_checkpoint(run_dir: str | Path, sharded: bool = False) -> Path:
+    """Where the run's latest checkpoint is (a file, or a directory of shards)."""
+    return checkpoint_dir(run_dir) / (LAST_SHARDED if sharded else LAST_FULL)
+
+
+def existing_checkpoints(run_dir: str | Path) -> list[Path]:
+    ckpt = checkpoint_dir(run_dir)
+    return sorted([*ckpt.glob("*.pt"), *ckpt.glob("*.dcp")]) if ckpt.is_dir() else []
+
+
+def holds_a_run(run_dir: str | Path) -> bool:
+    """True when an earlier run left its records here (launch record, metrics or checkpoints)."""
+    path = Path(run_dir)
+    return (path / LAUNCH_JSON).is_file() or (path / METRICS).is_file() or bool(existing_checkpoints(path))
+
+
+def resume_path(run_dir: str | Path, resume: str | None, sharded: bool = False) -> Path | None:
+    """The checkpoint a start with ``--resume`` continues from (None: a fresh start; ``auto`` without one)."""
+    if resume == "auto":
+        last = last_checkpoint(run_dir, sharded)
+        return last if last.exists() else None
+    return Path(resume) if resume else None
+
+
+def check_start(run_dir: str | Path, resume: str | None, overwrite: bool, sharded: bool = False) -> Path | None:
+    """Raise UsageError when a run cannot start in ``run_dir`` as asked; else return the checkpoint it resumes.
+
+    Refused: ``--resume`` with ``--overwrite``; a ``--resume`` checkpoint that does not exist; a run dir holding
+    checkpoints that a fresh start would overwrite; a run dir that cannot be created or written.
+    """
+    if resume and overwrite:
+        raise UsageError(
+            f"--resume {resume} and --overwrite contradict each other: one continues the run, the other deletes "
+            "its checkpoints.",
+            "Keep --resume to continue it, or --overwrite to start afresh.",
+        )
+    found = resume_path(run_dir, resume, sharded)
+    if found is not None and not found.exists():
+        raise UsageError(
+            f"--resume {resume}: no such checkpoint.",
+            f"Give an existing checkpoint (e.g. {last_checkpoint(run_dir, sharded)}), or --resume auto to continue "
+            "the run dir's latest one (a fresh start when it has none).",
+        )
+    existing = existing_checkpoints(run_dir)
+    if existing and found is None and not overwrite:
+        names = ", ".join(p.name for p in existing[:3]) + (", ..." if len(existing) > 3 else "")
+        raise UsageError(
+            f"run dir {run_dir} already holds checkpoints ({names}); a new run would overwrite them.",
+            "Continue it with --resume auto, start afresh with --overwrite (deletes them), or set run_dir=... "
+            "(or name=...) for a new run dir.",
+        )
+    problem = unwritable(run_dir)
+    if problem:
+        raise UsageError(f"cannot create run dir {run_dir}: {problem}.",
+                         "Choose another location with run_dir=PATH (or fix the path/permissions).")
+    return found
+
+
+def unwritable(run_dir: str | Path) -> str | None:
+    """Why ``run_dir`` cannot be created or written (without creating anything); None when it can."""
+    path = Path(os.path.abspath(run_dir))
+    for candidate in [path, *path.parents]:
+        if not candidate.exists():
+            continue
+        if not candidate.is_dir():
+            return f"{candidate} is a file, not a directory"
+        if not os.access(candidate, os.W_OK | os.X_OK):
+            return f"{candidate} is not writable"
+        return None
+    return None

@@ -1,0 +1,92 @@
+"""The README's tour as a new user meets it: a second launch into a finished run's dir, and what it must not break.
+
+Every launch runs the real CLI with 2 CPU workers (gloo) in a temporary directory, tagged and cleaned up as in
+tests/e2e/test_launch.py.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.e2e.test_launch import SHORT, run_launch, tag  # noqa: F401 - tag is a fixture
+from tests.procs import assert_usage_error, mgpu
+
+
+def _doctor(run_dir: Path, cwd: Path) -> tuple[int, dict]:
+    done = subprocess.run([sys.executable, "-m", "mgpucli", "doctor", str(run_dir), "--json"], cwd=cwd,
+                          capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    return done.returncode, json.loads(done.stdout)
+
+
+def _torch_log_dirs(run_dir: Path) -> set[str]:
+    """torch's per-launch log folders: one appears for every launch that started workers."""
+    return {p.name for p in (run_dir / "logs").glob("mgpu-*") if p.is_dir()}
+
+
+def test_second_launch_into_a_finished_run_is_refused_before_any_worker(tmp_path: Path, tag: str):  # noqa: F811
+    code, first = run_launch(["--cpu", "--nproc", "2", "quickstart", *SHORT], tmp_path, tag)
+    assert code == 0, first.output
+    run_dir = tmp_path / "runs" / "quickstart"
+    records = {name: (run_dir / name).read_bytes() for name in ("launch.json", "metrics.jsonl")}
+    logs_before = _torch_log_dirs(run_dir)
+
+    code, again = run_launch(["--cpu", "--nproc", "2", "quickstart", *SHORT], tmp_path, tag, name="again", timeout=60)
+    assert code == 2, again.output
+    err = again.err_path.read_text()
+    assert "already holds checkpoints" in err and "--resume auto" in err and "--overwrite" in err, err
+    assert "name=" in err and "Traceback" not in again.output
+    assert _torch_log_dirs(run_dir) == logs_before  # no worker started
+    assert {name: (run_dir / name).read_bytes() for name in records} == records
+    doctor_code, report = _doctor(run_dir, tmp_path)
+    assert doctor_code == 0 and report["finished"] and report["status"] == "succeeded", report
+
+    for flag in ("--dry-run", "--check"):  # the checks that promise "it would start" say so too
+        r = mgpu("launch", "--cpu", "--nproc", "2", "quickstart", *SHORT, flag, cwd=tmp_path, timeout=60)
+        assert_usage_error(r, "already holds checkpoints", "--resume auto", "--overwrite")
+        assert flag not in r.stderr.split("error:", 1)[1]  # the suggested commands launch for real
+
+
+def test_a_launch_that_fails_before_training_keeps_the_earlier_records(tmp_path: Path, tag: str):  # noqa: F811
+    code, first = run_launch(["--cpu", "--nproc", "2", "quickstart", *SHORT], tmp_path, tag)
+    assert code == 0, first.output
+    run_dir = tmp_path / "runs" / "quickstart"
+    launch_json = (run_dir / "launch.json").read_bytes()
+
+    # A resume whose checkpoint does not fit the model: only the workers can know, after they started.
+    code, bad = run_launch(["--cpu", "--nproc", "2", "quickstart", *SHORT, "model.hidden=[8]", "--resume", "auto"],
+                           tmp_path, tag, name="bad")
+    assert code == 2, bad.output
+    err = bad.err_path.read_text()
+    assert "every rank stopped on bad input" in err and "don't fit the recipe's model" in err, err
+    assert "untouched" in err, err
+    assert (run_dir / "launch.json").read_bytes() == launch_json
+    assert not (run_dir / "postmortem.json").exists() or "failed" not in (run_dir / "postmortem.json").read_text()
+    doctor_code, report = _doctor(run_dir, tmp_path)
+    assert doctor_code == 0 and report["finished"], report
+    pending = sorted(run_dir.glob("logs/launch-*/launch.json"))
+    assert len(pending) == 1 and json.loads(pending[0].read_text())["result"]["status"] == "failed"
+    assert (pending[0].parent / "postmortem.json").is_file()  # the failed launch's own report, beside its record
+
+    # A launch that does start training becomes the run dir's record, and the stale report goes.
+    code, fresh = run_launch(["--cpu", "--nproc", "2", "quickstart", *SHORT, "--overwrite"], tmp_path, tag,
+                             name="fresh")
+    assert code == 0, fresh.output
+    record = json.loads((run_dir / "launch.json").read_text())
+    assert "--overwrite" in record["argv"] and record["result"]["status"] == "succeeded"
+    assert "checkpoints/last.pt" in fresh.err_path.read_text() and "metrics.jsonl" in fresh.err_path.read_text()
+
+
+def test_resume_target_missing_and_contradictory_flags_are_refused_at_the_launcher(tmp_path: Path):
+    r = mgpu("launch", "--cpu", "--nproc", "2", "quickstart", "--resume", "nope/last.pt", cwd=tmp_path, timeout=60)
+    assert_usage_error(r, "--resume nope/last.pt: no such checkpoint", "--resume auto")
+    r = mgpu("launch", "--cpu", "--nproc", "2", "quickstart", "--resume", "auto", "--overwrite", cwd=tmp_path,
+             timeout=60)
+    assert_usage_error(r, "contradict", "--overwrite")
+    (tmp_path / "blocker").write_text("a file where the run dir should go")
+    r = mgpu("launch", "--cpu", "--nproc", "2", "quickstart", "run_dir=blocker/run", "--dry-run", cwd=tmp_path,
+             timeout=60)
+    assert_usage_error(r, "cannot create run dir", "is a file, not a directory", "run_dir=")
+    assert not (tmp_path / "runs").exists()
