@@ -83,8 +83,8 @@ def check_start(run_dir: str | Path, resume: str | None, overwrite: bool, sharde
 
 def unwritable(run_dir: str | Path) -> str | None:
     """Why ``run_dir`` cannot be created or written (without creating anything); None when it can."""
-    path = Path(os.path.abspath(run_dir))
-    for candidate in [path, *path.parents]:
+    path = Path(run_dir)
+    for candidate in [path, *path.parents]:  # relative ones end at ".": named as the user gave them
         if not candidate.exists():
             continue
         if not candidate.is_dir():

@@ -39,8 +39,12 @@ def val_line(record: dict[str, Any]) -> str:
     return f"step {record['step']}  {fmt(record, skip=('time',))}  ({record['samples']} samples)"
 
 
+TABLE_TITLE = "per-epoch metrics (train: the epoch's mean over all its samples; val: the validation after it)"
+
+
 def epoch_line(epoch: int, train: dict[str, Any] | None, val: dict[str, Any] | None) -> str:
-    return f"epoch {epoch} done  train: {fmt(train)}  val: {fmt(val)}"
+    """``epoch N done`` (epochs are numbered from 1), the epoch's train means and the validation after it."""
+    return f"epoch {epoch} done  train (epoch mean): {fmt(train)}  val: {fmt(val)}"
 
 
 def table_columns(rows: list[tuple[int, dict | None, dict | None]]) -> tuple[list[str], list[list[str]]]:
@@ -95,6 +99,6 @@ class LineReporter:
             return
         header, cells = table_columns(self.rows)
         widths = [max(len(h), *(len(r[i]) for r in cells)) for i, h in enumerate(header)]
-        self._print("per-epoch metrics")
+        self._print(TABLE_TITLE)
         for row in (header, *cells):
             self._print("  ".join(c.rjust(w) for c, w in zip(row, widths, strict=True)))

@@ -11,7 +11,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
-from mgpucli.cli.lines import epoch_line, start_lines, table_columns, val_line
+from mgpucli.cli.lines import TABLE_TITLE, epoch_line, start_lines, table_columns, val_line
 from mgpucli.console import err_console
 
 
@@ -23,8 +23,10 @@ class RichReporter:
         self.progress: Progress | None = None
         self.task = None
         self.rows: list[tuple[int, dict | None, dict | None]] = []
+        self.total_epochs: int | None = None
 
     def start(self, info: dict[str, Any]) -> None:
+        self.total_epochs = info.get("total_epochs")
         first, second = start_lines(info)
         self.console.print(Text.assemble(("mgpu train", "bold"), " ", first))
         self.console.print(second, markup=False)
@@ -39,7 +41,8 @@ class RichReporter:
             self.progress.start()
         if self.task is not None:
             self.progress.remove_task(self.task)
-        self.task = self.progress.add_task("train", total=steps, completed=done, epoch=epoch, loss="-", speed="-")
+        shown = f"{epoch}/{self.total_epochs}" if self.total_epochs else str(epoch)
+        self.task = self.progress.add_task("train", total=steps, completed=done, epoch=shown, loss="-", speed="-")
 
     def step(self, step: int) -> None:
         if self.progress is not None:
@@ -70,7 +73,7 @@ class RichReporter:
         if not self.rows:
             return
         header, cells = table_columns(self.rows)
-        table = Table(title="per-epoch metrics")
+        table = Table(title=TABLE_TITLE)
         for name in header:
             table.add_column(name, justify="right")
         for row in cells:

@@ -19,7 +19,8 @@ other ranks add zeros: exact), so every rank picks the same number and the colle
 ``rt``, ``task``, ``optimizer``, ``progress``, ``writer``, ``reporter``, ``step``, ``epoch`` and
 ``signal_received``, and owns the interval state that ``Trainer.setup`` creates (``acc``, ``first_bad``,
 ``_losses``, ``_loss_steps``, ``_step_rows``, ``_closed``, ``_batch``, ``_in_flight``, ``_acc_dirty``,
-``_bad_folded``, ``_interval_start``, ``_interval_steps``).
+``_bad_folded``, ``_interval_start``, ``_interval_steps``), and ``epoch_sums``: the reduced sums of the epoch's
+intervals so far, from which the epoch's means come (host numbers, added as each interval is logged: no extra sync).
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ class Closed:
     losses: list[torch.Tensor]  # the interval's pending losses, to find a non-finite one's step
     loss_steps: list[int]
     step: int
-    epoch: int
+    epoch: int  # the epoch the interval's steps belong to, numbered from 1
     elapsed: float
     lr: float
     time: float
@@ -197,7 +198,7 @@ class LogInterval:
             vec = _float64_vector([*column_sums(self._step_rows, device, stacked), losses])
             self._step_rows.clear()
         now = time.perf_counter()
-        self._closed.append(Closed(vec, self._losses, self._loss_steps, self.step, self.epoch,
+        self._closed.append(Closed(vec, self._losses, self._loss_steps, self.step, self.epoch + 1,
                                    now - self._interval_start, self.optimizer.param_groups[0]["lr"], time.time()))
         self._losses, self._loss_steps = [], []
         self._interval_start, self._interval_steps = now, 0
@@ -237,6 +238,7 @@ class LogInterval:
                 self._fold()  # every rank: finds its first non-finite step, then they agree on the earliest
                 self._raise_nan()
             metrics = self.task.metrics(sums)
+            self.epoch_sums = [a + b for a, b in zip(self.epoch_sums, sums, strict=True)]
             samples = sums[self.task.stat_names.index("samples")] if "samples" in self.task.stat_names else 0
             self._emit({"split": "train", "step": interval.step, "epoch": interval.epoch, **metrics,
                         "samples_per_s": samples / interval.elapsed if interval.elapsed > 0 else 0.0,

@@ -233,6 +233,13 @@ def versions() -> dict[str, str]:
     return {"mgpu": __version__, "torch": str(torch.__version__), "python": platform.python_version()}
 
 
+def epoch_label(epoch: int, mid_epoch: bool) -> str:
+    """A checkpoint's place in the run, with epochs numbered from 1 as everywhere a user reads them. Checkpoints
+    store ``epoch`` as the number of epochs completed: ``epoch 3`` after the third, ``epoch 4 (mid-epoch)`` in the
+    fourth."""
+    return f"epoch {epoch + 1} (mid-epoch)" if mid_epoch else f"epoch {epoch}"
+
+
 def build_payload(**fields: Any) -> dict[str, Any]:
     return {"mgpu_format": FORMAT_VERSION, "versions": versions(), **fields}
 

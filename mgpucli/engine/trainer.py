@@ -99,6 +99,7 @@ class Trainer(Checkpoints, LogInterval):
         self.autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.tcfg.precision)
         self.scaler = torch.amp.GradScaler(rt.device.type) if self.tcfg.precision == "fp16" else None
         self.acc = torch.zeros(len(self.task.stat_names), dtype=torch.float64, device=rt.device)
+        self.epoch_sums = [0.0] * len(self.task.stat_names)  # the epoch's reduced interval sums (engine/interval.py)
         self.first_bad = torch.full((), NO_BAD, dtype=torch.int64, device=rt.device)
         self._acc_dirty = False  # acc holds sums not yet reduced (Task.stats rows, or a fold of pieces)
         self._bad_folded = False  # first_bad may hold a non-finite step not yet reduced
@@ -133,18 +134,18 @@ class Trainer(Checkpoints, LogInterval):
         a reduction), save a checkpoint there and raise Preempted. A second SIGINT interrupts at once.
         """
         steps_per_epoch = math.ceil(len(self.loaders.train) / self.tcfg.grad_accum)
-        self.reporter.start(self._info(steps_per_epoch))
         total_epochs = self.tcfg.epochs if self.tcfg.max_steps is None else max(
             self.tcfg.epochs, math.ceil(self.tcfg.max_steps / steps_per_epoch))
+        self.reporter.start({**self._info(steps_per_epoch), "total_epochs": total_epochs})
         train_metrics = None
         with self._stop_signals(), self._tag_failures():
             while self.epoch < total_epochs and not self._done():
-                finished_epoch = self.epoch
+                number = self.epoch + 1  # epochs are numbered from 1 in everything a user reads
                 train_metrics = self.train_epoch(steps_per_epoch)
                 if self.stop_agreed and self._mid_epoch:
                     self._preempt(mid_epoch=True)
                 val, saved = self._end_epoch(total_epochs)
-                self.reporter.epoch_end(finished_epoch, train_metrics, val)
+                self.reporter.epoch_end(number, train_metrics, val)
                 if self.stop_agreed:
                     self._preempt(mid_epoch=False, saved=saved)
         return {"step": self.step, "epoch": self.epoch, "train": train_metrics, "val": self.last_val,
@@ -154,12 +155,13 @@ class Trainer(Checkpoints, LogInterval):
         """Validate and checkpoint after an epoch (or after max_steps mid-epoch); returns (val, saved)."""
         tcfg = self.tcfg
         ended_early = self._done() and self._mid_epoch
+        number = self.epoch + 1
         if not ended_early:
             self.epoch += 1
         last = self._done() or self.epoch >= total_epochs
         val = None
         if self.loaders.val is not None and tcfg.val_every and (self.epoch % tcfg.val_every == 0 or last):
-            val = self.evaluate()
+            val = self.evaluate(number)
         improved = self._maybe_best(val)
         saved = last or (tcfg.checkpoint_every and self.epoch % tcfg.checkpoint_every == 0) or improved
         if saved:
@@ -200,7 +202,7 @@ class Trainer(Checkpoints, LogInterval):
             self.save(mid_epoch=mid_epoch)
         raise Preempted(
             f"stopped by {self.signal_received or 'a signal on another rank'} at step {self.step} "
-            f"(epoch {self.epoch}); every rank agreed on that step and the checkpoint "
+            f"(epoch {self.epoch + 1 if mid_epoch else self.epoch}); every rank agreed on that step and the checkpoint "
             f"in {checkpoint_dir(self.run_dir)} is complete.",
             "Continue the run with the same command plus --resume auto.",
         )
@@ -209,20 +211,22 @@ class Trainer(Checkpoints, LogInterval):
         return self.hot.max_steps is not None and self.step >= self.hot.max_steps
 
     def train_epoch(self, steps_per_epoch: int) -> dict[str, Any] | None:
-        """One pass over this rank's shard (from the saved position when resuming mid-epoch)."""
+        """One pass over this rank's shard (from the saved position when resuming mid-epoch); returns the epoch's
+        train metrics: means over all the samples it logged (None if it logged none)."""
         hot, loader = self.hot, self.loaders.train
         self.loaders.sampler.set_epoch(self.epoch)
         pending, self._pending = self._pending, None
         if pending and pending["loader"] is not None:
-            loader.load_state_dict(pending["loader"])
+            loader.load_state_dict(pending["loader"])  # mid-epoch: epoch_sums came with the checkpoint
+        else:
+            self.epoch_sums = [0.0] * len(self.epoch_sums)
         batches = iter(loader)  # building the iterator draws from the RNG: restore RNG after it
         if pending and pending["rng"] is not None:
             st.restore_rng(pending["rng"], self.rt.device)
         done_in_epoch = self.step - self.epoch * steps_per_epoch
-        self.reporter.epoch_start(self.epoch, steps_per_epoch, max(0, done_in_epoch))
+        self.reporter.epoch_start(self.epoch + 1, steps_per_epoch, max(0, done_in_epoch))
         self.wrapped.train.train()
         self._mid_epoch = True
-        metrics = None
         self._interval_start, self._interval_steps = time.perf_counter(), 0
         micro = 0
         for batch in batches:
@@ -231,16 +235,21 @@ class Trainer(Checkpoints, LogInterval):
             self._forward_backward(batch, sync=final)
             if final:
                 micro = 0
-                metrics = self._optimizer_step() or metrics
+                self._optimizer_step()
                 if self.stop_agreed or self._done():  # every rank stops at the same step
-                    return self._reduce_and_log() or metrics
+                    self._reduce_and_log()
+                    return self._epoch_means()
         if micro:  # a partial accumulation at the end of the epoch still makes a step
-            metrics = self._optimizer_step() or metrics
+            self._optimizer_step()
         self._mid_epoch = False
-        metrics = self._reduce_and_log() or metrics
+        self._reduce_and_log()
         if self.scheduler is not None and hot.scheduler_interval == "epoch":
             self.scheduler.step()
-        return metrics
+        return self._epoch_means()
+
+    def _epoch_means(self) -> dict[str, Any] | None:
+        samples = self.epoch_sums[self.task.stat_names.index("samples")] if "samples" in self.task.stat_names else 1
+        return self.task.metrics(self.epoch_sums) if samples else None
 
     def _forward_backward(self, batch, sync: bool) -> None:
         inputs, targets = self._to_device(batch)
@@ -283,7 +292,7 @@ class Trainer(Checkpoints, LogInterval):
         self.progress.phase = self._backward_phase if sync else "backward"
         (self.scaler.scale(scaled) if self.scaler is not None else scaled).backward()
 
-    def _optimizer_step(self) -> dict[str, Any] | None:
+    def _optimizer_step(self) -> None:
         hot = self.hot
         if hot.clip_grad_norm is not None:
             if self.scaler is not None:
@@ -300,22 +309,22 @@ class Trainer(Checkpoints, LogInterval):
         self.step += 1
         self._interval_steps += 1
         self.reporter.step(self.step)
-        metrics = self._finish_reduction() if self._in_flight is not None else None  # started a step ago
+        if self._in_flight is not None:
+            self._finish_reduction()  # started a step ago
         if self.step % hot.log_every == 0:
             self._close_interval()
             if len(self._closed) >= self._batch:
                 self._start_reduction()
         if hot.checkpoint_every_steps and self.step % hot.checkpoint_every_steps == 0 and not self._done():
-            metrics = self._finish_reduction() or metrics
             self.save(mid_epoch=True)
-        return metrics
 
-    def evaluate(self) -> dict[str, Any]:
-        """Exact validation (see engine.evaluate); recorded in metrics.jsonl and kept for the checkpoint."""
+    def evaluate(self, epoch: int) -> dict[str, Any]:
+        """Exact validation (see engine.evaluate) after ``epoch`` (numbered from 1); recorded in metrics.jsonl and
+        kept for the checkpoint."""
         with self.progress.in_phase("validation"):
             self.last_val = evaluate_exact(self.wrapped.eval, self.loaders.val, self.loaders.val_batches,
                                            self.task, self.rt, self.autocast_dtype, lockstep=self.wrapped.is_fsdp)
-        self._emit({"split": "val", "step": self.step, "epoch": self.epoch, **self.last_val, "time": time.time()})
+        self._emit({"split": "val", "step": self.step, "epoch": epoch, **self.last_val, "time": time.time()})
         return self.last_val
 
     def _info(self, steps_per_epoch: int) -> dict[str, Any]:

@@ -65,6 +65,9 @@ class Checkpoints:
         if self.scaler is not None and ckpt.get("scaler"):
             self.scaler.load_state_dict(ckpt["scaler"])
         self.step, self.epoch, self.best = ckpt["step"], ckpt["epoch"], ckpt.get("best")
+        sums = ckpt.get("epoch_sums")
+        if ckpt.get("mid_epoch") and isinstance(sums, list) and len(sums) == len(self.epoch_sums):
+            self.epoch_sums = [float(v) for v in sums]  # the epoch's means go on from where they were
         changed = st.recipe_changes(ckpt.get("recipe", ""), OmegaConf.to_yaml(self.cfg, resolve=True))
         if changed:
             self.reporter.warn(f"the recipe changed since {path} was saved: {', '.join(changed)}")
@@ -74,10 +77,11 @@ class Checkpoints:
         if ckpt.get("mid_epoch") and not same_world:
             self.reporter.warn(f"{path} was saved mid-epoch by {ckpt.get('world_size')} process(es); with "
                                f"{self.rt.world_size} the loader position cannot carry over, so epoch "
-                               f"{self.epoch} restarts from its beginning.")
+                               f"{self.epoch + 1} restarts from its beginning.")
         self._pending = {"loader": mine["loader"] if mine and ckpt.get("mid_epoch") else None,
                          "rng": mine["rng"] if mine else None}
-        self.reporter.message(f"resumed from {path} (epoch {self.epoch}, step {self.step})")
+        self.reporter.message(f"resumed from {path} at step {self.step} "
+                              f"({st.epoch_label(self.epoch, bool(ckpt.get('mid_epoch')))})")
 
     def save(self, mid_epoch: bool, best: bool = False) -> None:
         """Every rank joins (state dicts are collective under FSDP); rank 0 writes atomically."""
@@ -95,6 +99,7 @@ class Checkpoints:
             epoch=self.epoch, step=self.step, mid_epoch=mid_epoch, per_rank=per_rank,
             world_size=self.rt.world_size, recipe=OmegaConf.to_yaml(self.cfg, resolve=True),
             metrics=self.last_val, best=self.best, best_metric=self.tcfg.best_metric,
+            epoch_sums=list(self.epoch_sums) if mid_epoch else None,
         )
         ckpts = checkpoint_dir(self.run_dir)
         if self._sharded:

@@ -34,10 +34,13 @@ class Loaded:
 def _state_dict_of(obj: Any, path: str) -> tuple[dict[str, Any], dict[str, Any]]:
     """(weights, info) from an mgpu checkpoint or a plain state_dict."""
     if is_mgpu_checkpoint(obj):
-        info = {k: obj.get(k) for k in ("epoch", "step", "world_size")}
+        info = {k: obj.get(k) for k in ("step", "world_size")}
+        mid = bool(obj.get("mid_epoch"))  # the epoch of its last step, numbered from 1 (see state.epoch_label)
+        info.update(epoch=obj.get("epoch", 0) + 1 if mid else obj.get("epoch"), mid_epoch=mid)
         return obj["model"], {**info, "format": "mgpu", "recipe_text": obj.get("recipe")}
     if isinstance(obj, dict) and obj and all(isinstance(v, torch.Tensor) for v in obj.values()):
-        return obj, {"format": "state_dict", "epoch": None, "step": None, "world_size": None, "recipe_text": None}
+        return obj, {"format": "state_dict", "epoch": None, "mid_epoch": None, "step": None, "world_size": None,
+                     "recipe_text": None}
     if isinstance(obj, dict) and isinstance(obj.get("state_dict"), dict):
         return _state_dict_of(obj["state_dict"], path)
     raise CheckpointError(

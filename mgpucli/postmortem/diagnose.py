@@ -148,7 +148,7 @@ def _when(failure: Failure, record: FailureRecord | None, run: RunRecord, spe: i
         if train is not None and isinstance(train.get("step"), int):
             failure.step, failure.step_source = train["step"], "last logged metrics"
     if failure.step is not None and spe:
-        failure.epoch = max(0, (failure.step - 1) // spe)
+        failure.epoch = max(0, (failure.step - 1) // spe) + 1  # numbered from 1, as in metrics.jsonl
     else:
         train = run.last_metrics("train")
         failure.epoch = train.get("epoch") if train else None

@@ -7,9 +7,12 @@ tests/e2e/test_launch.py.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from tests.e2e.test_launch import SHORT, run_launch, tag  # noqa: F401 - tag is a fixture
 from tests.procs import assert_usage_error, mgpu
@@ -90,3 +93,33 @@ def test_resume_target_missing_and_contradictory_flags_are_refused_at_the_launch
              timeout=60)
     assert_usage_error(r, "cannot create run dir", "is a file, not a directory", "run_dir=")
     assert not (tmp_path / "runs").exists()
+
+
+def test_epochs_are_numbered_alike_everywhere_and_the_epoch_row_is_the_epoch_mean(tmp_path: Path, tag: str):  # noqa: F811
+    code, run = run_launch(["--cpu", "--nproc", "2", "quickstart", "trainer.log_every=10", "trainer.cpu_threads=1"],
+                           tmp_path, tag)
+    assert code == 0, run.output
+    run_dir = tmp_path / "runs" / "quickstart"
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in records if r["split"] == "train"]
+    val = [r for r in records if r["split"] == "val"]
+    assert [r["epoch"] for r in val] == [1, 2, 3] and [r["step"] for r in val] == [64, 128, 192]
+    assert {r["epoch"] for r in train} == {1, 2, 3}
+    assert all(r["epoch"] == (r["step"] - 1) // 64 + 1 for r in train)  # 64 steps of 2 x 32 samples per epoch
+
+    lines = re.findall(r"epoch (\d+) done  train \(epoch mean\): loss (\S+)", run.output)
+    assert [int(n) for n, _ in lines] == [1, 2, 3], run.output
+    previous = 0
+    for number, shown in lines:  # each interval's samples: its steps x the global batch (64)
+        mine = [r for r in train if r["epoch"] == int(number)]
+        steps = [r["step"] - p for r, p in zip(mine, [previous] + [r["step"] for r in mine[:-1]], strict=True)]
+        previous = mine[-1]["step"]
+        mean = sum(r["loss"] * n for r, n in zip(mine, steps, strict=True)) / sum(steps)
+        assert float(shown) == pytest.approx(mean, rel=1e-3), (number, shown, mean)
+        assert float(shown) != pytest.approx(mine[-1]["loss"], rel=1e-3)  # not the last interval's
+
+    checked = mgpu("validate", str(run_dir / "checkpoints" / "last.pt"), "--json", cwd=tmp_path, timeout=120)
+    assert checked.returncode == 0, checked.output
+    assert json.loads(checked.stdout)["checkpoint"]["epoch"] == 3
+    shown = mgpu("validate", str(run_dir / "checkpoints" / "last.pt"), cwd=tmp_path, timeout=120)
+    assert "(epoch 3, step 192)" in shown.stderr.replace("\n", " "), shown.output

@@ -43,7 +43,7 @@ def test_yaml_syntax_error_names_the_line(tmp_path):
 
 def test_resume_path_missing(tmp_path):
     assert_usage_error(mgpu("train", QUICK, *SMALL, "--resume", "gone.pt", cwd=tmp_path),
-                       "checkpoint gone.pt does not exist")
+                       "--resume gone.pt: no such checkpoint", "--resume auto")
 
 
 def test_resume_from_something_that_is_not_an_mgpu_checkpoint(tmp_path):

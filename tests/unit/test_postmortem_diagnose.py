@@ -81,13 +81,13 @@ class RunDir:
 def crash_run(root: Path) -> RunDir:
     run = RunDir(root, first_failed_rank=1)
     run.log(0, "mgpu train quickstart: 2 process(es) on cpu\nglobal batch 64; 8 steps per epoch; run dir x\n"
-               "step 2 epoch 0  loss 1.38\n" + "\n".join(f"[rank0]: {line}" for line in ["Traceback (most recent "
+               "step 2 epoch 1  loss 1.38\n" + "\n".join(f"[rank0]: {line}" for line in ["Traceback (most recent "
                "call last):", '  File "/x/torch/_tensor.py", line 623, in backward', "    torch.autograd.backward(",
                PEER]))
     run.error(0, PEER.split(": ", 1)[1], when=101.0)
     run.log(1, "\n".join(f"[rank1]: {line}" for line in CRASH_TRACE.splitlines()))
     run.error(1, "injected fault: crash at step 3 on rank 1", CRASH_TRACE, step=3, when=100.5)
-    run.metrics({"split": "train", "step": 2, "epoch": 0, "loss": 1.38})
+    run.metrics({"split": "train", "step": 2, "epoch": 1, "loss": 1.38})
     return run
 
 
@@ -96,12 +96,12 @@ def test_user_exception_on_rank_1_is_the_first_failure_with_step_and_evidence(tm
     report = diagnose_run(str(tmp_path))
     assert not report.finished and report.exit_code == 1 and report.status == "failed"
     f = report.first_failure
-    assert (f.rank, f.step, f.step_source, f.epoch) == (1, 3, "failure record", 0)
+    assert (f.rank, f.step, f.step_source, f.epoch) == (1, 3, "failure record", 1)
     assert f.match.signature == "python_exception" and "not a distributed problem" in f.match.title
     assert [(e.rank, e.line) for e in f.match.evidence] == [(1, 4), (1, 5), (1, 6)]
     assert f.match.evidence[-1].text.strip() == "RuntimeError: injected fault: crash at step 3 on rank 1"
     assert [(o.rank, o.match.signature) for o in report.others] == [(0, "peer_lost")]
-    assert "rank 1 failed first at step 3 (epoch 0)" in report.verdict
+    assert "rank 1 failed first at step 3 (epoch 1)" in report.verdict
 
 
 def test_json_report_has_the_contract_fields_and_is_written(tmp_path: Path):

@@ -14,20 +14,20 @@ from mgpucli.cli.progress import RichReporter
 INFO = {"name": "quickstart", "world_size": 2, "device": "cpu", "backend": "gloo", "strategy": "ddp",
         "cpu_threads": 1, "precision": "fp32", "global_batch": 64, "batch_size": 32, "grad_accum": 1,
         "train_samples": 4096, "val_samples": 1001, "steps_per_epoch": 64, "run_dir": "runs/q"}
-TRAIN = {"split": "train", "step": 20, "epoch": 0, "loss": 0.79821, "accuracy": 0.718, "lr": 0.05,
+TRAIN = {"split": "train", "step": 20, "epoch": 1, "loss": 0.79821, "accuracy": 0.718, "lr": 0.05,
          "samples_per_s": 16783.2, "time": 1.0}
-VAL = {"split": "val", "step": 64, "epoch": 0, "loss": 0.18384, "accuracy": 0.93806, "samples": 1001, "time": 2.0}
+VAL = {"split": "val", "step": 64, "epoch": 1, "loss": 0.18384, "accuracy": 0.93806, "samples": 1001, "time": 2.0}
 
 
 def _drive(reporter) -> None:
     reporter.start(INFO)
-    reporter.epoch_start(0, 64, 0)
+    reporter.epoch_start(1, 64, 0)
     reporter.step(1)
     reporter.log(TRAIN)
     reporter.log(VAL)
     reporter.warn("the recipe changed since last.pt was saved: optim.lr")
-    reporter.message("resumed from last.pt (epoch 1, step 64) [sic]")
-    reporter.epoch_end(0, {"loss": 0.2273, "accuracy": 0.9492}, {"loss": 0.1838, "accuracy": 0.9381})
+    reporter.message("resumed from last.pt at step 64 (epoch 1)")
+    reporter.epoch_end(1, {"loss": 0.2273, "accuracy": 0.9492}, {"loss": 0.1838, "accuracy": 0.9381})
     reporter.close()
 
 
@@ -39,14 +39,14 @@ def test_line_reporter_text(capsys):
         "fp32)",
         "global batch 64 = 32 per process x 2 process(es) x 1 accumulation step(s); 4096 train / 1001 val samples, "
         "64 steps per epoch; run dir runs/q",
-        "step 20 epoch 0  loss 0.7982  accuracy 0.718  16783 samples/s",
+        "step 20 epoch 1  loss 0.7982  accuracy 0.718  16783 samples/s",
         "val step 64  loss 0.1838  accuracy 0.9381  (1001 samples)",
         "warning: the recipe changed since last.pt was saved: optim.lr",
-        "resumed from last.pt (epoch 1, step 64) [sic]",
-        "epoch 0 done  train: loss 0.2273  accuracy 0.9492  val: loss 0.1838  accuracy 0.9381",
-        "per-epoch metrics",
+        "resumed from last.pt at step 64 (epoch 1)",
+        "epoch 1 done  train (epoch mean): loss 0.2273  accuracy 0.9492  val: loss 0.1838  accuracy 0.9381",
+        "per-epoch metrics (train: the epoch's mean over all its samples; val: the validation after it)",
         "epoch  train accuracy  train loss  val accuracy  val loss",
-        "    0          0.9492      0.2273        0.9381    0.1838",
+        "    1          0.9492      0.2273        0.9381    0.1838",
     ]
 
 

@@ -65,6 +65,7 @@ def test_interval_metrics_are_the_sums_of_task_stats(make_trainer, task):
     if task == "regression":
         tr.task = Regression()
         tr.acc = torch.zeros(len(tr.task.stat_names), dtype=torch.float64)
+        tr.epoch_sums = [0.0] * len(tr.task.stat_names)
     batches = [(x, torch.nn.functional.one_hot(y, 4).float() if task == "regression" else y)
                for x, y in list(tr.loaders.train)[:6]]
     expected = torch.zeros(len(tr.task.stat_names), dtype=torch.float64)
@@ -154,6 +155,7 @@ def test_short_intervals_share_a_reduction_and_each_keeps_its_own_record(make_tr
     if task == "regression":
         tr.task = Regression()
         tr.acc = torch.zeros(len(tr.task.stat_names), dtype=torch.float64)
+        tr.epoch_sums = [0.0] * len(tr.task.stat_names)
     logged, lrs = [], {}
     tr._emit = logged.append
     step = tr._optimizer_step
