@@ -56,6 +56,7 @@ def test_copy_then_refuse_then_force(tmp_path):
     copy = tmp_path / "quickstart.yaml"
     assert copy.read_bytes() == (RECIPES / "quickstart.yaml").read_bytes()
     assert "wrote quickstart.yaml" in r.stderr and "mgpu train ./quickstart.yaml --check" in r.stderr
+    assert "named quickstart (its runs go to runs/quickstart)" in r.stderr
     copy.write_text("# my edits\n")
     assert_usage_error(mgpu("recipes", "copy", "quickstart", cwd=tmp_path, timeout=30),
                        "quickstart.yaml already exists; not overwriting it", "Pass --force")
@@ -65,6 +66,19 @@ def test_copy_then_refuse_then_force(tmp_path):
     (tmp_path / "conf").mkdir()
     r = mgpu("recipes", "copy", "digits", "conf", cwd=tmp_path, timeout=30)
     assert r.returncode == 0 and (tmp_path / "conf" / "digits.yaml").is_file(), r.output
+
+
+def test_a_copy_is_named_after_its_file_and_trains_into_its_own_run_dir(tmp_path):
+    r = mgpu("recipes", "copy", "quickstart", "my.yaml", cwd=tmp_path, timeout=30)
+    assert r.returncode == 0, r.output
+    assert "named my (its runs go to runs/my)" in r.stderr and "mgpu train ./my.yaml --check" in r.stderr
+    text = (tmp_path / "my.yaml").read_text()
+    assert "\nname: my\n" in text and text.replace("\nname: my\n", "\nname: quickstart\n") == \
+        (RECIPES / "quickstart.yaml").read_text()  # comments and all, only the name changed
+    r = _launch_on_two_cpus("my.yaml", "trainer.epochs=1", cwd=tmp_path, timeout=180)
+    assert r.returncode == 0, r.output
+    assert (tmp_path / "runs" / "my" / "checkpoints" / "last.pt").is_file()
+    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["my"]
 
 
 def test_the_quickstart_schedule_spans_the_run_on_two_processes(tmp_path):
