@@ -57,14 +57,16 @@ def recipes(
 
 def _render(found) -> None:
     """A name per line, the description beside it and what it needs under it (plain lines: no table to squash
-    in a narrow or redirected terminal)."""
+    in a narrow or redirected terminal). The list is the command's output, on stdout (``mgpu recipes | grep``);
+    the line saying where the recipes are and the closing hint are notes, on stderr."""
+    from rich.console import Console
     from rich.markup import escape
 
     from mgpucli.console import err_console
 
-    console = err_console()
+    console, notes = Console(highlight=False, soft_wrap=True), err_console()
     where = found[0].path.parent if found else "none found"
-    console.print(f"mgpu's recipes ({escape(str(where))}):", highlight=False)
+    notes.print(f"mgpu's recipes ({escape(str(where))}):", highlight=False)
     width = max((len(r.name) for r in found), default=0)
     pad = " " * (width + 4)
     for r in found:
@@ -76,9 +78,9 @@ def _render(found) -> None:
                      else f"{escape(q.label)}, [yellow]not installed[/]: {escape(q.install_hint)}" for q in r.requires]
             needs = "needs: " + ", ".join(parts)
         console.print(f"{pad}{needs}", highlight=False)
-    console.print("Run one by name: mgpu train quickstart, mgpu launch --cpu --nproc 2 quickstart. "
-                  "Check one: mgpu train NAME --check. Edit a copy: mgpu recipes copy NAME [DEST].",
-                  markup=False, highlight=False)
+    notes.print("Run one by name: mgpu train quickstart, mgpu launch --cpu --nproc 2 quickstart. "
+                "Check one: mgpu train NAME --check. Edit a copy: mgpu recipes copy NAME [DEST] (named after DEST).",
+                markup=False, highlight=False)
 
 
 @app.command("show")
