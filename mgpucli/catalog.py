@@ -124,6 +124,32 @@ def _tasks() -> list[str]:
     return lines
 
 
+def _schedules() -> list[str]:
+    """The run-length interpolations (mgpucli.config.run_length): how a scheduler follows the run's length."""
+    from mgpucli.config.run_length import ALLOWED_SECTIONS, MEANINGS
+
+    lines = ["## Schedules that follow the run's length", "",
+             "A scheduler's length (`CosineAnnealingLR`'s `T_max`, `OneCycleLR`'s `total_steps`) depends on the "
+             "dataset size, `data.batch_size`, the number of processes, `trainer.grad_accum` and "
+             "`trainer.epochs`/`max_steps`. Write one of these instead of a number: each worker resolves it from "
+             "its real train loader before it builds the scheduler, and the recipe it saves (`RUN_DIR/recipe.yaml`, "
+             "checkpoints) holds the number.", "",
+             "| interpolation | value |", "|---|---|"]
+    lines += [f"| `${{{name}:}}` | {meaning} |" for name, meaning in MEANINGS.items()]
+    lines += ["", "```yaml", "scheduler:", "  _target_: torch.optim.lr_scheduler.CosineAnnealingLR",
+              "  T_max: ${total_steps:}", "```", "",
+              "Both count optimizer steps: what a scheduler counts with `trainer.scheduler_interval: step` (the "
+              "default). With `trainer.scheduler_interval: epoch` it steps once per epoch: use `${trainer.epochs}` "
+              "(`T_max: ${trainer.epochs}`).", "",
+              f"They work in {', '.join(f'`{s}`' for s in ALLOWED_SECTIONS)} (the model, the datasets and the "
+              "trainer's settings are built before the length is known, so a use there is a recipe error). "
+              "`mgpu train RECIPE --check` prints them unresolved.", "",
+              "On `--resume` the scheduler continues from the checkpoint's state, its length included (torch's "
+              "`load_state_dict` restores it): a resume that changes the run's length (epochs, `max_steps`, the "
+              "number of processes) keeps the saved schedule, and mgpu warns that the recipe changed.", ""]
+    return lines
+
+
 def render() -> str:
     """The whole catalogue, as the code says it is today."""
     lines = [HEADER]
@@ -133,6 +159,7 @@ def render() -> str:
         for cls in public_classes(module_name):
             lines += _component(cls, where)
     lines += _tasks()
+    lines += _schedules()
     return "\n".join(lines).rstrip("\n") + "\n"
 
 

@@ -176,28 +176,3 @@ def resolve(arg: str | os.PathLike[str]) -> Path:
     if shipped is not None:
         hint += f" mgpu ships a recipe named '{stem}': pass just the name ({stem}) to use it."
     raise RecipeError(text, [f"recipe file {text} does not exist"], hint)
-
-
-def copy_recipe(name: str, dest: Path | None = None, force: bool = False) -> Path:
-    """Copy the shipped recipe ``name`` to ``dest`` (a file, or a directory to put NAME.yaml in; default
-    ``./NAME.yaml``) and return the file written. An existing file is kept unless ``force`` (UsageError)."""
-    source = shipped_path(name)
-    if source is None:
-        raise unknown_recipe(name)
-    target = Path(source.name) if dest is None else dest
-    if target.is_dir():
-        target = target / source.name
-    if target.exists() and not force:
-        raise UsageError(f"{target} already exists; not overwriting it.",
-                         "Pass --force to overwrite it, or give another destination: "
-                         f"mgpu recipes copy {name} DEST.")
-    if target.exists() and not target.is_file():
-        raise UsageError(f"{target} exists and is not a file; not overwriting it.")
-    if not target.parent.is_dir():
-        raise UsageError(f"cannot write {target}: the directory {target.parent} does not exist.",
-                         "Create it first, or give another destination.")
-    try:
-        target.write_bytes(source.read_bytes())
-    except OSError as err:
-        raise UsageError(f"cannot write {target}: {err.strerror or err}.") from None
-    return target

@@ -6,6 +6,7 @@ Never imports torch, omegaconf or hydra: listing reads the recipe files with PyY
 from __future__ import annotations
 
 import json
+import shlex
 import sys
 from pathlib import Path
 
@@ -56,14 +57,16 @@ def recipes(
 
 def _render(found) -> None:
     """A name per line, the description beside it and what it needs under it (plain lines: no table to squash
-    in a narrow or redirected terminal)."""
+    in a narrow or redirected terminal). The list is the command's output, on stdout (``mgpu recipes | grep``);
+    the line saying where the recipes are and the closing hint are notes, on stderr."""
+    from rich.console import Console
     from rich.markup import escape
 
     from mgpucli.console import err_console
 
-    console = err_console()
+    console, notes = Console(highlight=False, soft_wrap=True), err_console()
     where = found[0].path.parent if found else "none found"
-    console.print(f"mgpu's recipes ({escape(str(where))}):", highlight=False)
+    notes.print(f"mgpu's recipes ({escape(str(where))}):", highlight=False)
     width = max((len(r.name) for r in found), default=0)
     pad = " " * (width + 4)
     for r in found:
@@ -75,9 +78,9 @@ def _render(found) -> None:
                      else f"{escape(q.label)}, [yellow]not installed[/]: {escape(q.install_hint)}" for q in r.requires]
             needs = "needs: " + ", ".join(parts)
         console.print(f"{pad}{needs}", highlight=False)
-    console.print("Run one by name: mgpu train quickstart, mgpu launch --cpu --nproc 2 quickstart. "
-                  "Check one: mgpu train NAME --check. Edit a copy: mgpu recipes copy NAME [DEST].",
-                  markup=False, highlight=False)
+    notes.print("Run one by name: mgpu train quickstart, mgpu launch --cpu --nproc 2 quickstart. "
+                "Check one: mgpu train NAME --check. Edit a copy: mgpu recipes copy NAME [DEST] (named after DEST).",
+                markup=False, highlight=False)
 
 
 @app.command("show")
@@ -103,17 +106,21 @@ def copy(
     dest: str | None = typer.Argument(None, help="File or directory to write (default: ./NAME.yaml).",
                                       show_default=False),
     force: bool = typer.Option(False, "--force", help="Overwrite DEST if it exists."),
+    new_name: str | None = typer.Option(
+        None, "--name", help="The copy's name (its runs go to runs/NAME); default: DEST's file name without .yaml.",
+        show_default=False),
 ) -> None:
-    """Write an editable copy of a shipped recipe (refuses to overwrite a file unless --force)."""
+    """Write an editable copy of a shipped recipe, named after its file (refuses to overwrite unless --force)."""
     from mgpucli.console import err_console
-    from mgpucli.recipes import copy_recipe
+    from mgpucli.recipe_copy import copy_recipe
 
     try:
-        target = copy_recipe(name, Path(dest) if dest else None, force=force)
+        copied = copy_recipe(name, Path(dest) if dest else None, force=force, name=new_name)
     except MgpuError as err:
         _fail(err)
-    shown = str(target) if target.parent != Path(".") else f"./{target}"  # ./x.yaml: a path, not a name
+    target = copied.path
+    shown = shlex.quote(str(target) if target.parent != Path(".") else f"./{target}")  # ./x.yaml: a path
     err_console().print(
-        f"wrote {target} (a copy of the shipped recipe {name}). Edit it, then: mgpu train {shown} --check, "
-        f"and mgpu launch ... {shown}. Change its name: to give its runs a directory of their own "
-        f"(runs/<name>).", markup=False, highlight=False)
+        f"wrote {target}: a copy of the shipped recipe {name}, named {copied.name} (its runs go to "
+        f"{copied.run_dir}). Edit it, then: mgpu train {shown} --check, and mgpu launch ... {shown}.",
+        markup=False, highlight=False)

@@ -1,9 +1,12 @@
 """Load a recipe through hydra-core's Compose API, with overrides in Hydra's grammar.
 
 Hydra composes the YAML (any directory), interpolation and ``key=value`` / ``+key=value`` / ``~key`` overrides.
-For keys of the typed sections (``trainer.*``, ``data.batch_size``...) a plain ``key=value`` becomes Hydra's
-``++key=value`` (set or add), so a user can override a schema key the recipe leaves at its default; a typo is
-then reported by the schema check with a did-you-mean instead of Hydra's "use +key" hint.
+A plain ``key=value`` becomes Hydra's ``++key=value`` (set or add), as if the line were written in the recipe, so
+a user can set a schema key the recipe leaves at its default (``trainer.max_steps=5``) or a component argument
+it doesn't mention (``optim.weight_decay=0.01``). A typo is then reported by the check that knows the valid
+keys, with a did-you-mean: the schema check for typed sections, the ``_target_`` signature check
+(config/targets.py) for components, instead of Hydra's "use +key", which would only add the typo. Free-form
+sections (``vars``, ``requires``) keep Hydra's rule: a new key there needs ``+key=value``.
 """
 
 from __future__ import annotations
@@ -14,12 +17,13 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from mgpucli.config.schema import COMPONENT_PATHS
 from mgpucli.errors import RecipeError
 
+FREE_FORM = ("vars", "requires")  # no schema and no signature knows their keys
 
-def _under_component(key: str) -> bool:
-    return any(key == p or key.startswith(p + ".") for p in COMPONENT_PATHS)
+
+def _free_form(key: str) -> bool:
+    return any(key == p or key.startswith(p + ".") for p in FREE_FORM)
 
 
 def prepare_overrides(overrides: list[str], source: str) -> list[str]:
@@ -42,7 +46,7 @@ def prepare_overrides(overrides: list[str], source: str) -> list[str]:
             )
             continue
         key = parsed.key_or_group
-        if parsed.type == OverrideType.CHANGE and parsed.package is None and not _under_component(key):
+        if parsed.type == OverrideType.CHANGE and parsed.package is None and not _free_form(key):
             prepared.append("++" + text)
         else:
             prepared.append(text)

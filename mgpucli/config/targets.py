@@ -7,6 +7,7 @@ scheduler the optimizer, both positionally). Components are built with ``hydra.u
 
 from __future__ import annotations
 
+import difflib
 import inspect
 from collections.abc import Iterator
 from typing import Any
@@ -49,22 +50,44 @@ def locate(target: str) -> Any:
         log.setLevel(level)
 
 
-def _check_one(path: str, node: dict, injected: int) -> str | None:
+def _unknown_keys(sig: inspect.Signature, keys: list[str]) -> list[str]:
+    """The keys no parameter of ``sig`` is named (none when it takes ``**kwargs``)."""
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in sig.parameters.values()):
+        return []
+    return [key for key in keys if key not in sig.parameters]
+
+
+def _no_such_argument(path: str, target: str, sig: inspect.Signature, key: str, injected: int) -> str:
+    """``optim.lrr: torch.optim.SGD takes no argument 'lrr' (did you mean 'lr'?)``: the guess comes from the
+    arguments a recipe can set (not ``self``, ``*args``, or what mgpu injects, such as the optimizer's params)."""
+    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    params = [(name, p) for name, p in sig.parameters.items() if name != "self"]
+    injected_names = [name for name, p in params if p.kind is not inspect.Parameter.KEYWORD_ONLY][:injected]
+    offered = [name for name, p in params if p.kind in kinds and name not in injected_names]
+    close = difflib.get_close_matches(key, offered, n=1, cutoff=0.6)
+    guess = f"did you mean '{close[0]}'?" if close else f"it takes {', '.join(offered) or 'no arguments'}"
+    return f"{path}.{key}: {target} takes no argument '{key}' ({guess})"
+
+
+def _check_one(path: str, node: dict, injected: int) -> list[str]:
     target = node["_target_"]
     if not isinstance(target, str) or not target:
-        return f"{path}._target_: expected a dotted import path like torch.optim.SGD, got {target!r}"
+        return [f"{path}._target_: expected a dotted import path like torch.optim.SGD, got {target!r}"]
     try:
         obj = locate(target)
     except Exception as err:  # ImportError, AttributeError, ValueError...: all mean "does not import"
         reason = " ".join(str(err).split())
-        return f"{path}._target_: '{target}' does not import ({reason})"
+        return [f"{path}._target_: '{target}' does not import ({reason})"]
     if not callable(obj):
-        return f"{path}._target_: '{target}' is {type(obj).__name__}, not something callable"
+        return [f"{path}._target_: '{target}' is {type(obj).__name__}, not something callable"]
     try:
         sig = inspect.signature(obj)
     except (TypeError, ValueError):
-        return None  # builtins without a signature: nothing to check
-    kwargs = {k: None for k in node if k not in HYDRA_KEYS}
+        return []  # builtins without a signature: nothing to check
+    keys = [str(k) for k in node if k not in HYDRA_KEYS]
+    unknown = _unknown_keys(sig, keys)
+    problems = [_no_such_argument(path, target, sig, key, injected) for key in unknown]
+    kwargs = {k: None for k in keys if k not in unknown}
     args = [None] * injected + list(node.get("_args_") or [])
     try:
         if node.get("_partial_"):
@@ -73,8 +96,8 @@ def _check_one(path: str, node: dict, injected: int) -> str | None:
             sig.bind(*args, **kwargs)
     except TypeError as err:
         params = ", ".join(p for p in sig.parameters if p not in ("self",))
-        return f"{path}: arguments don't fit {target}({params}): {err}"
-    return None
+        problems.append(f"{path}: arguments don't fit {target}({params}): {err}")
+    return problems
 
 
 def check_recipe(cfg: DictConfig, source: str) -> None:
@@ -85,12 +108,10 @@ def check_recipe(cfg: DictConfig, source: str) -> None:
         section, _, key = top.rpartition(".")
         node = container.get(section, {}).get(key) if section else container.get(key)
         for path, target_node in iter_targets(node, top):
-            problem = _check_one(path, target_node, INJECTED.get(top, 0) if path == top else 0)
-            if problem:
-                problems.append(problem)
+            problems += _check_one(path, target_node, INJECTED.get(top, 0) if path == top else 0)
     if problems:
-        raise RecipeError(source, problems, "Fix the _target_ paths or arguments above; `python -c 'import x'` "
-                          "shows whether a module imports.")
+        raise RecipeError(source, problems, "Fix the _target_ paths or arguments above (key=value sets any argument "
+                          "its target takes); `python -c 'import x'` shows whether a module imports.")
 
 
 def build(node: DictConfig | dict, *args: Any, **kwargs: Any) -> Any:

@@ -8,6 +8,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from mgpucli.config import run_length
 from mgpucli.config.schema import BUILTIN_TASKS, CHOICES, COMPONENT_PATHS, RecipeSchema
 from mgpucli.errors import RecipeError
 
@@ -138,9 +139,13 @@ def validate_recipe(raw: DictConfig, source: str) -> DictConfig:
     missing = _missing(merged, user)
     unresolved: list[str] = []
     _resolve_leaves(merged, "", unresolved)
-    problems += missing + unresolved
+    early = run_length.misplaced(user)  # ${total_steps:} where it can't be known yet (said once per key)
+    said = {p.split(":")[0] for p in early}
+    problems += missing + early + [p for p in unresolved if p.split(":")[0] not in said]
     if not missing and not unresolved:  # value checks need a complete, resolvable recipe
-        problems += _value_problems(OmegaConf.to_container(merged, resolve=True))
+        resolved = OmegaConf.to_container(merged, resolve=True)
+        problems += _value_problems(resolved)
+        problems += [p for p in run_length.misplaced(resolved) if p.split(":")[0] not in said]  # via ${vars.x}
     if problems:
         raise RecipeError(source, problems)
     return OmegaConf.create(OmegaConf.to_container(merged, resolve=True))

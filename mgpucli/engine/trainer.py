@@ -29,6 +29,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from mgpucli import faults
+from mgpucli.config import run_length
 from mgpucli.config.targets import build
 from mgpucli.dist.runtime import Runtime
 from mgpucli.dist.watch import Progress
@@ -90,6 +91,10 @@ class Trainer(Checkpoints, LogInterval):
         model = build(cfg.model)
         self.task = build_task(OmegaConf.to_container(cfg.task) if isinstance(cfg.task, DictConfig) else cfg.task)
         self.loaders = build_loaders(train_set, val_set, cfg.data, cfg.seed, rt)
+        # ${total_steps:}/${steps_per_epoch:} become numbers now, before the optimizer and scheduler are built
+        length = run_length.of(len(self.loaders.train), self.tcfg.grad_accum, self.tcfg.epochs, self.tcfg.max_steps)
+        self.cfg = cfg = run_length.resolve(cfg, length)
+        self.tcfg = cfg.trainer
         self.progress = Progress(rt.rank, rt.world_size)  # per-rank progress for timeout messages
         self.progress.start()
         with self.progress.in_phase("setup: DDP parameter broadcast"):

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
+import time
+import uuid
 
 import pytest
 
-from tests.procs import RECIPES, assert_usage_error, mgpu
+from tests.procs import RECIPES, Result, assert_usage_error, load_ckpt, mgpu, tagged
 
 SHIPPED = sorted(p.stem for p in RECIPES.glob("*.yaml"))
 SMALL = ["data.train.num_samples=256", "data.val.num_samples=64", "trainer.epochs=1"]
@@ -15,12 +20,13 @@ SMALL = ["data.train.num_samples=256", "data.val.num_samples=64", "trainer.epoch
 def test_list_names_descriptions_needs_and_installed_without_torch(tmp_path, no_heavy_imports):
     r = mgpu("recipes", cwd=tmp_path, env=no_heavy_imports, timeout=30)
     assert r.returncode == 0, r.output
-    assert r.stdout == ""  # human output on stderr
-    for name in SHIPPED:
-        assert f"  {name} " in r.stderr
-    assert "Synthetic 4-class classification with an MLP" in r.stderr  # quickstart's description: line
-    assert "needs: the examples extra (scikit-learn), installed" in r.stderr  # digits; scikit-learn is a dev dep
-    assert "mgpu train quickstart" in r.stderr and "must not be imported" not in r.output
+    for name in SHIPPED:  # the list is the output: on stdout, for `mgpu recipes | grep ...`
+        assert f"  {name} " in r.stdout
+    assert "Synthetic 4-class classification with an MLP" in r.stdout  # quickstart's description: line
+    assert "needs: the examples extra (scikit-learn), installed" in r.stdout  # digits; scikit-learn is a dev dep
+    assert [line.split()[0] for line in r.stdout.splitlines() if "quick" in line] == ["quickstart"]  # | grep quick
+    assert "mgpu train quickstart" in r.stderr and "Run one by name" not in r.stdout  # the notes on stderr
+    assert "must not be imported" not in r.output
 
 
 def test_list_as_json(tmp_path):
@@ -51,6 +57,7 @@ def test_copy_then_refuse_then_force(tmp_path):
     copy = tmp_path / "quickstart.yaml"
     assert copy.read_bytes() == (RECIPES / "quickstart.yaml").read_bytes()
     assert "wrote quickstart.yaml" in r.stderr and "mgpu train ./quickstart.yaml --check" in r.stderr
+    assert "named quickstart (its runs go to runs/quickstart)" in r.stderr
     copy.write_text("# my edits\n")
     assert_usage_error(mgpu("recipes", "copy", "quickstart", cwd=tmp_path, timeout=30),
                        "quickstart.yaml already exists; not overwriting it", "Pass --force")
@@ -60,6 +67,53 @@ def test_copy_then_refuse_then_force(tmp_path):
     (tmp_path / "conf").mkdir()
     r = mgpu("recipes", "copy", "digits", "conf", cwd=tmp_path, timeout=30)
     assert r.returncode == 0 and (tmp_path / "conf" / "digits.yaml").is_file(), r.output
+
+
+def test_a_copy_is_named_after_its_file_and_trains_into_its_own_run_dir(tmp_path):
+    r = mgpu("recipes", "copy", "quickstart", "my.yaml", cwd=tmp_path, timeout=30)
+    assert r.returncode == 0, r.output
+    assert "named my (its runs go to runs/my)" in r.stderr and "mgpu train ./my.yaml --check" in r.stderr
+    text = (tmp_path / "my.yaml").read_text()
+    assert "\nname: my\n" in text and text.replace("\nname: my\n", "\nname: quickstart\n") == \
+        (RECIPES / "quickstart.yaml").read_text()  # comments and all, only the name changed
+    r = _launch_on_two_cpus("my.yaml", "trainer.epochs=1", cwd=tmp_path, timeout=180)
+    assert r.returncode == 0, r.output
+    assert (tmp_path / "runs" / "my" / "checkpoints" / "last.pt").is_file()
+    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["my"]
+
+
+def test_the_quickstart_schedule_spans_the_run_on_two_processes(tmp_path):
+    """${total_steps:}: 4096 samples, batch 32, 2 processes, 6 epochs = 384 steps; one cosine from the initial
+    rate down to its minimum at the run's last step (the launcher hands the recipe to its workers unresolved)."""
+    r = _launch_on_two_cpus("quickstart", "trainer.epochs=6", cwd=tmp_path, timeout=240)
+    assert r.returncode == 0, r.output
+    run_dir = tmp_path / "runs" / "quickstart"
+    trains = [m for m in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())
+              if m["split"] == "train"]
+    lrs = [m["lr"] for m in trains]
+    assert trains[-1]["step"] == 384 and lrs[-1] == pytest.approx(0.0, abs=1e-9)
+    assert all(a >= b for a, b in zip(lrs, lrs[1:], strict=False)) and min(lrs[:-1]) > 1e-6  # down once, to the end
+    assert "  T_max: 384\n" in (run_dir / "recipe.yaml").read_text()
+    assert "  T_max: 384\n" in load_ckpt(run_dir / "checkpoints" / "last.pt")["recipe"]
+    r = mgpu("validate", "runs/quickstart/checkpoints/last.pt", "--json", cwd=tmp_path, timeout=120)
+    assert r.returncode == 0 and json.loads(r.stdout)["samples"] == 1001, r.output
+
+
+def _launch_on_two_cpus(*args: str, cwd, timeout: float) -> Result:
+    """``mgpu launch --cpu --nproc 2 ...`` with every process it starts tagged; fails the test if any is left
+    behind (after a little wait for exits to finish), killing those by pid."""
+    tag = uuid.uuid4().hex
+    try:
+        return mgpu("launch", "--cpu", "--nproc", "2", *args, cwd=cwd, env={"MGPU_E2E_TAG": tag}, timeout=timeout)
+    finally:
+        deadline = time.monotonic() + 5
+        while tagged("MGPU_E2E_TAG", tag) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        left = tagged("MGPU_E2E_TAG", tag)
+        for pid in left:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        assert not left, f"processes left behind: {left}"
 
 
 @pytest.mark.parametrize("args", [["recipes", "show", "quickstrat"], ["recipes", "copy", "quickstrat"],
@@ -126,8 +180,6 @@ def test_launch_check_uses_the_workers_overrides_and_starts_nothing(tmp_path):
 def test_launch_by_name_on_two_cpu_processes(tmp_path):
     r = mgpu("launch", "--cpu", "--nproc", "2", "quickstart", *SMALL, cwd=tmp_path, timeout=180)
     assert r.returncode == 0, r.output
-    from tests.procs import load_ckpt
-
     assert load_ckpt(tmp_path / "runs/quickstart/checkpoints/last.pt")["world_size"] == 2
     # ... and the checkpoint validates against the shipped recipe by name.
     r = mgpu("validate", "runs/quickstart/checkpoints/last.pt", "--recipe", "quickstart", "data.val.num_samples=64",

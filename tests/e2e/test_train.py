@@ -76,8 +76,9 @@ def test_legacy_torch_distributed_launch(tmp_path):
 
 
 def test_resume_mid_epoch_equals_uninterrupted_bitwise(tmp_path):
-    # Dropout makes the RNG state matter: the resumed run must restore it exactly, per rank.
-    common = [*SMALL, "trainer.epochs=2", "+model.dropout=0.1", "trainer.cpu_threads=1"]
+    # Dropout makes the RNG state matter: the resumed run must restore it exactly, per rank. One fixed T_max:
+    # ${total_steps:} would give the max_steps=21 run a schedule of its own, which its checkpoint carries on.
+    common = [*SMALL, "trainer.epochs=2", "+model.dropout=0.1", "trainer.cpu_threads=1", "scheduler.T_max=32"]
     full = torchrun(2, "train", QUICK, *common, "run_dir=full", cwd=tmp_path)
     assert full.returncode == 0, full.output
     part = torchrun(2, "train", QUICK, *common, "trainer.max_steps=21", "run_dir=part", cwd=tmp_path)
@@ -118,7 +119,7 @@ def test_resume_with_another_world_size_works(tmp_path):
 
 def test_resume_with_plain_sgd_keeps_the_schedule(tmp_path):
     """SGD without momentum has no per-parameter state; resuming it used to crash inside dcp's loader."""
-    args = [*SMALL, "optim.momentum=0"]
+    args = [*SMALL, "optim.momentum=0", "scheduler.T_max=64"]  # one schedule for the 10- and the 20-step runs
     first = mgpu("train", QUICK, *args, "trainer.max_steps=10", cwd=tmp_path)
     assert first.returncode == 0, first.output
     r = mgpu("train", QUICK, *args, "trainer.max_steps=20", "--resume", "auto", cwd=tmp_path)

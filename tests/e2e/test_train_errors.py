@@ -18,7 +18,8 @@ SMALL = ["data.train.num_samples=256", "data.val.num_samples=64"]
     (["model._target_=mgpucli.components.models.Nope"], ["model._target_: 'mgpucli.components.models.Nope' "
                                                          "does not import"]),
     (["model._target_=mgpucli.__version__"], ["'mgpucli.__version__' is str, not something callable"]),
-    (["+model.width=3"], ["model: arguments don't fit mgpucli.components.models.MLP", "width"]),
+    (["+model.width=3"], ["model.width: mgpucli.components.models.MLP takes no argument 'width' (it takes "
+                          "in_features, out_features, hidden, dropout)"]),
     (["~model.in_features"], ["model: arguments don't fit", "in_features"]),
     (["trainer.epochs"], ["override 'trainer.epochs' is malformed"]),
     (["data.batch_size=0"], ["data.batch_size: must be >= 1, got 0"]),
@@ -29,6 +30,21 @@ def test_bad_recipe_values(tmp_path, overrides, fragments):
     assert_usage_error(mgpu("train", QUICK, *SMALL, *overrides, cwd=tmp_path), *fragments)
     assert not (tmp_path / "runs" / "quickstart" / "checkpoints").exists() or "strategy" in overrides[0] \
         or "num_samples" in overrides[0]
+
+
+@pytest.mark.parametrize("command", [["train"], ["train", "--check"], ["launch", "--cpu", "--nproc", "2"],
+                                     ["launch", "--cpu", "--nproc", "2", "--check"]])
+@pytest.mark.parametrize("override", ["optim.lrr=0.1", "+optim.lrr=0.1"])
+def test_a_component_typo_gets_the_signatures_did_you_mean_and_never_a_plus(tmp_path, command, override):
+    r = mgpu(*command, "quickstart", override, cwd=tmp_path, timeout=60)
+    assert_usage_error(r, "optim.lrr: torch.optim.SGD takes no argument 'lrr' (did you mean 'lr'?)")
+    assert "+optim.lrr" not in r.output and r.output.count("problem(s) in recipe") == 1
+    assert list(tmp_path.iterdir()) == []  # no run dir, no logs: nothing started
+
+
+def test_a_component_argument_the_recipe_leaves_out_is_set_with_key_value(tmp_path):
+    r = mgpu("train", "quickstart", "optim.weight_decay=0.01", "--check", cwd=tmp_path, timeout=60)
+    assert r.returncode == 0 and "weight_decay: 0.01" in r.stdout, r.output
 
 
 def test_missing_recipe_file(tmp_path):

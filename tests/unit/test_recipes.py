@@ -97,26 +97,3 @@ def test_the_packaged_copy_is_preferred_and_a_missing_one_is_reported(tmp_path, 
     monkeypatch.setattr(recipes, "CHECKOUT_DIR", tmp_path / "gone-too")
     with pytest.raises(UsageError, match="shipped recipes are missing"):
         recipes.shipped_names()
-
-
-def test_copy_writes_the_file_unchanged_and_refuses_to_overwrite(in_tmp):
-    written = recipes.copy_recipe("quickstart")
-    assert written == in_tmp.joinpath("quickstart.yaml").relative_to(in_tmp)
-    assert written.read_bytes() == (RECIPES / "quickstart.yaml").read_bytes()
-    written.write_text("edited\n")
-    with pytest.raises(UsageError) as info:
-        recipes.copy_recipe("quickstart")
-    assert "quickstart.yaml already exists" in info.value.message and "--force" in info.value.hint
-    assert written.read_text() == "edited\n"  # kept
-    recipes.copy_recipe("quickstart", force=True)
-    assert written.read_bytes() == (RECIPES / "quickstart.yaml").read_bytes()
-
-
-def test_copy_into_a_directory_and_to_a_new_name(in_tmp):
-    (in_tmp / "conf").mkdir()
-    assert recipes.copy_recipe("digits", in_tmp / "conf") == in_tmp / "conf" / "digits.yaml"
-    assert recipes.copy_recipe("digits", in_tmp / "mine.yaml").read_text().startswith("# scikit-learn")
-    with pytest.raises(UsageError, match="directory .*nowhere does not exist"):
-        recipes.copy_recipe("digits", in_tmp / "nowhere" / "x.yaml")
-    with pytest.raises(UsageError, match="unknown recipe 'digitz'"):
-        recipes.copy_recipe("digitz")
