@@ -1,3 +1,6 @@
+import os
+from pathlib import Path
+
 import pytest
 
 
@@ -25,3 +28,36 @@ def no_heavy_imports(tmp_path):
         (blocker / name).mkdir(parents=True)
         (blocker / name / "__init__.py").write_text(f"raise ImportError('{name} must not be imported here')\n")
     return {"PYTHONPATH": str(blocker)}
+
+
+# ---------------------------------------------------------------------------------------------- repo guard
+REPO = Path(__file__).resolve().parents[1]
+# What tests and the tools they run may leave in the checkout: the environment, caches, bytecode, build metadata.
+_MAY_CHANGE = {".git", ".venv", ".pytest_cache", ".ruff_cache", "__pycache__", "mgpu.egg-info"}
+
+
+def _repo_files() -> dict[str, tuple[int, int]]:
+    """Every file and folder of the checkout outside _MAY_CHANGE, with its size and modification time."""
+    found = {}
+    for root, dirs, files in os.walk(REPO):
+        dirs[:] = [d for d in dirs if d not in _MAY_CHANGE]
+        for name in files + [d + os.sep for d in dirs]:
+            path = os.path.join(root, name)
+            try:
+                st = os.stat(path)
+            except OSError:
+                continue
+            found[os.path.relpath(path, REPO) + (os.sep if name.endswith(os.sep) else "")] = (
+                (0, 0) if name.endswith(os.sep) else (st.st_size, st.st_mtime_ns))
+    return found
+
+
+@pytest.fixture(autouse=True)
+def _writes_nothing_into_the_repo():
+    """Fail a test that creates, changes or deletes a file in the checkout: tests write under tmp_path only."""
+    before = _repo_files()
+    yield
+    after = _repo_files()
+    changed = sorted(set(before) ^ set(after) | {p for p in before.keys() & after.keys() if before[p] != after[p]})
+    if changed:
+        pytest.fail(f"the test wrote into the repository: {', '.join(changed[:10])}", pytrace=False)

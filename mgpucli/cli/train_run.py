@@ -7,6 +7,7 @@ does not pay (benchmarks/overhead.py).
 
 from __future__ import annotations
 
+import os
 import sys
 
 from mgpucli.errors import MgpuError
@@ -58,8 +59,10 @@ def _reporter(rank: int):
 
         return RichReporter()
     from mgpucli.cli.lines import LineReporter
+    from mgpucli.launch import progress_file
 
-    return LineReporter()
+    path = os.environ.get(progress_file.ENV)  # mgpu launch on a terminal draws the bar from it
+    return progress_file.ProgressFileReporter(LineReporter(), path) if path else LineReporter()
 
 
 def _run(recipe, overrides, resume, overwrite, env) -> None:

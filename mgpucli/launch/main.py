@@ -205,7 +205,7 @@ def launch(opts: LaunchOptions, dry_run: bool = False) -> int:
     later.daemon = True
     later.start()
     record = LaunchRecord(_record_path(plan), plan, opts, final_path=plan.launch_json)
-    code = run_plan(plan, record)
+    code = run_plan(plan, record, live=sys.stderr.isatty())
     if code in (EXIT_FAILED, EXIT_USAGE):  # end the failure summary with the post-mortem (`mgpu doctor RUN_DIR`)
         from mgpucli.postmortem import after_launch_failure
 

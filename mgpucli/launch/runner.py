@@ -19,6 +19,7 @@ global rank) comes back as a Python exception instead of being parsed from a log
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
@@ -34,7 +35,9 @@ from torch.distributed.launcher.api import elastic_launch
 from mgpucli.console import err_console, print_error
 from mgpucli.errors import EXIT_FAILED, EXIT_OK, EXIT_PREEMPTED, EXIT_USAGE
 from mgpucli.launch import failures as fl
+from mgpucli.launch import progress_file
 from mgpucli.launch.index import LaunchRecord, build_attempt
+from mgpucli.launch.live_view import LiveView
 from mgpucli.launch.plan import LaunchPlan
 from mgpucli.launch.records import RECORD_NAME, read_record
 from mgpucli.launch.restart import stop_reason
@@ -188,11 +191,19 @@ class _PromoteWhenStarted(threading.Thread):
             self._record.promote()
 
 
-def run_plan(plan: LaunchPlan, record: LaunchRecord) -> int:
-    """Start the job, wait for it, report; returns the exit code for ``mgpu launch``."""
+def run_plan(plan: LaunchPlan, record: LaunchRecord, live: bool = False) -> int:
+    """Start the job, wait for it, report; returns the exit code for ``mgpu launch``. ``live``: this process shows
+    rank 0's output under a progress bar itself (a terminal: :mod:`mgpucli.launch.live_view`) instead of torch's
+    ``--tee``."""
     os.environ.update(plan.env)
     os.environ[LAUNCH_PID_ENV] = str(os.getpid())
     args = torchrun.parse_args(plan.torchrun_args)
+    view = None
+    if live:
+        args.tee = "0"  # the live view shows rank 0's lines
+        progress = os.path.join(plan.log_dir, f".progress-{plan.rdzv_id}.json")
+        os.environ[progress_file.ENV] = progress
+        view = LiveView(record, progress)
     config, cmd, cmd_args = torchrun.config_from_args(args)
     config.logs_specs = IndexingLogsSpecs(
         record, log_dir=args.log_dir, redirects=Std.from_str(args.redirects), tee=Std.from_str(args.tee)
@@ -205,6 +216,8 @@ def run_plan(plan: LaunchPlan, record: LaunchRecord) -> int:
     handler.install()
     promoter = _PromoteWhenStarted(record)
     promoter.start()
+    if view is not None:
+        view.start()
     start = time.monotonic()
     try:
         handler.active = True
@@ -213,6 +226,10 @@ def run_plan(plan: LaunchPlan, record: LaunchRecord) -> int:
         finally:
             handler.active = False
             promoter.finish()
+            if view is not None:
+                view.finish()
+                with contextlib.suppress(OSError):
+                    os.unlink(os.environ.pop(progress_file.ENV))
     except ChildFailedError as err:
         if record.attempts and all(f.exitcode == EXIT_PREEMPTED for f in err.failures.values()):
             return _preempted(plan, record, record.attempts[-1], None)

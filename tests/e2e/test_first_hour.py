@@ -123,3 +123,51 @@ def test_epochs_are_numbered_alike_everywhere_and_the_epoch_row_is_the_epoch_mea
     assert json.loads(checked.stdout)["checkpoint"]["epoch"] == 3
     shown = mgpu("validate", str(run_dir / "checkpoints" / "last.pt"), cwd=tmp_path, timeout=120)
     assert "(epoch 3, step 192)" in shown.stderr.replace("\n", " "), shown.output
+
+
+def _on_a_terminal(args: list[str], cwd: Path, tag: str, timeout: float = 120) -> tuple[int, str]:  # noqa: F811
+    """Run ``mgpu launch`` with its stderr on a pseudo-terminal, as a user's shell would; (exit code, what it drew)."""
+    import os
+    import pty
+    import threading
+
+    master, slave = pty.openpty()
+    env = {**os.environ, "MGPU_E2E_TAG": tag, "COLUMNS": "160", "TERM": "xterm"}
+    proc = subprocess.Popen([sys.executable, "-m", "mgpucli", "launch", *args], cwd=cwd, env=env,
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=slave, start_new_session=True)
+    os.close(slave)
+    chunks: list[bytes] = []
+
+    def drain():
+        while True:
+            try:
+                data = os.read(master, 65536)
+            except OSError:  # EIO: the terminal's last writer is gone
+                return
+            if not data:
+                return
+            chunks.append(data)
+
+    reader = threading.Thread(target=drain, daemon=True)
+    reader.start()
+    try:
+        code = proc.wait(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, 9)
+            proc.wait(timeout=10)
+        reader.join(timeout=10)
+        os.close(master)
+    text = b"".join(chunks).decode(errors="replace")
+    return code, re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", text)
+
+
+def test_launch_on_a_terminal_shows_rank_0_under_a_live_progress_bar(tmp_path: Path, tag: str):  # noqa: F811
+    code, shown = _on_a_terminal(["--cpu", "--nproc", "2", "charlm", "trainer.max_steps=40", "trainer.log_every=20",
+                                  "trainer.epochs=1"], tmp_path, tag)
+    assert code == 0, shown
+    assert re.search(r"epoch 1/1 .* \d+/88 loss \S+ \S+ samples/s", shown), shown  # the bar, drawn from rank 0
+    assert "step 20 epoch 1" in shown and "[rank0]:" not in shown and "[rank1]:" not in shown  # lines, as they come
+    assert "epoch 1 done  train (epoch mean):" in shown
+    assert "checkpoint: runs/charlm/checkpoints/last.pt" in shown and "metrics: runs/charlm/metrics.jsonl" in shown
+    assert not list((tmp_path / "runs" / "charlm" / "logs").glob(".progress-*"))  # its progress file is gone

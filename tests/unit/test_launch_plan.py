@@ -272,9 +272,11 @@ def test_command_is_a_shell_line_with_mgpus_variables_then_torchrun():
     assert words[n_env] == "torchrun" and words[n_env + 1 :] == plan.torchrun_args
 
 
-def test_torch_parses_the_arguments_as_torchrun_would(monkeypatch):
+def test_torch_parses_the_arguments_as_torchrun_would(monkeypatch, tmp_path):
     """The list is valid input for torch.distributed.run, and means what the plan says."""
     from torch.distributed import run as torchrun
+
+    monkeypatch.chdir(tmp_path)  # torch creates the (relative) log dir it is given
 
     monkeypatch.setenv("OMP_NUM_THREADS", "1")  # config_from_args would otherwise set it in os.environ
     plan = plan_for(cpu=True, nproc=2, max_restarts=1, master_port=29555)
