@@ -18,6 +18,7 @@ import os
 import sys
 import time
 
+from mgpucli.errors import Preempted
 from mgpucli.launch import restart, watch
 from mgpucli.launch.records import FailureRecord, failure_step, is_retryable, record_path, write_record
 
@@ -54,6 +55,7 @@ def _record_failure(exc: BaseException) -> None:
         step=failure_step(cause),
         exit_code=code,
         retryable=is_retryable(cause, code),
+        signal=getattr(cause, "signal", None) if isinstance(cause, Preempted) else None,
     )
     with contextlib.suppress(OSError):  # the log dir is gone: the launcher falls back to torch's error file
         write_record(record_path(error_file), rec)
