@@ -77,3 +77,26 @@ def test_the_stop_is_a_note_not_an_error(monkeypatch, capsys, rank):
         assert err == ""  # every rank agreed: rank 0 alone says it
     else:
         assert err.startswith(f"mgpu train: {MESSAGE}\n") and "--resume auto" in err
+
+
+@pytest.mark.parametrize(("code", "ignored"), [(EXIT_PREEMPTED, True), (1, False)])
+def test_after_a_graceful_stop_the_worker_exits_through_signals(monkeypatch, code, ignored):
+    """torch's agent SIGTERMs the ranks still exiting once one has exited: that must not turn exit 75 into -15."""
+    import signal
+
+    def run_cli(args):
+        raise SystemExit(code)
+
+    monkeypatch.delenv("TORCHELASTIC_ERROR_FILE", raising=False)
+    monkeypatch.setattr(worker.watch, "install_parent_watch", lambda: None)
+    monkeypatch.setattr(worker, "_run_cli", run_cli)
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        with pytest.raises(SystemExit) as exited:
+            worker.main(["train", "quickstart"])
+        assert exited.value.code == code
+        for sig in before:
+            assert (signal.getsignal(sig) == signal.SIG_IGN) is ignored
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
