@@ -30,13 +30,16 @@ def doctor(
         "instead of checking the machine.",
     ),
     gpus: str | None = typer.Option(
-        None, "--gpus", help="Check for these GPUs: a count, a list (0,2,3) or 'all'. Default: every visible GPU."
+        None, "--gpus", metavar="N|LIST|all",
+        help="Check for these GPUs: a count, a list (0,2,3) or 'all'. Default: every visible GPU."
     ),
     cpu: bool = typer.Option(False, "--cpu", help="Check for CPU processes (gloo) instead of GPUs."),
-    nproc: int | None = typer.Option(None, "--nproc", help="With --cpu: how many processes (default 2)."),
+    nproc: int | None = typer.Option(None, "--nproc", metavar="N", help="With --cpu: how many processes (default 2)."),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object on stdout instead of a table."),
     quick: bool = typer.Option(False, "--quick", help="Skip the live test (starting processes, collectives)."),
-    timeout: float = typer.Option(30.0, "--timeout", help="Seconds allowed for each probe and for the live test."),
+    timeout: float = typer.Option(
+        30.0, "--timeout", metavar="SECONDS", help="Seconds allowed for each probe and for the live test."
+    ),
 ) -> None:
     """Check this machine for multi-process training and say how to fix what is wrong.
 
