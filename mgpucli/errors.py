@@ -2,7 +2,8 @@
 
 Each error carries a user-facing message (what is wrong, and how to fix it) and an exit code. The CLI prints
 it without a traceback. Anything else that escapes is a bug and keeps its traceback.
-Exit codes: 0 success, 1 the job failed, 2 bad usage / bad input.
+Exit codes: 0 success, 1 the job failed, 2 bad usage / bad input, 75 preempted (stopped on a signal with a
+complete checkpoint: requeue and continue with --resume auto).
 """
 
 from __future__ import annotations
@@ -59,7 +60,17 @@ class JobFailed(MgpuError):
 
 
 class Preempted(MgpuError):
-    """The job stopped on SIGTERM/SIGINT/SIGUSR1 after every rank agreed on a step and a checkpoint was saved."""
+    """The job stopped on SIGTERM/SIGINT/SIGUSR1 after every rank agreed on a step and a checkpoint was saved.
+
+    Not a failure: ``step`` is the step the checkpoint holds (the last one completed), ``signal`` the signal this
+    rank received (None on a rank that stopped because another rank got one).
+    """
 
     exit_code = EXIT_PREEMPTED
     same_on_every_rank = True
+
+    def __init__(self, message: str, hint: str | None = None, *, step: int | None = None,
+                 signal: str | None = None):
+        super().__init__(message, hint, retryable=False)
+        self.step = step
+        self.signal = signal

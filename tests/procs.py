@@ -55,6 +55,15 @@ def proc_state(pid: int) -> str | None:
         return None
 
 
+def environ_of(pid: int) -> dict[str, str]:
+    """The environment ``pid`` started with ({} when it is gone)."""
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return {}
+    return dict(item.decode(errors="replace").split("=", 1) for item in raw.split(b"\0") if b"=" in item)
+
+
 def _each_process(name: str):
     """``(pid, bytes of /proc/PID/<name>)`` for every process whose file can still be read."""
     for entry in Path("/proc").iterdir():

@@ -5,7 +5,8 @@ Parse, call ``run_doctor``, render (a table on stderr, or one JSON object on std
 bounded child processes, so a broken install or a hung driver is reported, not suffered.
 
 ``mgpu doctor RUN_DIR`` is the post-mortem of a run instead (``mgpucli.postmortem``): 0 the run finished,
-1 it did not (diagnosed or not), 2 the path is not a run directory.
+75 it was preempted with a complete checkpoint (EX_TEMPFAIL, what ``mgpu launch`` exited with), 1 it failed or
+did not finish otherwise (diagnosed or not), 2 the path is not a run directory.
 """
 
 from __future__ import annotations
@@ -25,24 +26,34 @@ STYLE = {"ok": "[green]ok[/]", "warn": "[yellow]warn[/]", "fail": "[bold red]FAI
 def doctor(
     run_dir: str | None = typer.Argument(
         None, metavar="RUN_DIR", show_default=False,
-        help="A run directory of `mgpu launch`: explain why that run failed instead of checking the machine.",
+        help="A run directory of `mgpu launch`: say how that run ended (finished, preempted, or why it failed) "
+        "instead of checking the machine.",
     ),
     gpus: str | None = typer.Option(
-        None, "--gpus", help="Check for these GPUs: a count, a list (0,2,3) or 'all'. Default: every visible GPU."
+        None, "--gpus", metavar="N|LIST|all",
+        help="Check for these GPUs: a count, a list (0,2,3) or 'all'. Default: every visible GPU."
     ),
     cpu: bool = typer.Option(False, "--cpu", help="Check for CPU processes (gloo) instead of GPUs."),
-    nproc: int | None = typer.Option(None, "--nproc", help="With --cpu: how many processes (default 2)."),
+    nproc: int | None = typer.Option(None, "--nproc", metavar="N", help="With --cpu: how many processes (default 2)."),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object on stdout instead of a table."),
     quick: bool = typer.Option(False, "--quick", help="Skip the live test (starting processes, collectives)."),
-    timeout: float = typer.Option(30.0, "--timeout", help="Seconds allowed for each probe and for the live test."),
+    timeout: float = typer.Option(
+        30.0, "--timeout", metavar="SECONDS", help="Seconds allowed for each probe and for the live test."
+    ),
 ) -> None:
     """Check this machine for multi-process training and say how to fix what is wrong.
 
     Without --gpus/--cpu it checks every visible GPU; on a machine without GPUs, 2 CPU processes (gloo).
 
-    With RUN_DIR (a run directory of mgpu launch): did the run finish; if not, which rank failed first, when, why.
+    With RUN_DIR (a run directory of mgpu launch): did it finish; if preempted, at which step and how to continue.
 
-    That diagnosis quotes the log lines that show it and gives the fix; it is also written to RUN_DIR/postmortem.json.
+    If it failed: which rank failed first, when, why, quoting the log lines that show it, and the fix.
+
+    That report is also written to RUN_DIR/postmortem.json.
+
+    Exit codes: 0 nothing failed (warnings allowed), 1 a check failed, 2 bad options.
+
+    With RUN_DIR: 0 finished, 75 preempted with a complete checkpoint, 1 failed or unfinished, 2 not a run dir.
     """
     if run_dir is not None:
         given = {"--gpus": gpus is not None, "--cpu": cpu, "--nproc": nproc is not None, "--quick": quick,
@@ -102,7 +113,8 @@ def render(report: Report) -> None:
 
 
 def postmortem(run_dir: str, json_out: bool, machine_only: list[str]) -> None:
-    """``mgpu doctor RUN_DIR``: diagnose, write postmortem.json, render; exit 0 finished / 1 not / 2 bad path."""
+    """``mgpu doctor RUN_DIR``: diagnose, write postmortem.json, render; exit 0 finished / 75 preempted with a
+    complete checkpoint / 1 failed or unfinished / 2 bad path."""
     from mgpucli.console import print_error
     from mgpucli.errors import EXIT_USAGE, MgpuError
     from mgpucli.postmortem import diagnose_run, render, write_report

@@ -15,36 +15,48 @@ def launch(
         None, help="Hydra overrides for every worker: key=value, +key=value, ~key.", show_default=False
     ),
     gpus: str | None = typer.Option(
-        None, "--gpus", help="GPUs to use: a count (first N visible), a list (0,2,3; one GPU: 1,) or 'all' "
+        None, "--gpus", metavar="N|LIST|all",
+        help="GPUs to use: a count (first N visible), a list (0,2,3; one GPU: 1,) or 'all' "
         "(default: all visible).", show_default=False,
     ),
     cpu: bool = typer.Option(False, "--cpu", help="Run on CPUs with gloo (sets trainer.device=cpu)."),
-    nproc: int | None = typer.Option(None, "--nproc", help="Number of CPU processes (with --cpu; default 1)."),
-    nnodes: int | None = typer.Option(None, "--nnodes", help="Number of nodes (default 1, or from SLURM)."),
+    nproc: int | None = typer.Option(
+        None, "--nproc", metavar="N", help="Number of CPU processes (with --cpu; default 1)."
+    ),
+    nnodes: int | None = typer.Option(
+        None, "--nnodes", metavar="N", help="Number of nodes (default 1, or from SLURM)."
+    ),
     node_rank: int | None = typer.Option(
-        None, "--node-rank", help="This node's rank, 0..nnodes-1 (static rendezvous; default from SLURM)."
+        None, "--node-rank", metavar="RANK",
+        help="This node's rank, 0..nnodes-1 (static rendezvous; default from SLURM)."
     ),
     master_addr: str | None = typer.Option(
-        None, "--master-addr", help="Address of node 0, where the rendezvous store listens (multi-node)."
+        None, "--master-addr", metavar="HOST",
+        help="Address of node 0, where the rendezvous store listens (multi-node)."
     ),
     master_port: int | None = typer.Option(
-        None, "--master-port", help="Port of the rendezvous store; checked to be free before anything starts."
+        None, "--master-port", metavar="PORT",
+        help="Port of the rendezvous store; checked to be free before anything starts."
     ),
     rdzv_endpoint: str | None = typer.Option(
-        None, "--rdzv-endpoint", help="HOST:PORT of a c10d rendezvous (multi-node alternative to --master-addr)."
+        None, "--rdzv-endpoint", metavar="HOST:PORT",
+        help="HOST:PORT of a c10d rendezvous (multi-node alternative to --master-addr)."
     ),
     rdzv_id: str | None = typer.Option(
-        None, "--rdzv-id", help="Rendezvous id; the same on every node (default: derived from the job)."
+        None, "--rdzv-id", metavar="ID", help="Rendezvous id; the same on every node (default: derived from the job)."
     ),
     max_restarts: int = typer.Option(
-        0, "--max-restarts", help="Restart a failed worker group up to K times, resuming from the last checkpoint."
+        0, "--max-restarts", metavar="K",
+        help="Restart a failed worker group up to K times, resuming from the last checkpoint."
     ),
     log_dir: str | None = typer.Option(
-        None, "--log-dir", help="Where every rank's stdout/stderr go (default: RUN_DIR/logs).", show_default=False
+        None, "--log-dir", metavar="DIR",
+        help="Where every rank's stdout/stderr go (default: RUN_DIR/logs).", show_default=False
     ),
     dry_run: bool = typer.Option(False, "--dry-run", help="Check everything, print the torchrun command, exit."),
     resume: str | None = typer.Option(
-        None, "--resume", help="Passed to every worker: a checkpoint, or 'auto' (the run's last.pt if any)."
+        None, "--resume", metavar="PATH|auto",
+        help="Passed to every worker: a checkpoint, or 'auto' (the run's last.pt if any)."
     ),
     overwrite: bool = typer.Option(
         False, "--overwrite", help="Passed to every worker: start afresh in a run dir that holds checkpoints."

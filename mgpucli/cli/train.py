@@ -15,7 +15,8 @@ def train(
         None, help="Hydra overrides: key=value, +key=value (add), ~key (remove).", show_default=False
     ),
     resume: str | None = typer.Option(
-        None, "--resume", help="Checkpoint to resume from, or 'auto' (the run dir's last.pt if any)."
+        None, "--resume", metavar="PATH|auto",
+        help="Checkpoint to resume from, or 'auto' (the run dir's last.pt if any)."
     ),
     overwrite: bool = typer.Option(
         False, "--overwrite", help="Start afresh in a run dir that already holds checkpoints (deletes them)."

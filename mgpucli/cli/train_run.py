@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import sys
 
-from mgpucli.errors import MgpuError
+from mgpucli.errors import MgpuError, Preempted
 
 
 def run_train(recipe: str, overrides: list[str], resume: str | None = None, overwrite: bool = False,
@@ -36,6 +36,11 @@ def run_train(recipe: str, overrides: list[str], resume: str | None = None, over
                             check_run_dir=lambda run_dir, sharded: check_start(run_dir, resume, overwrite, sharded))
             return
         _run(recipe, overrides, resume, overwrite, env)
+    except Preempted as err:
+        # A graceful stop, not an error: every rank agreed on it, so rank 0 alone says it, as a plain note.
+        if rank in (None, 0):
+            print(f"mgpu train: {err}", file=sys.stderr, flush=True)
+        sys.exit(err.exit_code)
     except MgpuError as err:
         # Bad input is the same on every rank: let rank 0 alone say it. A failure names its rank.
         if rank in (None, 0) or not err.same_on_every_rank:

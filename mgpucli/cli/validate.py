@@ -19,12 +19,16 @@ def validate(
     overrides: list[str] | None = typer.Argument(
         None, help="Recipe overrides, e.g. data.batch_size=256 or data.val.num_samples=500.", show_default=False
     ),
-    recipe: str | None = typer.Option(None, "--recipe", help="Use this recipe instead of the checkpoint's own."),
-    split: str = typer.Option("val", "--split", help="Which dataset to evaluate: val or train."),
+    recipe: str | None = typer.Option(
+        None, "--recipe", metavar="RECIPE", help="Use this recipe instead of the checkpoint's own."
+    ),
+    split: str = typer.Option("val", "--split", metavar="val|train", help="Which dataset to evaluate: val or train."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object on stdout (and nothing else there)."),
-    gpus: str | None = typer.Option(None, "--gpus", help="GPUs to evaluate on: N, 0,2,3, or all."),
+    gpus: str | None = typer.Option(
+        None, "--gpus", metavar="N|LIST|all", help="GPUs to evaluate on: N, 0,2,3, or all."
+    ),
     cpu: bool = typer.Option(False, "--cpu", help="Evaluate on CPU processes (gloo)."),
-    nproc: int | None = typer.Option(None, "--nproc", help="Number of CPU processes (with --cpu)."),
+    nproc: int | None = typer.Option(None, "--nproc", metavar="N", help="Number of CPU processes (with --cpu)."),
     trust_recipe: bool = typer.Option(
         False, "--trust-recipe", help="Allow _target_s outside mgpu's allowlist in the checkpoint's recipe."
     ),

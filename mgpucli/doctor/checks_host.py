@@ -158,12 +158,13 @@ def check_cpus(obs: Observation) -> CheckResult:
         )
     workers = cpus // nproc - 1
     if workers < 1:
-        return warn(
-            name,
-            HOST,
-            f"{cpus} CPUs{quota} for {nproc} processes: no core left for DataLoader workers",
-            "Keep DataLoader num_workers=0 (the main process loads), or run fewer processes.",
-        )
+        detail = f"{cpus} CPUs{quota} for {nproc} processes: no core left for DataLoader workers"
+        if obs.plan.kind == "cpu":
+            # Information, not a problem: CPU processes load their data in the main process anyway (the default
+            # data.num_workers: auto is 0 on CPU), so the README's 2 processes on 2 cores need no fix.
+            return ok(name, HOST, f"{detail}, and none needed: on CPU, data.num_workers: auto loads in each process")
+        return warn(name, HOST, detail,
+                    "Keep DataLoader num_workers=0 (the main process loads), or run fewer processes.")
     return ok(name, HOST, f"{cpus} CPUs{quota} for {nproc} processes: up to {workers} DataLoader worker(s) each")
 
 

@@ -178,6 +178,8 @@ class Trainer(Checkpoints, LogInterval):
         """Tag escaping errors with the step, so `mgpu launch` can tell a failure that repeats from a new one."""
         try:
             yield
+        except Preempted:
+            raise  # not a failure: it carries the step its checkpoint holds (Preempted.step)
         except Exception as err:
             err.mgpu_step = self.step + 1
             raise
@@ -210,6 +212,7 @@ class Trainer(Checkpoints, LogInterval):
             f"(epoch {self.epoch + 1 if mid_epoch else self.epoch}); every rank agreed on that step and the checkpoint "
             f"in {checkpoint_dir(self.run_dir)} is complete.",
             "Continue the run with the same command plus --resume auto.",
+            step=self.step, signal=self.signal_received,
         )
 
     def _done(self) -> bool:

@@ -15,7 +15,7 @@ import re
 import time
 from dataclasses import asdict, dataclass
 
-from mgpucli.errors import EXIT_PREEMPTED, EXIT_USAGE
+from mgpucli.errors import EXIT_PREEMPTED, EXIT_USAGE, Preempted
 
 RECORD_NAME = "mgpu_failure.json"
 STARTED_NAME = "mgpu_started"  # a worker's mark that its training started (set-up done, run dir taken)
@@ -38,6 +38,7 @@ class FailureRecord:
     step: int | None = None
     exit_code: int | None = None
     retryable: bool = True
+    signal: str | None = None  # a graceful stop (Preempted): the signal this rank received, if it got one itself
 
     def signature(self) -> tuple[str, str, int] | None:
         """What "the same failure" means: same exception type and message at the same step (None: unknown step)."""
@@ -59,7 +60,12 @@ def is_retryable(exc: BaseException, exit_code: int | None) -> bool:
 
 def failure_step(exc: BaseException) -> int | None:
     """The training step a failure happened at: ``exc.mgpu_step`` when the engine tagged it, else the
-    ``step N`` its message names (mgpu's NaN error and injected faults do), else None (unknown)."""
+    ``step N`` its message names (mgpu's NaN error and injected faults do), else None (unknown).
+
+    A graceful stop (Preempted) is not a failure in a step: its step is the last one completed, the step its
+    checkpoint holds (``mgpu_step`` is the step in progress, one more)."""
+    if isinstance(exc, Preempted) and exc.step is not None:
+        return exc.step
     tagged = getattr(exc, "mgpu_step", None)
     if isinstance(tagged, int):
         return tagged

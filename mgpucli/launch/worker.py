@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import sys
 import time
 
+from mgpucli.errors import EXIT_PREEMPTED, Preempted
 from mgpucli.launch import restart, watch
 from mgpucli.launch.records import FailureRecord, failure_step, is_retryable, record_path, write_record
 
@@ -54,9 +56,20 @@ def _record_failure(exc: BaseException) -> None:
         step=failure_step(cause),
         exit_code=code,
         retryable=is_retryable(cause, code),
+        signal=getattr(cause, "signal", None) if isinstance(cause, Preempted) else None,
     )
     with contextlib.suppress(OSError):  # the log dir is gone: the launcher falls back to torch's error file
         write_record(record_path(error_file), rec)
+
+
+def _exit_through_signals() -> None:
+    """After a graceful stop (checkpoint saved, record written) only the interpreter's exit is left, and it takes a
+    second or more. torch's agent sends SIGTERM to every rank still running the moment the first one exits; a rank
+    killed by it there would turn this exit 75 into a death by SIGTERM, and the launcher would report a job that
+    was preempted when a worker got the signal as failed. So SIGTERM and SIGINT are ignored from here on: the
+    agent's grace period and a second Ctrl-C at the launcher end in SIGKILL, which still works."""
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, signal.SIG_IGN)
 
 
 def direct_train_args(args: list[str]) -> dict | None:
@@ -107,8 +120,11 @@ def main(argv: list[str] | None = None) -> None:
     try:
         _run_cli(args)
     except SystemExit as exc:
-        if _exit_code(exc) not in (0, None):
+        code = _exit_code(exc)
+        if code not in (0, None):
             _record_failure(exc)
+        if code == EXIT_PREEMPTED:
+            _exit_through_signals()
         raise
     except KeyboardInterrupt:
         raise  # the agent forwarded Ctrl-C: not a failure of this worker

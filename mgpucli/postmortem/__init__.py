@@ -8,8 +8,10 @@ Layout (stdlib only: ``mgpu doctor RUN_DIR`` never imports torch):
   the evidence lines and the fix), in priority order.
 - ``reader``: ``launch.json`` -> every rank's logs, torch error files and mgpu failure records for every
   attempt, plus ``metrics.jsonl`` and the recipe.
-- ``diagnose``: which rank failed first and why (``diagnose_run``); ``context`` adds what the run's records know
-  (its settings in the fixes, nodes launched differently, the resume command); ``report``: the result as data.
+- ``checkpoint``: the step a checkpoint holds, read without torch (a preempted run continues from it).
+- ``diagnose``: which rank failed first and why, or that the run was preempted (``diagnose_run``); ``context``
+  adds what the run's records know (its settings in the fixes, nodes launched differently, the resume command);
+  ``report``: the result as data.
 - ``render``: the report in one screen at most (rich, for stderr), and ``postmortem.json``.
 """
 

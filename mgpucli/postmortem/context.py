@@ -4,6 +4,7 @@ differently, whether the launcher still runs, and the command that continues the
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 import time
@@ -82,7 +83,10 @@ def running_verdict(run: RunRecord) -> str:
     return f"still running: last logged step {train.get('step')} (epoch {train.get('epoch')}), {age:.0f} s ago."
 
 
-def resume_command(launch: dict[str, Any]) -> str | None:
+def resume_command(launch: dict[str, Any], cwd: str | None = None) -> str | None:
+    """The launch's own command line (launch.json's ``argv``, shell-quoted) without ``--resume``/``--overwrite``,
+    plus ``--resume auto``; prefixed with ``cd DIR &&`` when the launch ran elsewhere than ``cwd`` (default: the
+    current directory), since its recipe and run dir may be relative paths."""
     argv = [str(a) for a in launch.get("argv") or []]
     if not argv:
         return None
@@ -97,4 +101,15 @@ def resume_command(launch: dict[str, Any]) -> str | None:
         if arg.startswith("--resume=") or arg == "--overwrite":
             continue
         cleaned.append(arg)
-    return " ".join(shlex.quote(a) for a in cleaned) + " --resume auto"
+    command = " ".join(shlex.quote(a) for a in cleaned) + " --resume auto"
+    where = launch.get("cwd")
+    if isinstance(where, str) and where and not _same_dir(where, cwd or os.getcwd()):
+        command = f"cd {shlex.quote(where)} && {command}"
+    return command
+
+
+def _same_dir(a: str, b: str) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return os.path.abspath(a) == os.path.abspath(b)

@@ -11,17 +11,20 @@ echoes are ordered by time.
 from __future__ import annotations
 
 import os
+import re
 
+from mgpucli.errors import EXIT_PREEMPTED
 from mgpucli.launch import failures as fl
 from mgpucli.launch.index import Attempt
 from mgpucli.launch.records import FailureRecord
+from mgpucli.postmortem.checkpoint import read_checkpoint_info
 from mgpucli.postmortem.context import launcher_alive, nodes_disagree, resume_command, running_verdict, tailor
 from mgpucli.postmortem.lines import LogLine
 from mgpucli.postmortem.matchers import Match, explain, signal_fix
 from mgpucli.postmortem.reader import RankRun, RunRecord, rank_runs, read_run, steps_per_epoch
-from mgpucli.postmortem.report import Failure, Report, fate, verdict
+from mgpucli.postmortem.report import Failure, Preemption, Report, fate, verdict
 
-__all__ = ["Failure", "Report", "diagnose_attempt", "diagnose_run", "fate"]
+__all__ = ["Failure", "Preemption", "Report", "diagnose_attempt", "diagnose_run", "fate"]
 
 UNKNOWN_LINES = 8
 _NOISE = ("FutureWarning", "UserWarning", "DeprecationWarning", "warnings.warn(", "train = DDP(")
@@ -78,7 +81,8 @@ def diagnose_attempt(run: RunRecord, attempt: Attempt, hint: int | None = None) 
     last = bool(run.attempts) and attempt.attempt == run.attempts[-1].attempt
     codes = {r: c for r, c in run.exitcodes.items() if c != 0} if last and run.exitcodes else None
     collected = fl.collect(attempt, codes) if codes is not None else fl.collect(attempt)
-    ranks = _failed_ranks(runs, collected, hint if last else None, codes is not None)
+    ranks = [r for r in _failed_ranks(runs, collected, hint if last else None, codes is not None)
+             if not _stopped_gracefully(runs[r])]
     failures = []
     for position, rank in enumerate(ranks):
         r = runs[rank]
@@ -99,6 +103,12 @@ def diagnose_attempt(run: RunRecord, attempt: Attempt, hint: int | None = None) 
     for failure in ordered:
         _when(failure, runs[failure.rank].record if failure.rank is not None else None, run, spe)
     return ordered
+
+
+def _stopped_gracefully(run: RankRun) -> bool:
+    """The rank stopped on a signal at the step every rank agreed on, after the checkpoint was saved (exit code
+    75, Preempted): not a failure, whatever else happened to the job."""
+    return run.exitcode == EXIT_PREEMPTED or (run.record is not None and run.record.exit_code == EXIT_PREEMPTED)
 
 
 def _explain_timeouts(ordered: list[Failure], runs: dict[int, RankRun]) -> None:
@@ -147,11 +157,15 @@ def _when(failure: Failure, record: FailureRecord | None, run: RunRecord, spe: i
         train = run.last_metrics("train")
         if train is not None and isinstance(train.get("step"), int):
             failure.step, failure.step_source = train["step"], "last logged metrics"
-    if failure.step is not None and spe:
-        failure.epoch = max(0, (failure.step - 1) // spe) + 1  # numbered from 1, as in metrics.jsonl
-    else:
-        train = run.last_metrics("train")
-        failure.epoch = train.get("epoch") if train else None
+    failure.epoch = _epoch(failure.step, run, spe)
+
+
+def _epoch(step: int | None, run: RunRecord, spe: int | None) -> int | None:
+    """The epoch ``step`` belongs to (rank 0's "N steps per epoch"), else the last logged one."""
+    if step is not None and spe:
+        return max(0, (step - 1) // spe) + 1  # numbered from 1, as in metrics.jsonl
+    train = run.last_metrics("train")
+    return train.get("epoch") if train else None
 
 
 # ------------------------------------------------------------------------------------------ the run
@@ -190,27 +204,63 @@ def diagnose_run(run_dir: str) -> Report:
             if first is not None:
                 report.others.insert(0, first)
             report.first_failure = Failure(None, None, run.attempts[-1].attempt if run.attempts else 0, disagree)
-    if status in ("stopped", "preempted") and (report.first_failure is None or not report.first_failure.match.cause):
-        report.first_failure = _stopped(run, status)
+    if status == "preempted":
+        report.preemption = _preemption(run)
+        if report.first_failure is not None and not report.first_failure.match.cause:
+            report.others.insert(0, report.first_failure)  # an echo of the stop (a lost peer), not a failure
+            report.first_failure = None
+    elif status == "stopped" and (report.first_failure is None or not report.first_failure.match.cause):
+        report.first_failure = _stopped(run)
     report.verdict = verdict(report, run, status)
     return report
 
 
-def _stopped(run: RunRecord, status: str) -> Failure:
-    """The job was stopped from outside (Ctrl-C, a scheduler): not a failure of any rank."""
+def _stopped(run: RunRecord) -> Failure:
+    """The launcher was stopped from outside (Ctrl-C, a scheduler) before every rank had stopped gracefully."""
     result = run.result
     sig = result.get("signal") or "a signal"
     attempt = run.attempts[-1].attempt if run.attempts else 0
-    if status == "preempted":
-        match = Match("preempted", f"stopped by {sig}; every rank agreed on the step and the checkpoint is complete",
-                      None, [], "Nothing is broken: continue with the same command plus --resume auto.", cause=False)
-    else:
-        match = Match("stopped", f"the launcher was stopped by {sig}", None, [], signal_fix(str(sig)), cause=False)
+    match = Match("stopped", f"the launcher was stopped by {sig}", None, [], signal_fix(str(sig)), cause=False)
     failure = Failure(None, None, attempt, match)
     if isinstance(result.get("step"), int):
         failure.step, failure.step_source = result["step"], "failure record"
     else:
         _when(failure, None, run, None)
     return failure
+
+
+_STOPPED_BY = re.compile(r"\bstopped by (SIG[A-Z0-9]+)\b")
+
+
+def _preemption(run: RunRecord) -> Preemption:
+    """Every rank stopped on a signal at one agreed step and saved: which signal, which step, and whether the
+    checkpoint that step went into is complete (read without torch)."""
+    result = run.result
+    runs = rank_runs(run, run.attempts[-1]) if run.attempts else {}
+    records = [r.record for _, r in sorted(runs.items()) if r.record is not None
+               and r.record.exit_code == EXIT_PREEMPTED]
+    signal, signalled = result.get("signal"), None
+    if not signal:  # the launcher got no signal: a worker was sent one directly (its record names it)
+        for rec in records:
+            found = rec.signal or (m[1] if (m := _STOPPED_BY.search(rec.message)) else None)
+            if found:
+                signal, signalled = found, rec.rank
+                break
+    info = read_checkpoint_info(run.checkpoint) if run.checkpoint else None
+    recorded = result.get("step") if isinstance(result.get("step"), int) else None
+    train = run.last_metrics("train")
+    if info is not None:
+        step, source = info.step, "checkpoint"
+    elif recorded is not None:
+        step, source = recorded, "launch record"
+    elif any(rec.step is not None for rec in records):
+        step, source = max(rec.step for rec in records if rec.step is not None), "failure record"
+    elif train is not None and isinstance(train.get("step"), int):
+        step, source = train["step"], "last logged metrics"
+    else:
+        step, source = None, None
+    return Preemption(signal=str(signal) if signal else None, signalled_rank=signalled, step=step,
+                      step_source=source, epoch=_epoch(step, run, steps_per_epoch(runs) if runs else None),
+                      checkpoint_step=info.step if info is not None else None, recorded_step=recorded)
 
 

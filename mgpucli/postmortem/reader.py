@@ -20,6 +20,7 @@ from typing import Any
 from mgpucli.errors import UsageError
 from mgpucli.launch.index import Attempt, RankFiles
 from mgpucli.launch.records import RECORD_NAME, FailureRecord, read_error_file, read_record
+from mgpucli.postmortem.checkpoint import SHARDED_META
 from mgpucli.postmortem.lines import LogLine, parse, read_log
 
 LAUNCH_JSON = "launch.json"
@@ -112,9 +113,17 @@ def read_run(path: str) -> RunRecord:
                     node_records=[(p, r) for p, r in zip(paths, records, strict=True) if r])
     run.metrics = _read_metrics(os.path.join(run_dir, "metrics.jsonl"))
     run.recipe = _read_recipe(os.path.join(run_dir, "recipe.yaml"))
-    last = os.path.join(run_dir, "checkpoints", "last.pt")
-    run.checkpoint = last if os.path.isfile(last) else None
+    run.checkpoint = _last_checkpoint(os.path.join(run_dir, "checkpoints"))
     return run
+
+
+def _last_checkpoint(ckpts: str) -> str | None:
+    """``last.pt``, else a sharded run's ``last.dcp`` (a directory with its ``meta.pt``): what --resume auto reads."""
+    last = os.path.join(ckpts, "last.pt")
+    if os.path.isfile(last):
+        return last
+    sharded = os.path.join(ckpts, "last.dcp")
+    return sharded if os.path.isfile(os.path.join(sharded, SHARDED_META)) else None
 
 
 def _load_json(path: str) -> dict[str, Any] | None:

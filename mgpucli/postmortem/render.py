@@ -6,7 +6,7 @@ import json
 import os
 from typing import TYPE_CHECKING, Any
 
-from mgpucli.postmortem.report import Failure, Report, fate
+from mgpucli.postmortem.report import Failure, Report, fate, short_path
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -86,7 +86,7 @@ def render(report: Report, console: Console | None = None, compact: bool = False
     from mgpucli.console import err_console
 
     console = console or err_console()
-    color = "green" if report.finished else "bold red"
+    color = "green" if report.finished else "yellow" if report.preempted else "bold red"
     console.print(Text("diagnosis: " if compact else "mgpu doctor: ", style="bold") + Text(report.verdict, style=color))
     f = report.first_failure
     if f is not None:
@@ -113,7 +113,10 @@ def render(report: Report, console: Console | None = None, compact: bool = False
                            + (f", loss {t['loss']:.4g}" if isinstance(t.get("loss"), (int, float)) else ""),
                            style="dim"))
     if report.resume_command and not report.finished:
-        console.print(Text("  continue from checkpoints/last.pt: ", style="bold") + Text(report.resume_command))
+        p = report.preemption
+        at = f" (step {p.checkpoint_step})" if p is not None and p.checkpoint_step is not None else ""
+        name = short_path(report.checkpoint) if report.checkpoint else "the last checkpoint"
+        console.print(Text(f"  continue from {name}{at}: ", style="bold") + Text(report.resume_command))
     if report.logs:
         console.print(Text(f"  logs: {report.logs}", style="dim"))
 

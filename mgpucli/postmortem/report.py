@@ -7,6 +7,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from mgpucli.errors import EXIT_FAILED, EXIT_OK, EXIT_PREEMPTED
 from mgpucli.postmortem.matchers import Match
 from mgpucli.postmortem.reader import RunRecord
 
@@ -36,11 +37,33 @@ class Failure:
 
 
 @dataclass
+class Preemption:
+    """A graceful stop: every rank stopped on a signal at one step and the checkpoint holds it. Not a failure."""
+
+    signal: str | None  # None: the signal was not recorded
+    signalled_rank: int | None  # the rank that received it, when it was sent to a worker rather than the launcher
+    step: int | None
+    step_source: str | None  # "checkpoint", "launch record", "failure record", "last logged metrics"
+    epoch: int | None = None
+    checkpoint_step: int | None = None  # None: no complete checkpoint could be read
+    recorded_step: int | None = None  # the step launch.json's result names
+
+    @property
+    def resumable(self) -> bool:
+        return self.checkpoint_step is not None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"signal": self.signal, "signalled_rank": self.signalled_rank, "step": self.step,
+                "step_source": self.step_source, "epoch": self.epoch, "checkpoint_step": self.checkpoint_step,
+                "checkpoint_complete": self.resumable, "recorded_step": self.recorded_step}
+
+
+@dataclass
 class Report:
     """The post-mortem of one run directory (``postmortem.json``)."""
 
     run_dir: str
-    status: str  # succeeded | failed | stopped | running | launcher_gone | not_started
+    status: str  # succeeded | failed | stopped | preempted | running | launcher_gone | not_started
     finished: bool
     verdict: str
     attempts: int
@@ -54,16 +77,27 @@ class Report:
     resume_command: str | None = None
     logs: str | None = None
     launch_json: str | None = None
+    preemption: Preemption | None = None
+
+    @property
+    def preempted(self) -> bool:
+        """Stopped on a signal with a complete checkpoint, and no rank failed: continue it, nothing to fix."""
+        return (self.status == "preempted" and self.first_failure is None and self.preemption is not None
+                and self.preemption.resumable)
 
     @property
     def exit_code(self) -> int:
-        """``mgpu doctor RUN_DIR``'s exit code: 0 the run finished, 1 it did not (diagnosed or not)."""
-        return 0 if self.finished else 1
+        """``mgpu doctor RUN_DIR``'s exit code: 0 the run finished, 75 (EX_TEMPFAIL, as ``mgpu launch``) it was
+        preempted with a complete checkpoint, 1 it failed or did not finish otherwise (diagnosed or not)."""
+        if self.finished:
+            return EXIT_OK
+        return EXIT_PREEMPTED if self.preempted else EXIT_FAILED
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "run_dir": self.run_dir, "finished": self.finished, "status": self.status, "verdict": self.verdict,
-            "attempts": self.attempts, "world_size": self.world_size,
+            "run_dir": self.run_dir, "finished": self.finished, "status": self.status, "exit_code": self.exit_code,
+            "verdict": self.verdict, "attempts": self.attempts, "world_size": self.world_size,
+            "preempted": self.preemption.to_json() if self.preemption else None,
             "first_failure": self.first_failure.to_json() if self.first_failure else None,
             "other_failures": [_brief(f) for f in self.others],
             "earlier_attempts": [_brief(f) for f in self.earlier_attempts],
@@ -100,6 +134,8 @@ def verdict(report: Report, run: RunRecord, status: str) -> str:
         extra = f" after {n - 1} restart(s)" if n > 1 else ""
         return f"{where} finished{extra}."
     f = report.first_failure
+    if status == "preempted" and f is None and report.preemption is not None:
+        return _preempted_verdict(where, report.preemption, report.checkpoint)
     what = {"failed": "failed", "stopped": "was stopped", "preempted": "was preempted", "launcher_gone":
             "did not finish: the launcher stopped without recording a result (killed, or the machine went down)"}
     head = f"{where} {what.get(status, 'did not finish')}"
@@ -114,3 +150,25 @@ def verdict(report: Report, run: RunRecord, status: str) -> str:
     if f.rank is None:
         return f"{head}{when}: {f.match.title}."
     return f"{head}: rank {f.rank} failed first{when}{attempt}: {f.match.title}."
+
+
+def _preempted_verdict(where: str, p: Preemption, checkpoint: str | None) -> str:
+    by = f" by {p.signal}" if p.signal else " by a signal"
+    if p.signal and p.signalled_rank is not None:
+        by += f" (sent to rank {p.signalled_rank})"
+    when = f" at step {p.step}" if p.step is not None else ""
+    if p.step is not None and p.epoch is not None:
+        when += f" (epoch {p.epoch})"
+    ckpt = short_path(checkpoint) if checkpoint else "checkpoints/last.pt"
+    if p.resumable:
+        return (f"{where} was preempted{by}{when}: every rank stopped at that step and {ckpt} holds it, complete. "
+                "Nothing is broken: continue it with --resume auto.")
+    missing = "is missing" if checkpoint is None else "cannot be read (not a complete mgpu checkpoint)"
+    return (f"{where} was preempted{by}{when}, but its checkpoint {ckpt} {missing}: --resume auto has nothing "
+            "complete to continue from.")
+
+
+def short_path(path: str) -> str:
+    """``checkpoints/last.pt``: the checkpoint as its run dir names it."""
+    parent = os.path.basename(os.path.dirname(path))
+    return f"{parent}/{os.path.basename(path)}" if parent else os.path.basename(path)

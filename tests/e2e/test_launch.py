@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.procs import environ_of as env_of
 from tests.procs import free_port, proc_state
 from tests.procs import tagged as tagged_by
 
@@ -38,14 +39,6 @@ def tagged(tag: str) -> list[int]:
 # Same math in every run that is compared: 1 epoch (64 steps at 2 x 32), a checkpoint every 20 steps, 1 thread.
 SHORT = ["trainer.epochs=1", "trainer.checkpoint_every_steps=20", "trainer.cpu_threads=1"]
 LONG = ["trainer.epochs=200", "trainer.log_every=5"]  # runs until the test interrupts it
-
-
-def env_of(pid: int) -> dict[str, str]:
-    try:
-        raw = Path(f"/proc/{pid}/environ").read_bytes()
-    except OSError:
-        return {}
-    return dict(item.decode(errors="replace").split("=", 1) for item in raw.split(b"\0") if b"=" in item)
 
 
 def wait_until(predicate, timeout: float, every: float = 0.1):

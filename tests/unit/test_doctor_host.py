@@ -75,13 +75,25 @@ def test_cpus():
     four = Plan(kind="cpu", nproc=4)
     ok = hc.check_cpus(host_obs(plan=four, cpus_usable=32))
     assert ok.status == "ok" and "up to 7 DataLoader worker(s)" in ok.detail
-    quota = hc.check_cpus(host_obs(plan=four, cpus_usable=32, cpu_quota=4.0))
-    assert quota.status == "warn" and "cgroup quota 4" in quota.detail
-    assert hc.check_cpus(host_obs(plan=four, cpus_usable=2)).status == "warn"
+    quota = hc.check_cpus(host_obs(plan=GPU4, cpus_usable=32, cpu_quota=4.0))
+    assert quota.status == "warn" and "cgroup quota 4" in quota.detail and "no core left" in quota.detail
+    assert hc.check_cpus(host_obs(plan=four, cpus_usable=2)).status == "warn"  # fewer cores than processes
     omp = hc.check_cpus(host_obs(plan=four, cpus_usable=32, env={"OMP_NUM_THREADS": "16"}))
     assert omp.status == "warn" and omp.hint == "export OMP_NUM_THREADS=8"
     assert hc.check_cpus(host_obs(plan=four, cpus_usable=32, env={"OMP_NUM_THREADS": "x"})).status == "warn"
     assert hc.check_cpus(host_obs(cpus_usable=None)).status == "skipped"
+
+
+def test_one_core_per_cpu_process_is_information_not_a_warning():
+    # The README's `mgpu launch --cpu --nproc 2` on a 2-core machine: CPU processes use no DataLoader workers.
+    readme = hc.check_cpus(host_obs(plan=Plan(kind="cpu", nproc=2), cpus_usable=2))
+    assert readme.status == "ok" and readme.hint == ""
+    assert readme.detail == ("2 CPUs for 2 processes: no core left for DataLoader workers, and none needed: on CPU, "
+                             "data.num_workers: auto loads in each process")
+    quota = hc.check_cpus(host_obs(plan=Plan(kind="cpu", nproc=4), cpus_usable=32, cpu_quota=4.0))
+    assert quota.status == "ok" and "cgroup quota 4" in quota.detail
+    gpus = hc.check_cpus(host_obs(plan=Plan(kind="cuda", nproc=2, gpu_indices=(0, 1)), cpus_usable=2))
+    assert gpus.status == "warn" and "num_workers=0" in gpus.hint  # GPU processes do want loader workers
 
 
 def test_container():

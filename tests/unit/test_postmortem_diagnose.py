@@ -8,6 +8,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 
 from mgpucli.errors import UsageError
 from mgpucli.launch.index import build_attempt
@@ -210,12 +211,135 @@ def test_stopped_run(tmp_path: Path):
     assert "stopped by SIGINT" in report.verdict
 
 
-def test_preempted_run_says_nothing_is_broken(tmp_path: Path):
-    RunDir(tmp_path, status="preempted", signal="SIGUSR1", step=40)
+# ------------------------------------------------------------------------------------------ preempted runs
+def save_checkpoint(run_dir: Path, step: int, epoch: int) -> Path:
+    """A checkpoint as the trainer writes it (torch.save through the checkpoint module)."""
+    import torch
+
+    from mgpucli.engine.checkpoint import save_atomic
+    from mgpucli.engine.state import build_payload
+
+    path = run_dir / "checkpoints" / "last.pt"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_atomic({**build_payload(epoch=epoch, step=step, mid_epoch=True, world_size=2, per_rank=[], recipe=""),
+                 "model": {"weight": torch.zeros(3)}, "optimizer": {"state": {}, "param_groups": []}}, path)
+    return path
+
+
+def preempted_run(root: Path, signal: str | None = "SIGINT", step: int = 40, signalled: int | None = None,
+                  checkpoint: bool = True, old_records: bool = False) -> RunDir:
+    """Every rank stopped at ``step`` and saved (exit 75). ``signal``: what the launcher got (None: a worker got
+    ``SIGTERM`` directly, rank ``signalled``). ``old_records``: as written before records had a signal field and
+    took the step in progress (step + 1), and the stop was printed as an error."""
+    result = {"exit_code": 75, "signal": signal, "step": step + 1 if old_records else step}
+    run = RunDir(root, status="preempted", **result)
+    run.data["result"]["exit_code"] = 75
+    run.write()
+    run.log(0, "mgpu train quickstart: 2 process(es) on cpu\nglobal batch 64; 16 steps per epoch; run dir x\n"
+               f"step {step} epoch 2  loss 0.41")
+    for rank in range(2):
+        got = signal or ("SIGTERM" if rank == signalled else None)
+        message = f"stopped by {got or 'a signal on another rank'} at step {step} (epoch 2); every rank agreed on " \
+                  "that step and the checkpoint in runs/r/checkpoints is complete."
+        files = run.attempts[-1].ranks[rank]
+        rec = FailureRecord(rank, rank, 0, 100.0 + rank, "Preempted", message, step + 1 if old_records else step, 75,
+                            False, None if old_records else got)
+        write_record(record_path(files.error_file), rec)
+        if rank == 0:
+            run.log(0, ("error:  " if old_records else "mgpu train: ") + message)
+            run.log(0, "Continue the run with the same command plus --resume auto.")
+    run.metrics({"split": "train", "step": step, "epoch": 2, "loss": 0.41})
+    if checkpoint:
+        save_checkpoint(root, step, 2)
+    return run
+
+
+def assert_no_failure_wording(report, text: str) -> None:
+    assert report.first_failure is None and report.others == []
+    for phrase in ("failed", "No known failure signature", "exit code None", "error:"):
+        assert phrase not in text, (phrase, text)
+
+
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_a_preempted_run_is_not_a_failure(tmp_path: Path, sig: str):
+    preempted_run(tmp_path, signal=sig, step=40)
     report = diagnose_run(str(tmp_path))
-    f = report.first_failure
-    assert report.exit_code == 1 and f.match.signature == "preempted" and f.step == 40
-    assert "--resume auto" in f.match.fix and "was preempted at step 40" in report.verdict
+    assert (report.status, report.exit_code, report.finished, report.preempted) == ("preempted", 75, False, True)
+    p = report.preemption
+    assert (p.signal, p.step, p.step_source, p.checkpoint_step, p.epoch) == (sig, 40, "checkpoint", 40, 2)
+    assert f"was preempted by {sig} at step 40 (epoch 2)" in report.verdict
+    assert "checkpoints/last.pt holds it, complete" in report.verdict
+    assert report.resume_command == "mgpu launch --cpu --nproc 2 r.yaml --resume auto"
+    console = Console(file=io.StringIO(), width=200)
+    render(report, console)
+    shown = console.file.getvalue()
+    assert_no_failure_wording(report, report.verdict + shown)
+    assert "continue from checkpoints/last.pt (step 40): mgpu launch --cpu --nproc 2 r.yaml --resume auto" in shown
+    assert "fix:" not in shown and "evidence:" not in shown
+
+
+def test_a_preempted_run_in_json_and_postmortem_json(tmp_path: Path):
+    preempted_run(tmp_path, step=40)
+    report = diagnose_run(str(tmp_path))
+    data = json.loads(Path(write_report(report)).read_text())
+    assert (data["status"], data["exit_code"], data["finished"], data["first_failure"]) == ("preempted", 75, False,
+                                                                                          None)
+    assert data["preempted"] == {"signal": "SIGINT", "signalled_rank": None, "step": 40, "step_source": "checkpoint",
+                                 "epoch": 2, "checkpoint_step": 40, "checkpoint_complete": True, "recorded_step": 40}
+    assert data["resume_command"].endswith("--resume auto") and data["other_failures"] == []
+
+
+def test_a_worker_that_got_the_signal_itself(tmp_path: Path):
+    preempted_run(tmp_path, signal=None, signalled=1, step=24)  # `kill -TERM <worker>`: the launcher got nothing
+    report = diagnose_run(str(tmp_path))
+    assert report.exit_code == 75 and report.preemption.signal == "SIGTERM" and report.preemption.signalled_rank == 1
+    assert "was preempted by SIGTERM (sent to rank 1) at step 24 (epoch 1)" in report.verdict
+    assert_no_failure_wording(report, report.verdict)
+
+
+def test_records_of_an_older_mgpu_take_the_checkpoints_step(tmp_path: Path):
+    # They recorded step + 1 (the step in progress), no signal field, and printed the stop as `error:`.
+    preempted_run(tmp_path, signal=None, signalled=0, step=40, old_records=True)
+    report = diagnose_run(str(tmp_path))
+    p = report.preemption
+    assert report.exit_code == 75 and (p.step, p.checkpoint_step, p.recorded_step, p.signal) == (40, 40, 41, "SIGTERM")
+    assert_no_failure_wording(report, report.verdict)
+
+
+@pytest.mark.parametrize("damage", ["missing", "truncated"])
+def test_preempted_without_a_complete_checkpoint_is_exit_1(tmp_path: Path, damage: str):
+    preempted_run(tmp_path, step=40, checkpoint=damage != "missing")
+    if damage == "truncated":
+        last = tmp_path / "checkpoints" / "last.pt"
+        last.write_bytes(last.read_bytes()[:200])
+    report = diagnose_run(str(tmp_path))
+    assert report.status == "preempted" and report.exit_code == 1 and not report.preempted
+    p = report.preemption
+    assert (p.step, p.step_source, p.checkpoint_step) == (40, "launch record", None)
+    expected = "is missing" if damage == "missing" else "cannot be read (not a complete mgpu checkpoint)"
+    assert f"checkpoints/last.pt {expected}: --resume auto has nothing complete" in report.verdict
+
+
+def test_a_rank_that_crashed_during_the_stop_is_still_the_failure(tmp_path: Path):
+    run = preempted_run(tmp_path, step=40)
+    run.log(1, "\n".join(f"[rank1]: {line}" for line in CRASH_TRACE.splitlines()))
+    run.error(1, "injected fault: crash at step 3 on rank 1", CRASH_TRACE, step=41)  # replaces its Preempted record
+    report = diagnose_run(str(tmp_path))
+    assert report.exit_code == 1 and report.first_failure.rank == 1
+    assert report.first_failure.match.signature == "python_exception"
+
+
+def test_resume_command_quotes_the_launch_argv_and_names_its_directory(tmp_path: Path, monkeypatch):
+    from mgpucli.postmortem.context import resume_command
+
+    launch = {"argv": ["mgpu", "launch", "--gpus", "0,1", "my recipes/r.yaml", "optim.lr=0.1", "--resume=step.pt",
+                       "--overwrite", "name=it's"], "cwd": str(tmp_path)}
+    monkeypatch.chdir(tmp_path)
+    assert resume_command(launch) == ("mgpu launch --gpus 0,1 'my recipes/r.yaml' optim.lr=0.1 'name=it'\"'\"'s' "
+                                      "--resume auto")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    assert resume_command(launch, cwd=str(elsewhere)) == f"cd {tmp_path} && " + resume_command(launch)
 
 
 def test_a_run_whose_launcher_still_runs(tmp_path: Path, monkeypatch):

@@ -1,0 +1,102 @@
+"""A graceful stop (Preempted) as a worker leaves it: the step its checkpoint holds in ``mgpu_failure.json``, the
+signal it got, and a plain note on stderr rather than an error."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from mgpucli.cli import train_run
+from mgpucli.engine import run as run_module
+from mgpucli.errors import EXIT_PREEMPTED, Preempted
+from mgpucli.launch import worker
+from mgpucli.launch.records import failure_step, read_record, record_path
+
+MESSAGE = ("stopped by SIGTERM at step 40 (epoch 2); every rank agreed on that step and the checkpoint in "
+           "runs/q/checkpoints is complete.")
+
+
+def preempted(step: int | None = 40, signal: str | None = "SIGTERM") -> Preempted:
+    err = Preempted(MESSAGE, "Continue the run with the same command plus --resume auto.", step=step, signal=signal)
+    err.mgpu_step = step + 1 if step is not None else None  # what an engine that tags every error would add
+    return err
+
+
+def test_a_stop_is_recorded_at_the_step_its_checkpoint_holds():
+    assert failure_step(preempted(step=40)) == 40
+    assert failure_step(preempted(step=None)) == 40  # no step carried: the message names it
+    crash = RuntimeError("boom")
+    crash.mgpu_step = 41  # type: ignore[attr-defined]
+    assert failure_step(crash) == 41  # a failure keeps the step in progress
+
+
+def test_the_worker_records_step_signal_and_exit_75(tmp_path: Path, monkeypatch):
+    error_file = tmp_path / "attempt_0" / "1" / "error.json"
+    error_file.parent.mkdir(parents=True)
+    monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(error_file))
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    try:
+        try:
+            raise preempted(step=40, signal="SIGTERM")
+        except Preempted:
+            sys.exit(EXIT_PREEMPTED)  # what run_train does
+    except SystemExit as exc:
+        worker._record_failure(exc)
+    rec = read_record(record_path(str(error_file)))
+    assert rec is not None
+    assert (rec.rank, rec.type, rec.step, rec.exit_code, rec.retryable, rec.signal) == (1, "Preempted", 40, 75, False,
+                                                                                         "SIGTERM")
+
+
+@pytest.mark.filterwarnings("ignore:Unable to enable fault handler")  # torch's @record, under capsys
+@pytest.mark.parametrize("rank", [None, "0", "1"])
+def test_the_stop_is_a_note_not_an_error(monkeypatch, capsys, rank):
+    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    if rank is not None:
+        monkeypatch.setenv("RANK", rank)
+        monkeypatch.setenv("LOCAL_RANK", rank)
+        monkeypatch.setenv("WORLD_SIZE", "2")
+        monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+        monkeypatch.setenv("MASTER_PORT", "29500")
+
+    def stopped(*args, **kwargs):
+        raise preempted()
+
+    monkeypatch.setattr(run_module, "run_training", stopped)
+    with pytest.raises(SystemExit) as exited:
+        train_run.run_train("quickstart", [])
+    assert exited.value.code == EXIT_PREEMPTED
+    err = capsys.readouterr().err
+    assert "error" not in err
+    if rank == "1":
+        assert err == ""  # every rank agreed: rank 0 alone says it
+    else:
+        assert err.startswith(f"mgpu train: {MESSAGE}\n") and "--resume auto" in err
+
+
+@pytest.mark.parametrize(("code", "ignored"), [(EXIT_PREEMPTED, True), (1, False)])
+def test_after_a_graceful_stop_the_worker_exits_through_signals(monkeypatch, code, ignored):
+    """torch's agent SIGTERMs the ranks still exiting once one has exited: that must not turn exit 75 into -15."""
+    import signal
+
+    def run_cli(args):
+        raise SystemExit(code)
+
+    monkeypatch.delenv("TORCHELASTIC_ERROR_FILE", raising=False)
+    monkeypatch.setattr(worker.watch, "install_parent_watch", lambda: None)
+    monkeypatch.setattr(worker, "_run_cli", run_cli)
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        with pytest.raises(SystemExit) as exited:
+            worker.main(["train", "quickstart"])
+        assert exited.value.code == code
+        for sig in before:
+            assert (signal.getsignal(sig) == signal.SIG_IGN) is ignored
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
