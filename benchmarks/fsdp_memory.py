@@ -32,8 +32,8 @@ def worker(strategy: str, d_model: int, layers: int, out: str) -> None:
 
     from mgpucli.components.models import CharTransformer
     from mgpucli.config.schema import TrainerSchema
-    from mgpucli.dist.env import read_rank_env
-    from mgpucli.dist.runtime import setup, teardown
+    from mgpucli.distributed.env import read_rank_env
+    from mgpucli.distributed.runtime import setup, teardown
     from mgpucli.engine.strategy import wrap_model
 
     env = read_rank_env()

@@ -70,8 +70,8 @@ def build(workload: str):
 # makes the steps slower.
 MGPU_MODULES = ("mgpucli.cli.app", "mgpucli.cli.train_run", "mgpucli.engine.run", "mgpucli.engine.trainer",
                 "mgpucli.engine.data", "mgpucli.engine.checkpoint", "mgpucli.engine.tbevents", "mgpucli.config.loader",
-                "mgpucli.config.targets", "mgpucli.dist.watch", "hydra.utils", "omegaconf", "typer", "pydantic",
-                "torchdata.stateful_dataloader", "yaml")
+                "mgpucli.config.targets", "mgpucli.distributed.heartbeat", "hydra.utils", "omegaconf", "typer",
+                "pydantic", "torchdata.stateful_dataloader", "yaml")
 
 
 def spin_seconds() -> float:

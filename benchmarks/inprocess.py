@@ -185,9 +185,9 @@ def mgpu_setup(workload: str, extra_overrides: list[str]):
     """mgpu's Trainer for ``workload``'s recipe, set up as ``mgpu train`` sets it up (in a fresh run dir), and
     its Runtime; call :func:`mgpu_teardown` when done."""
     from mgpucli.config import load_recipe
-    from mgpucli.dist import runtime
-    from mgpucli.dist.env import read_rank_env
-    from mgpucli.engine.report import NullReporter
+    from mgpucli.distributed import runtime
+    from mgpucli.distributed.env import read_rank_env
+    from mgpucli.engine.reporter import NullReporter
     from mgpucli.engine.trainer import Trainer
 
     threads = int(os.environ.get("OMP_NUM_THREADS", "1"))
@@ -202,7 +202,7 @@ def mgpu_setup(workload: str, extra_overrides: list[str]):
 
 def mgpu_teardown(trainer) -> None:
     """Close the trainer, remove this rank's temporary run dir, destroy the process group."""
-    from mgpucli.dist import runtime
+    from mgpucli.distributed import runtime
 
     trainer.close()
     shutil.rmtree(trainer.run_dir.parent, ignore_errors=True)

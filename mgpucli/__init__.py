@@ -18,7 +18,7 @@ __all__ = ["__version__", "load_checkpoint"]
 
 def __getattr__(name: str) -> Any:  # lazy: keep `import mgpucli` free of torch
     if name == "load_checkpoint":
-        from mgpucli.engine.validate import load_checkpoint
+        from mgpucli.engine.validate_checkpoint import load_checkpoint
 
         return load_checkpoint
     raise AttributeError(f"module 'mgpucli' has no attribute {name!r}")

@@ -48,7 +48,7 @@ def root(
 ) -> None:
     """Single-machine multi-GPU PyTorch training that is correct by default."""
     if local_rank is not None:
-        from mgpucli.dist.env import set_legacy_local_rank
+        from mgpucli.distributed.env import set_legacy_local_rank
 
         set_legacy_local_rank(local_rank)
 

@@ -12,11 +12,11 @@ from pathlib import Path
 
 def check_and_print(recipe: str, overrides: list[str], quiet: bool = False,
                     check_run_dir: Callable[[str, bool], Path | None] | None = None) -> None:
-    """Run the deep check (see :mod:`mgpucli.config.check`) and report it; ``quiet`` for non-zero ranks.
+    """Run the deep check (see :mod:`mgpucli.config.deep_check`) and report it; ``quiet`` for non-zero ranks.
 
     ``check_run_dir(run_dir, sharded)``: whether the run may start in its run dir as asked (UsageError if not),
     returning the checkpoint it would resume (None: a fresh start)."""
-    from mgpucli.config.check import check_deep
+    from mgpucli.config.deep_check import check_deep
     from mgpucli.console import err_console
     from mgpucli.engine.run import ensure_cwd_on_path
 

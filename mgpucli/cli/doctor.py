@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import typer
 
 if TYPE_CHECKING:  # the command imports its machinery lazily: `mgpu --help` stays light
-    from mgpucli.doctor.report import Report
+    from mgpucli.doctor.examine import Report
 
 STYLE = {"ok": "[green]ok[/]", "warn": "[yellow]warn[/]", "fail": "[bold red]FAIL[/]", "skipped": "[dim]skipped[/]"}
 
@@ -62,8 +62,8 @@ def doctor(
         postmortem(run_dir, json_out, machine_only)
         return
     from mgpucli.console import err_console, print_error
+    from mgpucli.doctor.examine import DoctorOptions, run_doctor
     from mgpucli.doctor.plan import DeviceOptions
-    from mgpucli.doctor.report import DoctorOptions, run_doctor
     from mgpucli.errors import MgpuError
 
     opts = DoctorOptions(DeviceOptions(gpus=gpus, cpu=cpu, nproc=nproc), quick=quick, timeout=timeout)

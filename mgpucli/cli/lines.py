@@ -61,7 +61,7 @@ def table_columns(rows: list[tuple[int, dict | None, dict | None]]) -> tuple[lis
 
 
 class LineReporter:
-    """Implements mgpucli.engine.report.Reporter with print(), on stderr."""
+    """Implements mgpucli.engine.reporter.Reporter with print(), on stderr."""
 
     def __init__(self) -> None:
         self.rows: list[tuple[int, dict | None, dict | None]] = []

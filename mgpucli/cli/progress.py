@@ -16,7 +16,7 @@ from mgpucli.console import err_console
 
 
 class RichReporter:
-    """Implements mgpucli.engine.report.Reporter with rich, on stderr."""
+    """Implements mgpucli.engine.reporter.Reporter with rich, on stderr."""
 
     def __init__(self) -> None:
         self.console = err_console()

@@ -17,7 +17,7 @@ def run_train(recipe: str, overrides: list[str], resume: str | None = None, over
               check: bool = False) -> None:
     """Train from a recipe on this process (one worker of a job when RANK/WORLD_SIZE are set)."""
     from mgpucli.console import print_error
-    from mgpucli.dist.env import read_rank_env
+    from mgpucli.distributed.env import read_rank_env
     from mgpucli.heap import postpone_full_gc, resume_full_gc, steady_heap
 
     if not check:

@@ -36,7 +36,7 @@ def validate(
 ) -> None:
     """Evaluate a checkpoint: every sample counted once, identical metrics on 1 or N processes."""
     from mgpucli.console import print_error
-    from mgpucli.dist.env import read_rank_env
+    from mgpucli.distributed.env import read_rank_env
 
     rank = None
     try:
@@ -63,7 +63,7 @@ def validate(
 
 
 def _worker(checkpoint: str, env, cpu: bool, **args: Any) -> dict[str, Any]:
-    from mgpucli.engine.validate import run_validation
+    from mgpucli.engine.validate_checkpoint import run_validation
 
     return run_validation(checkpoint, args["overrides"], recipe=args["recipe"], split=args["split"],
                           trust_recipe=args["trust_recipe"], env=env, prefer_cpu=cpu)
@@ -71,7 +71,7 @@ def _worker(checkpoint: str, env, cpu: bool, **args: Any) -> dict[str, Any]:
 
 def _parent(checkpoint: str, gpus: str | None, cpu: bool, nproc: int | None, **args: Any) -> dict[str, Any]:
     """One process: evaluate here. Several: check everything here first, then start workers."""
-    from mgpucli.dist.env import RankEnv
+    from mgpucli.distributed.env import RankEnv
     from mgpucli.errors import JobFailed
 
     overrides = args["overrides"] + (["trainer.device=cpu"] if cpu else [])
@@ -80,9 +80,9 @@ def _parent(checkpoint: str, gpus: str | None, cpu: bool, nproc: int | None, **a
         return _worker(checkpoint, RankEnv(), cpu, **args)
     import torch
 
-    from mgpucli.dist.select import select_devices
+    from mgpucli.distributed.select import select_devices
     from mgpucli.engine.checkpoint import read_file
-    from mgpucli.engine.validate import _state_dict_of, resolve_recipe
+    from mgpucli.engine.validate_checkpoint import _state_dict_of, resolve_recipe
     from mgpucli.launch.spawn import run_workers
 
     selection = select_devices(gpus, cpu, nproc, torch.cuda.device_count(), os.environ.get("CUDA_VISIBLE_DEVICES"))

@@ -10,8 +10,8 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from mgpucli.config.loader import compose_recipe
+from mgpucli.config.schema_check import validate_recipe
 from mgpucli.config.targets import check_recipe
-from mgpucli.config.validate import validate_recipe
 
 
 def load_recipe(path: str | Path, overrides: list[str] | None = None) -> DictConfig:

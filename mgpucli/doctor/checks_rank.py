@@ -7,7 +7,7 @@ come. torchrun and ``mgpu launch`` overwrite them for their workers, so they onl
 
 from __future__ import annotations
 
-from mgpucli.dist.env import read_rank_env
+from mgpucli.distributed.env import read_rank_env
 from mgpucli.doctor.host import TORCHRUN_DEFAULT_PORT
 from mgpucli.doctor.observation import Observation
 from mgpucli.doctor.result import CheckResult, fail, ok, warn

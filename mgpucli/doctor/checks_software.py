@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from mgpucli.dist.cuda_visible import parse_cuda_visible_devices
+from mgpucli.distributed.cuda_visible import parse_cuda_visible_devices
 from mgpucli.doctor.observation import Observation, ProbeError
 from mgpucli.doctor.result import CheckResult, fail, ok, skipped, warn
 

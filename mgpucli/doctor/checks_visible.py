@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from mgpucli.dist.cuda_visible import VisibleDevices, parse_cuda_visible_devices, resolve_visible_devices
+from mgpucli.distributed.cuda_visible import VisibleDevices, parse_cuda_visible_devices, resolve_visible_devices
 from mgpucli.doctor.observation import Observation
 from mgpucli.doctor.result import CheckResult, fail, ok, warn
 

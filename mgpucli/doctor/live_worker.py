@@ -23,8 +23,8 @@ import torch
 import torch.distributed as dist
 
 from mgpucli import faults
-from mgpucli.dist.env import read_rank_env
-from mgpucli.dist.runtime import Runtime, barrier, setup, teardown
+from mgpucli.distributed.env import read_rank_env
+from mgpucli.distributed.runtime import Runtime, barrier, setup, teardown
 
 ELEMENTS = 4096  # small, exact in float32
 

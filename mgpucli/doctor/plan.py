@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mgpucli.dist.cuda_visible import parse_cuda_visible_devices
-from mgpucli.dist.select import parse_gpus, select_devices
+from mgpucli.distributed.cuda_visible import parse_cuda_visible_devices
+from mgpucli.distributed.select import parse_gpus, select_devices
 from mgpucli.doctor.observation import Plan
 from mgpucli.errors import UsageError
 

@@ -16,7 +16,7 @@ from torch.utils.data import BatchSampler, DataLoader, Dataset, DistributedSampl
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from mgpucli.cpus import available_cores
-from mgpucli.dist.runtime import Runtime
+from mgpucli.distributed.runtime import Runtime
 from mgpucli.errors import UsageError
 
 # torchdata 0.11 calls a deprecated torch API on every loader; the warning is torchdata's, not the user's.

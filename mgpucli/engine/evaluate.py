@@ -15,8 +15,8 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from mgpucli.dist import runtime as dist_rt
-from mgpucli.dist.runtime import Runtime
+from mgpucli.distributed import runtime as dist_rt
+from mgpucli.distributed.runtime import Runtime
 from mgpucli.engine import state as st
 from mgpucli.engine.data import FixedBatches, to_device
 from mgpucli.engine.tasks import Task

@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from mgpucli.dist import runtime as dist_rt
+from mgpucli.distributed import runtime as dist_rt
 from mgpucli.engine.tasks import Later, _constant
 from mgpucli.errors import JobFailed
 

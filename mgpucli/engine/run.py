@@ -8,8 +8,8 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from mgpucli.dist.env import RankEnv
-from mgpucli.engine.report import NullReporter, Reporter
+from mgpucli.distributed.env import RankEnv
+from mgpucli.engine.reporter import NullReporter, Reporter
 from mgpucli.errors import Preempted
 from mgpucli.heap import settle_gc
 
@@ -29,8 +29,8 @@ def run_training(recipe: str, overrides: list[str], *, resume: str | None = None
     import torch
 
     from mgpucli.config import check_recipe, handoff, load_recipe
-    from mgpucli.dist import runtime
-    from mgpucli.engine import failures
+    from mgpucli.distributed import runtime
+    from mgpucli.engine import clear_errors
     from mgpucli.engine.trainer import Trainer
 
     ensure_cwd_on_path()
@@ -57,7 +57,7 @@ def run_training(recipe: str, overrides: list[str], *, resume: str | None = None
         runtime.barrier(rt)  # every rank agreed on the stop and saved: the same meeting before teardown
         raise
     except (RuntimeError, torch.OutOfMemoryError) as err:
-        clearer = None if trainer is None else failures.translate(
+        clearer = None if trainer is None else clear_errors.translate(
             err, getattr(trainer, "progress", None), env.rank, trainer.step + 1, cfg.trainer.timeout_s,
             cfg.data.batch_size)
         if clearer is None:

@@ -16,8 +16,8 @@ from typing import Any
 
 import torch
 
-from mgpucli.dist import runtime as dist_rt
-from mgpucli.dist.runtime import Runtime
+from mgpucli.distributed import runtime as dist_rt
+from mgpucli.distributed.runtime import Runtime
 from mgpucli.engine.checkpoint import read_file, save_atomic
 from mgpucli.errors import CheckpointError
 

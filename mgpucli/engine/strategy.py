@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from mgpucli.dist.runtime import Runtime
+from mgpucli.distributed.runtime import Runtime
 from mgpucli.errors import UsageError
 
 

@@ -31,13 +31,13 @@ from omegaconf import DictConfig, OmegaConf
 from mgpucli import faults
 from mgpucli.config import run_length
 from mgpucli.config.targets import build
-from mgpucli.dist.runtime import Runtime
-from mgpucli.dist.watch import Progress
+from mgpucli.distributed.heartbeat import Progress
+from mgpucli.distributed.runtime import Runtime
 from mgpucli.engine import state as st
 from mgpucli.engine.data import batch_mover, build_loaders
 from mgpucli.engine.evaluate import evaluate_exact
 from mgpucli.engine.interval import FOLD_EVERY, NO_BAD, Closed, LogInterval, Reduction
-from mgpucli.engine.report import Reporter
+from mgpucli.engine.reporter import Reporter
 from mgpucli.engine.rundir import MetricsWriter, checkpoint_dir
 from mgpucli.engine.strategy import wrap_model
 from mgpucli.engine.tasks import build_task

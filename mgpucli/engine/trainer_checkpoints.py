@@ -13,7 +13,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from mgpucli.dist import runtime as dist_rt
+from mgpucli.distributed import runtime as dist_rt
 from mgpucli.engine import state as st
 from mgpucli.engine.checkpoint import copy_atomic, save_atomic
 from mgpucli.engine.rundir import MetricsWriter, checkpoint_dir, prepare_run_dir

@@ -32,7 +32,7 @@ _PEER = re.compile(
     r"Preempted|lost its connection to another rank",
     re.IGNORECASE,
 )
-_DIAGNOSED_TIMEOUT = "Ranks that had not arrived:"  # mgpucli.engine.failures.collective_failure
+_DIAGNOSED_TIMEOUT = "Ranks that had not arrived:"  # mgpucli.engine.clear_errors.collective_failure
 TAIL_LINES = 10
 TRACE_LINES = 12
 _CARETS = re.compile(r"^\s*[\^~]+\s*$")  # Python 3.11's underlining of the failing expression

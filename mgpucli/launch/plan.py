@@ -25,7 +25,7 @@ import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from mgpucli.dist.select import DeviceSelection, select_devices
+from mgpucli.distributed.select import DeviceSelection, select_devices
 from mgpucli.errors import UsageError
 from mgpucli.launch.ports import check_port_number, port_problem, require_free_port
 from mgpucli.launch.slurm import SlurmInfo, read_slurm

@@ -39,7 +39,7 @@ def read(path: str) -> dict[str, Any] | None:
 
 
 class ProgressFileReporter:
-    """A Reporter (mgpucli.engine.report) that passes everything to ``inner`` and keeps the progress file."""
+    """A Reporter (mgpucli.engine.reporter) that passes everything to ``inner`` and keeps the progress file."""
 
     def __init__(self, inner: Any, path: str):
         self.inner, self.path = inner, path

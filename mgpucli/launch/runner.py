@@ -38,10 +38,10 @@ from mgpucli.launch import failures as fl
 from mgpucli.launch import progress_file
 from mgpucli.launch.index import LaunchRecord, build_attempt
 from mgpucli.launch.live_view import LiveView
+from mgpucli.launch.parent_watch import LAUNCH_PID_ENV
 from mgpucli.launch.plan import LaunchPlan
 from mgpucli.launch.records import RECORD_NAME, read_record
 from mgpucli.launch.restart import stop_reason
-from mgpucli.launch.watch import LAUNCH_PID_ENV
 from mgpucli.run_files import METRICS, last_checkpoint
 
 _MGPU_SIGNALS = (signal.SIGINT, signal.SIGTERM)

@@ -13,7 +13,7 @@ import sys
 from collections.abc import Mapping
 
 from mgpucli.cpus import threads_per_process
-from mgpucli.dist.select import DeviceSelection
+from mgpucli.distributed.select import DeviceSelection
 from mgpucli.proctree import kill_tree
 
 

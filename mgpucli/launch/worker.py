@@ -20,7 +20,7 @@ import sys
 import time
 
 from mgpucli.errors import EXIT_PREEMPTED, Preempted
-from mgpucli.launch import restart, watch
+from mgpucli.launch import parent_watch, restart
 from mgpucli.launch.records import FailureRecord, failure_step, is_retryable, record_path, write_record
 
 
@@ -39,7 +39,7 @@ def _record_failure(exc: BaseException) -> None:
     code = _exit_code(exc)
     # `mgpu train` turns an MgpuError into sys.exit(code) inside its except block: the error is the context.
     cause = exc.__context__ if isinstance(exc, SystemExit) and exc.__context__ is not None else exc
-    from mgpucli.dist.env import read_rank_env
+    from mgpucli.distributed.env import read_rank_env
 
     try:
         env = read_rank_env()
@@ -115,7 +115,7 @@ def _run_cli(args: list[str]) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
-    watch.install_parent_watch()
+    parent_watch.install_parent_watch()
     args = restart.restart_worker_argv(args)
     try:
         _run_cli(args)

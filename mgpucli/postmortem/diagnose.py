@@ -17,7 +17,7 @@ from mgpucli.errors import EXIT_PREEMPTED
 from mgpucli.launch import failures as fl
 from mgpucli.launch.index import Attempt
 from mgpucli.launch.records import FailureRecord
-from mgpucli.postmortem.checkpoint import read_checkpoint_info
+from mgpucli.postmortem.checkpoint_peek import read_checkpoint_info
 from mgpucli.postmortem.context import launcher_alive, nodes_disagree, resume_command, running_verdict, tailor
 from mgpucli.postmortem.lines import LogLine
 from mgpucli.postmortem.matchers import Match, explain, signal_fix

@@ -20,7 +20,7 @@ from typing import Any
 from mgpucli.errors import UsageError
 from mgpucli.launch.index import Attempt, RankFiles
 from mgpucli.launch.records import RECORD_NAME, FailureRecord, read_error_file, read_record
-from mgpucli.postmortem.checkpoint import SHARDED_META
+from mgpucli.postmortem.checkpoint_peek import SHARDED_META
 from mgpucli.postmortem.lines import LogLine, parse, read_log
 
 LAUNCH_JSON = "launch.json"

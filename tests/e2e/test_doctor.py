@@ -183,7 +183,7 @@ def test_the_doctor_process_never_imports_torch(tmp_path):
         "import sys\n"
         "import mgpucli.cli.app\n"
         "assert 'torch' not in sys.modules, 'the CLI imported torch'\n"
-        "from mgpucli.doctor.report import DoctorOptions, run_doctor\n"
+        "from mgpucli.doctor.examine import DoctorOptions, run_doctor\n"
         "report = run_doctor(DoctorOptions(quick=True))\n"
         "assert report.checks and 'torch' not in sys.modules, 'the doctor imported torch'\n"
         "print('clean')\n"

@@ -374,7 +374,7 @@ def test_two_nodes_on_loopback_match_one_node(tmp_path: Path, tag: str, baseline
 
 
 def test_worker_watch_fires_when_the_watched_process_exits(tmp_path: Path):
-    from mgpucli.launch.watch import watch_pid
+    from mgpucli.launch.parent_watch import watch_pid
 
     child = subprocess.Popen(["sleep", "60"], start_new_session=True)
     try:

@@ -25,7 +25,7 @@ from tests.procs import RECIPES, REPO, load_ckpt, run
 pytestmark = pytest.mark.slow
 SHIPPED = sorted(p.name for p in RECIPES.glob("*.yaml"))
 SMALL = ["data.train.num_samples=512", "data.val.num_samples=128", "trainer.epochs=1"]
-# What the copy of the checkout leaves out: these names at its top only (``mgpucli/dist`` is a package, not a
+# What the copy of the checkout leaves out: these names at its top only (``mgpucli/distributed`` is a package, not a
 # build output), caches anywhere.
 TOP_LEVEL_SKIP = {".git", ".venv", "runs", "build", "dist", ".pytest_cache", ".ruff_cache", "tests", "benchmarks"}
 CACHES = shutil.ignore_patterns("*.egg-info", "__pycache__")
@@ -126,7 +126,7 @@ def test_mgpu_comes_from_the_wheel_with_its_recipes(venv, outside):
 
 def test_every_package_imports_from_the_wheel(venv, outside):
     """Each of mgpucli's packages from the venv itself: an editable install of the checkout in the environment it
-    borrows from must not fill in one the wheel lacks (mgpucli.dist once came from there)."""
+    borrows from must not fill in one the wheel lacks (mgpucli.distributed once came from there)."""
     code = ("import importlib, sys\nfor name in sys.argv[1:]:\n    print(importlib.import_module(name).__file__)")
     r = in_venv(venv, "python", "-c", code, *PACKAGES, cwd=outside)
     _check(r, "import every package")

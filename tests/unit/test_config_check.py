@@ -7,7 +7,7 @@ import textwrap
 
 import pytest
 
-from mgpucli.config.check import check_deep, describe_sample
+from mgpucli.config.deep_check import check_deep, describe_sample
 from mgpucli.errors import RecipeError
 from tests.procs import RECIPES
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from mgpucli.dist.cuda_visible import parse_cuda_visible_devices, resolve_visible_devices
+from mgpucli.distributed.cuda_visible import parse_cuda_visible_devices, resolve_visible_devices
 from mgpucli.doctor.checks_visible import check_cuda_device_order, check_cuda_visible_devices, suggested_value
 from mgpucli.doctor.observation import Observation, Plan, SmiGpu, SmiInfo, TorchDevice, TorchInfo
 

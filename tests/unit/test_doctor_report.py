@@ -6,9 +6,9 @@ import json
 
 import pytest
 
+from mgpucli.doctor.examine import CHECKS, DoctorOptions, Report, live_checks, run_checks
 from mgpucli.doctor.observation import Observation
 from mgpucli.doctor.plan import DeviceOptions
-from mgpucli.doctor.report import CHECKS, DoctorOptions, Report, live_checks, run_checks
 from mgpucli.doctor.result import AREAS, CheckResult, fail, ok, overall_status, skipped, verdict, warn
 from mgpucli.errors import UsageError
 

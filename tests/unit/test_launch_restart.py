@@ -126,7 +126,7 @@ class _Seen:
     rank, world_size = 0, 2
 
     def others(self):
-        from mgpucli.dist.watch import Seen
+        from mgpucli.distributed.heartbeat import Seen
 
         return [Seen(0, 30, "backward (gradient all-reduce)", 0.0),
                 Seen(1, 20, "checkpoint: NaN check all-reduce", 1.0)]
@@ -136,7 +136,7 @@ class _Seen:
 def test_a_rank_that_only_lost_its_peer_is_retryable(raw):
     """Its message names where the peer was ('NaN check all-reduce'): that is not a NaN, and a restart may help
     (CI once saw --max-restarts refuse to retry a crash because the survivor's message said 'NaN check')."""
-    from mgpucli.engine.failures import collective_failure
+    from mgpucli.engine.clear_errors import collective_failure
 
     err = collective_failure(RuntimeError(raw), _Seen(), timeout_s=60)
     assert err is not None and "NaN check all-reduce" in str(err)

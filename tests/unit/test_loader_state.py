@@ -10,8 +10,8 @@ from omegaconf import OmegaConf
 from torch.utils.data import DistributedSampler, TensorDataset
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from mgpucli.dist.env import RankEnv
-from mgpucli.dist.runtime import Runtime
+from mgpucli.distributed.env import RankEnv
+from mgpucli.distributed.runtime import Runtime
 from mgpucli.engine.data import build_loaders
 
 DATA = TensorDataset(torch.arange(103, dtype=torch.float32).unsqueeze(1), torch.arange(103))

@@ -1,4 +1,4 @@
-"""Reading a checkpoint's step without torch (``mgpucli.postmortem.checkpoint``), on checkpoints torch really wrote."""
+"""Reading a checkpoint's step without torch (``mgpucli.postmortem.checkpoint_peek``), on checkpoints torch wrote."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import torch
 
 from mgpucli.engine import state as st
 from mgpucli.engine.checkpoint import save_atomic
-from mgpucli.postmortem.checkpoint import read_checkpoint_info
+from mgpucli.postmortem.checkpoint_peek import read_checkpoint_info
 
 
 def real_payload(step: int, epoch: int, mid_epoch: bool = False) -> dict:
@@ -75,7 +75,7 @@ def test_nothing_in_the_file_runs(tmp_path: Path):
 def test_reading_does_not_import_torch(tmp_path: Path):
     path = tmp_path / "last.pt"
     save_atomic(real_payload(step=12, epoch=1), path)
-    code = ("import sys; from mgpucli.postmortem.checkpoint import read_checkpoint_info as r; "
+    code = ("import sys; from mgpucli.postmortem.checkpoint_peek import read_checkpoint_info as r; "
             f"i = r({str(path)!r}); print(i.step, 'torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                          cwd=Path(__file__).resolve().parents[2])

@@ -236,10 +236,10 @@ def preempted_run(root: Path, signal: str | None = "SIGINT", step: int = 40, sig
     run.data["result"]["exit_code"] = 75
     run.write()
     run.log(0, "mgpu train quickstart: 2 process(es) on cpu\nglobal batch 64; 16 steps per epoch; run dir x\n"
-               f"step {step} epoch 2  loss 0.41")
+               f"step {step} epoch 3  loss 0.41")
     for rank in range(2):
         got = signal or ("SIGTERM" if rank == signalled else None)
-        message = f"stopped by {got or 'a signal on another rank'} at step {step} (epoch 2); every rank agreed on " \
+        message = f"stopped by {got or 'a signal on another rank'} at step {step} (epoch 3); every rank agreed on " \
                   "that step and the checkpoint in runs/r/checkpoints is complete."
         files = run.attempts[-1].ranks[rank]
         rec = FailureRecord(rank, rank, 0, 100.0 + rank, "Preempted", message, step + 1 if old_records else step, 75,
@@ -248,7 +248,7 @@ def preempted_run(root: Path, signal: str | None = "SIGINT", step: int = 40, sig
         if rank == 0:
             run.log(0, ("error:  " if old_records else "mgpu train: ") + message)
             run.log(0, "Continue the run with the same command plus --resume auto.")
-    run.metrics({"split": "train", "step": step, "epoch": 2, "loss": 0.41})
+    run.metrics({"split": "train", "step": step, "epoch": 3, "loss": 0.41})
     if checkpoint:
         save_checkpoint(root, step, 2)
     return run
@@ -266,8 +266,8 @@ def test_a_preempted_run_is_not_a_failure(tmp_path: Path, sig: str):
     report = diagnose_run(str(tmp_path))
     assert (report.status, report.exit_code, report.finished, report.preempted) == ("preempted", 75, False, True)
     p = report.preemption
-    assert (p.signal, p.step, p.step_source, p.checkpoint_step, p.epoch) == (sig, 40, "checkpoint", 40, 2)
-    assert f"was preempted by {sig} at step 40 (epoch 2)" in report.verdict
+    assert (p.signal, p.step, p.step_source, p.checkpoint_step, p.epoch) == (sig, 40, "checkpoint", 40, 3)
+    assert f"was preempted by {sig} at step 40 (epoch 3)" in report.verdict
     assert "checkpoints/last.pt holds it, complete" in report.verdict
     assert report.resume_command == "mgpu launch --cpu --nproc 2 r.yaml --resume auto"
     console = Console(file=io.StringIO(), width=200)
@@ -285,7 +285,7 @@ def test_a_preempted_run_in_json_and_postmortem_json(tmp_path: Path):
     assert (data["status"], data["exit_code"], data["finished"], data["first_failure"]) == ("preempted", 75, False,
                                                                                           None)
     assert data["preempted"] == {"signal": "SIGINT", "signalled_rank": None, "step": 40, "step_source": "checkpoint",
-                                 "epoch": 2, "checkpoint_step": 40, "checkpoint_complete": True, "recorded_step": 40}
+                                 "epoch": 3, "checkpoint_step": 40, "checkpoint_complete": True, "recorded_step": 40}
     assert data["resume_command"].endswith("--resume auto") and data["other_failures"] == []
 
 
@@ -293,7 +293,7 @@ def test_a_worker_that_got_the_signal_itself(tmp_path: Path):
     preempted_run(tmp_path, signal=None, signalled=1, step=24)  # `kill -TERM <worker>`: the launcher got nothing
     report = diagnose_run(str(tmp_path))
     assert report.exit_code == 75 and report.preemption.signal == "SIGTERM" and report.preemption.signalled_rank == 1
-    assert "was preempted by SIGTERM (sent to rank 1) at step 24 (epoch 1)" in report.verdict
+    assert "was preempted by SIGTERM (sent to rank 1) at step 24 (epoch 2)" in report.verdict
     assert_no_failure_wording(report, report.verdict)
 
 

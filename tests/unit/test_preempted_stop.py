@@ -88,7 +88,7 @@ def test_after_a_graceful_stop_the_worker_exits_through_signals(monkeypatch, cod
         raise SystemExit(code)
 
     monkeypatch.delenv("TORCHELASTIC_ERROR_FILE", raising=False)
-    monkeypatch.setattr(worker.watch, "install_parent_watch", lambda: None)
+    monkeypatch.setattr(worker.parent_watch, "install_parent_watch", lambda: None)
     monkeypatch.setattr(worker, "_run_cli", run_cli)
     before = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:

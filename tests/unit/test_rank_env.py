@@ -2,7 +2,7 @@
 
 import pytest
 
-from mgpucli.dist.env import RankEnv, read_rank_env
+from mgpucli.distributed.env import RankEnv, read_rank_env
 from mgpucli.errors import UsageError
 
 
@@ -47,7 +47,7 @@ def test_legacy_argument_arrives_before_the_subcommand():
     from typer.testing import CliRunner
 
     from mgpucli.cli.app import app
-    from mgpucli.dist import env as env_mod
+    from mgpucli.distributed import env as env_mod
 
     result = CliRunner().invoke(app, ["--local-rank=1", "train", "--help"])
     assert result.exit_code == 0

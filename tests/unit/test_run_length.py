@@ -11,10 +11,10 @@ from omegaconf import OmegaConf
 
 from mgpucli.config import check_recipe, handoff, load_recipe, run_length
 from mgpucli.config.targets import build
-from mgpucli.dist import runtime
-from mgpucli.dist.env import RankEnv
+from mgpucli.distributed import runtime
+from mgpucli.distributed.env import RankEnv
 from mgpucli.engine.data import build_loaders
-from mgpucli.engine.report import NullReporter
+from mgpucli.engine.reporter import NullReporter
 from mgpucli.engine.trainer import Trainer
 from mgpucli.errors import RecipeError
 from tests.procs import RECIPES

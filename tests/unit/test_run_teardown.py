@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from mgpucli.dist import runtime
-from mgpucli.dist.env import RankEnv
+from mgpucli.distributed import runtime
+from mgpucli.distributed.env import RankEnv
 from mgpucli.engine import run as run_module
 from mgpucli.engine import trainer as trainer_module
 from mgpucli.errors import Preempted

@@ -7,8 +7,8 @@ import torch
 from omegaconf import OmegaConf
 
 from mgpucli.config.schema import TrainerSchema
-from mgpucli.dist.env import RankEnv
-from mgpucli.dist.runtime import Runtime
+from mgpucli.distributed.env import RankEnv
+from mgpucli.distributed.runtime import Runtime
 from mgpucli.engine.strategy import _fsdp_targets, check_combinations, resolve_strategy
 from mgpucli.errors import UsageError
 

@@ -9,11 +9,11 @@ import pytest
 import torch
 
 from mgpucli.config import load_recipe
-from mgpucli.dist import runtime
-from mgpucli.dist.env import RankEnv
+from mgpucli.distributed import runtime
+from mgpucli.distributed.env import RankEnv
 from mgpucli.engine import interval
 from mgpucli.engine import trainer as trainer_module
-from mgpucli.engine.report import NullReporter
+from mgpucli.engine.reporter import NullReporter
 from mgpucli.engine.tasks import Regression
 from mgpucli.errors import JobFailed
 from tests.procs import RECIPES

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from mgpucli.dist.watch import Progress, describe, late_ranks
+from mgpucli.distributed.heartbeat import Progress, describe, late_ranks
 from mgpucli.errors import JobFailed
 
 _TIMEOUT = re.compile(r"Timed out waiting|timed out|Timeout|timeout|pair closure|Socket Timeout", re.I)

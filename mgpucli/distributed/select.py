@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mgpucli.dist.cuda_visible import parse_cuda_visible_devices
+from mgpucli.distributed.cuda_visible import parse_cuda_visible_devices
 from mgpucli.errors import UsageError
 
 

@@ -105,7 +105,7 @@ def validation_dataset(cfg: DictConfig, split: str, source: str):
 def run_validation(checkpoint: str, overrides: list[str], *, recipe: str | None, split: str, trust_recipe: bool,
                    env, prefer_cpu: bool = False) -> dict[str, Any]:
     """Evaluate ``checkpoint`` on this process (one worker of N when RANK/WORLD_SIZE are set)."""
-    from mgpucli.dist import runtime
+    from mgpucli.distributed import runtime
     from mgpucli.engine.data import FixedBatches
     from mgpucli.engine.evaluate import evaluate_exact
     from mgpucli.engine.run import ensure_cwd_on_path

@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 from mgpucli.cpus import threads_per_process
-from mgpucli.dist.env import RankEnv
+from mgpucli.distributed.env import RankEnv
 from mgpucli.errors import UsageError
 
 
