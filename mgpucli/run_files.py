@@ -11,11 +11,11 @@ import os
 from pathlib import Path
 
 from mgpucli.errors import UsageError
+from mgpucli.run_records.launch_record import LAUNCH_JSON
 
 CHECKPOINTS = "checkpoints"
 LAST_FULL = "last.pt"
 LAST_SHARDED = "last.dcp"
-LAUNCH_JSON = "launch.json"
 METRICS = "metrics.jsonl"
 
 

@@ -30,6 +30,27 @@ def no_heavy_imports(tmp_path):
     return {"PYTHONPATH": str(blocker)}
 
 
+@pytest.fixture
+def blocked_imports(tmp_path, no_heavy_imports):
+    """``blocked_imports("mgpucli.launch", ...)``: an environment where importing torch, omegaconf, hydra or any
+    of the given modules (and their submodules) fails loudly, also when the import is inside a function."""
+
+    def env(*modules: str) -> dict[str, str]:
+        site = tmp_path / "blocked_site"
+        site.mkdir(exist_ok=True)
+        (site / "sitecustomize.py").write_text(
+            "import sys\n"
+            f"BLOCKED = {modules!r}\n"
+            "class _Blocker:\n"
+            "    def find_spec(self, name, path=None, target=None):\n"
+            "        if any(name == m or name.startswith(m + '.') for m in BLOCKED):\n"
+            "            raise ImportError(name + ' must not be imported here')\n"
+            "sys.meta_path.insert(0, _Blocker())\n")
+        return {"PYTHONPATH": os.pathsep.join([str(site), no_heavy_imports["PYTHONPATH"]])}
+
+    return env
+
+
 # ---------------------------------------------------------------------------------------------- repo guard
 REPO = Path(__file__).resolve().parents[1]
 # What tests and the tools they run may leave in the checkout: the environment, caches, bytecode, build metadata.

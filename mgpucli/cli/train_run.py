@@ -76,7 +76,7 @@ def _run(recipe, overrides, resume, overwrite, env) -> None:
     from torch.distributed.elastic.multiprocessing.errors import record
 
     from mgpucli.engine.run import run_training
-    from mgpucli.launch.records import mark_started
+    from mgpucli.run_records.worker_records import mark_started
 
     def guarded() -> MgpuError | None:
         try:

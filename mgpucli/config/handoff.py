@@ -1,22 +1,22 @@
 """A launcher's checked recipe, handed to its workers so that they skip composing it again.
 
-``mgpu launch`` composes and checks the recipe once, before it starts anything; each worker then runs
-``mgpu train`` with the same recipe and overrides. Composing it again there (importing and running Hydra's
-compose, the schema merge, the ``_target_`` checks) cost every worker 0.2-0.3 s of time to first step
-(benchmarks/overhead.py). So the launcher writes the resolved recipe to a file and names it in
-``MGPU_CHECKED_RECIPE``; a worker takes it only when its fingerprint (the recipe file's bytes and the overrides)
-matches the worker's own arguments, and composes as usual otherwise (plain ``torchrun ... mgpu train``, a recipe
-edited since, other overrides, an unreadable file).
+``mgpu launch`` composes and checks the recipe once, before it starts anything; each worker then trains the
+same recipe with the same overrides. Composing it again there (Hydra's compose, the schema merge, the
+``_target_`` checks) would add a few tenths of a second to every worker's time to first step. So the launcher
+writes the resolved recipe to a file and names it in ``MGPU_CHECKED_RECIPE``; a worker takes it only when its
+fingerprint (the recipe file's bytes and the overrides) matches the worker's own arguments, and composes as usual
+otherwise (plain ``torchrun ... mgpu train``, a recipe edited since, other overrides, an unreadable file).
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
+
+from mgpucli.run_records.json_files import read_json_object, write_json
 
 ENV = "MGPU_CHECKED_RECIPE"
 
@@ -41,9 +41,7 @@ def write(cfg: DictConfig, recipe: str, overrides: list[str], directory: str | P
     mark = fingerprint(recipe, overrides)
     path = Path(directory) / f"checked-recipe-{mark[:16]}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps({"fingerprint": mark, "recipe": OmegaConf.to_container(cfg)}))
-    os.replace(tmp, path)
+    write_json(str(path), {"fingerprint": mark, "recipe": OmegaConf.to_container(cfg)})
     return path
 
 
@@ -52,10 +50,7 @@ def read(recipe: str, overrides: list[str]) -> DictConfig | None:
     path = os.environ.get(ENV)
     if not path:
         return None
-    try:
-        data = json.loads(Path(path).read_text())
-    except (OSError, ValueError):
-        return None
-    if not isinstance(data, dict) or data.get("fingerprint") != fingerprint(recipe, overrides):
+    data = read_json_object(path)
+    if data is None or data.get("fingerprint") != fingerprint(recipe, overrides):
         return None
     return OmegaConf.create(data["recipe"])

@@ -12,7 +12,6 @@ raise there, ``nan@rank=1`` makes it contribute NaN (wrong values).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -25,6 +24,7 @@ import torch.distributed as dist
 from mgpucli import faults
 from mgpucli.distributed.env import read_rank_env
 from mgpucli.distributed.runtime import Runtime, barrier, setup, teardown
+from mgpucli.run_records.json_files import write_json
 
 ELEMENTS = 4096  # small, exact in float32
 
@@ -38,10 +38,7 @@ class Recorder:
 
     def save(self, **updates: Any) -> None:
         self.data.update(updates)
-        tmp = f"{self.path}.tmp"
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(self.data, f)
-        os.replace(tmp, self.path)
+        write_json(self.path, self.data)
 
 
 def _compare(name: str, got: torch.Tensor, want: torch.Tensor) -> dict[str, Any]:

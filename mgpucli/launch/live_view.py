@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from mgpucli.launch import progress_file
 
 if TYPE_CHECKING:
-    from mgpucli.launch.index import LaunchRecord
+    from mgpucli.run_records.launch_record import LaunchRecord
 
 POLL_S = 0.1
 

@@ -8,7 +8,10 @@ import shlex
 import socket
 import sys
 import threading
+import time
+from typing import Any
 
+from mgpucli import __version__
 from mgpucli.cpus import available_cores
 from mgpucli.errors import EXIT_FAILED, EXIT_USAGE, UsageError
 from mgpucli.launch.plan import LaunchOptions, LaunchPlan, Machine, RecipeFacts, build_plan, worker_overrides
@@ -194,8 +197,8 @@ def launch(opts: LaunchOptions, dry_run: bool = False) -> int:
         return 0
     _make_run_dir(plan.run_dir)
     _hand_over(cfg, opts, plan)
-    from mgpucli.launch.index import LaunchRecord
     from mgpucli.launch.runner import run_plan
+    from mgpucli.run_records.launch_record import LaunchRecord
 
     for line in _banner(plan):
         err_console().print(line, markup=False, highlight=False)
@@ -204,7 +207,7 @@ def launch(opts: LaunchOptions, dry_run: bool = False) -> int:
     later = threading.Timer(_RESUME_GC_AFTER_S, resume_full_gc)
     later.daemon = True
     later.start()
-    record = LaunchRecord(_record_path(plan), plan, opts, final_path=plan.launch_json)
+    record = LaunchRecord(_record_path(plan), record_header(plan, opts), final_path=plan.launch_json)
     code = run_plan(plan, record, live=sys.stderr.isatty())
     if code in (EXIT_FAILED, EXIT_USAGE):  # end the failure summary with the post-mortem (`mgpu doctor RUN_DIR`)
         from mgpucli.postmortem import after_launch_failure
@@ -217,11 +220,39 @@ def launch(opts: LaunchOptions, dry_run: bool = False) -> int:
     return code
 
 
+def record_header(plan: LaunchPlan, opts: LaunchOptions, argv: list[str] | None = None) -> dict[str, Any]:
+    """What ``launch.json`` says about this launch before any worker starts (``argv``: the command line after
+    ``mgpu``, default this process's)."""
+    return {
+        "mgpu_version": __version__,
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "cwd": os.getcwd(),
+        "argv": ["mgpu", *(sys.argv[1:] if argv is None else argv)],
+        "recipe": opts.recipe,
+        "overrides": list(opts.overrides),
+        "run_dir": plan.run_dir,
+        "devices": {
+            "kind": plan.devices.kind,
+            "nproc_per_node": plan.nproc_per_node,
+            "gpu_indices": list(plan.devices.gpu_indices),
+            "cuda_visible_devices": plan.devices.cuda_visible_devices,
+        },
+        "nnodes": plan.nnodes,
+        "node_rank": plan.node_rank,
+        "rendezvous": {"backend": plan.rdzv_backend, "endpoint": plan.rdzv_endpoint, "id": plan.rdzv_id},
+        "max_restarts": opts.max_restarts,
+        "torchrun": plan.command(),
+        "torchrun_args": list(plan.torchrun_args),
+        "set_by_mgpu": dict(plan.env),
+        "log_dir": plan.log_dir,
+    }
+
+
 def _record_path(plan: LaunchPlan) -> str:
     """Where this launch's record goes until its training starts: the run dir's own ``launch.json`` when the run dir
     holds no earlier run; else a folder of its own in the log dir, so that a launch that fails before training never
-    replaces the earlier run's records (:meth:`mgpucli.launch.index.LaunchRecord.promote` moves it once training
-    starts)."""
+    replaces the earlier run's records (:meth:`~mgpucli.run_records.launch_record.LaunchRecord.promote` moves it
+    once training starts)."""
     if not holds_a_run(plan.run_dir):
         return plan.launch_json
     return os.path.join(plan.log_dir, f"launch-{plan.rdzv_id}", os.path.basename(plan.launch_json))

@@ -9,10 +9,11 @@ second, and the launcher draws the bar from it (:mod:`mgpucli.launch.live_view`)
 
 from __future__ import annotations
 
-import json
-import os
+import contextlib
 import time
 from typing import Any
+
+from mgpucli.run_records.json_files import read_json_object, write_json
 
 ENV = "MGPU_PROGRESS_FILE"
 EVERY_S = 0.25  # the most often the file is rewritten
@@ -20,22 +21,12 @@ EVERY_S = 0.25  # the most often the file is rewritten
 
 def write(path: str, state: dict[str, Any]) -> None:
     """Replace the file atomically (a reader never sees half of it); a failure to write is not the run's problem."""
-    tmp = f"{path}.tmp{os.getpid()}"
-    try:
-        with open(tmp, "w") as fh:
-            json.dump(state, fh)
-        os.replace(tmp, path)
-    except OSError:
-        pass
+    with contextlib.suppress(OSError):
+        write_json(path, state)
 
 
 def read(path: str) -> dict[str, Any] | None:
-    try:
-        with open(path) as fh:
-            data = json.load(fh)
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
+    return read_json_object(path)
 
 
 class ProgressFileReporter:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 
-from mgpucli.launch.records import FailureRecord
+from mgpucli.run_records.worker_records import FailureRecord
 
 RESTART_COUNT_ENV = "TORCHELASTIC_RESTART_COUNT"
 RUN_DIR_ENV = "MGPU_RUN_DIR"

@@ -34,15 +34,15 @@ from torch.distributed.launcher.api import elastic_launch
 
 from mgpucli.console import err_console, print_error
 from mgpucli.errors import EXIT_FAILED, EXIT_OK, EXIT_PREEMPTED, EXIT_USAGE
-from mgpucli.launch import failures as fl
 from mgpucli.launch import progress_file
-from mgpucli.launch.index import LaunchRecord, build_attempt
+from mgpucli.launch.failure_summary import summarize
 from mgpucli.launch.live_view import LiveView
 from mgpucli.launch.parent_watch import LAUNCH_PID_ENV
 from mgpucli.launch.plan import LaunchPlan
-from mgpucli.launch.records import RECORD_NAME, read_record
 from mgpucli.launch.restart import stop_reason
 from mgpucli.run_files import METRICS, last_checkpoint
+from mgpucli.run_records.first_failure import all_refused, collect, failure_records, preempted
+from mgpucli.run_records.launch_record import LaunchRecord, build_attempt
 
 _MGPU_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 _TORCH_DEFAULT_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT"
@@ -78,14 +78,7 @@ class IndexingLogsSpecs(DefaultLogsSpecs):
 
     def _records(self, number: int):
         found = self._record.attempt(number) if number >= 0 else None
-        if found is None:
-            return []
-        records = []
-        for files in found.ranks.values():
-            rec = read_record(os.path.join(os.path.dirname(files.error_file), RECORD_NAME))
-            if rec is not None:
-                records.append(rec)
-        return records
+        return failure_records(found) if found is not None else []
 
 
 def _children() -> list[int]:
@@ -158,8 +151,8 @@ def _signals_for_torch(requested: str) -> str:
 
 def _preempted(plan: LaunchPlan, record: LaunchRecord, attempt, signal_name: str | None) -> int:
     """Every worker stopped on a signal after saving a checkpoint: exit EXIT_PREEMPTED, for a scheduler to requeue."""
-    recs = fl.preempted(attempt)
-    step = max((r.step for r in recs if r.step is not None), default=None)
+    records = preempted(attempt)
+    step = max((r.step for r in records if r.step is not None), default=None)
     record.set_result("preempted", EXIT_PREEMPTED, signal=signal_name, step=step)
     where = f" at step {step}" if step is not None else ""
     err_console().print(
@@ -238,27 +231,27 @@ def run_plan(plan: LaunchPlan, record: LaunchRecord, live: bool = False) -> int:
             print_error(str(err))
             return EXIT_FAILED
         attempt = record.attempts[-1]
-        found = fl.collect(attempt, {rank: f.exitcode for rank, f in err.failures.items()})
+        found = collect(attempt, {rank: f.exitcode for rank, f in err.failures.items()})
         first = found[0].rank if found else None
-        code = EXIT_USAGE if fl.all_refused(found) else EXIT_FAILED
+        code = EXIT_USAGE if all_refused(found) else EXIT_FAILED
         record.set_result("failed", code, first_failed_rank=first, attempts=len(record.attempts),
                           exitcodes={str(rank): f.exitcode for rank, f in err.failures.items()})
-        print_error(fl.summarize(found, attempt, total, record.path))
+        print_error(summarize(found, attempt, total, record.path))
         return code
     except RestartRefused as err:
         attempt = record.attempt(err.failed_attempt) or record.attempts[-1]
-        if fl.preempted(attempt):
+        if preempted(attempt):
             return _preempted(plan, record, attempt, None)
-        found = fl.collect(attempt)
+        found = collect(attempt)
         first = found[0].rank if found else None
         record.set_result("failed", EXIT_FAILED, first_failed_rank=first, attempts=len(record.attempts),
                           restart_refused=err.reason)
-        print_error(fl.summarize(found, attempt, total, record.path)
+        print_error(summarize(found, attempt, total, record.path)
                     + f"\n  not restarted: {err.reason}.")
         return EXIT_FAILED
     except SignalException as err:
         sig = int(err.sigval)
-        if record.attempts and fl.preempted(record.attempts[-1]):
+        if record.attempts and preempted(record.attempts[-1]):
             return _preempted(plan, record, record.attempts[-1], signal.Signals(sig).name)
         code = 128 + sig
         record.set_result("stopped", code, signal=signal.Signals(sig).name)

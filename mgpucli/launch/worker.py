@@ -21,7 +21,7 @@ import time
 
 from mgpucli.errors import EXIT_PREEMPTED, Preempted
 from mgpucli.launch import parent_watch, restart
-from mgpucli.launch.records import FailureRecord, failure_step, is_retryable, record_path, write_record
+from mgpucli.run_records.worker_records import FailureRecord, failure_step, is_retryable, record_path, write_record
 
 
 def _exit_code(exc: BaseException) -> int | None:

@@ -4,8 +4,8 @@ Which rank failed *first* matters more than which ranks failed: when one rank di
 (a lost peer, a collective that times out, the launcher's SIGTERM). So every failed rank is explained by
 the matchers, and ranks are ordered: a cause (an OOM, a NaN, an exception in the user's code, a SIGKILL...)
 before an unexplained failure before a rank that timed out waiting before another echo (a lost peer);
-causes keep the launcher's order (``mgpucli.launch.failures.collect``: signal deaths, exceptions, time),
-echoes are ordered by time.
+causes keep the launcher's order (:func:`mgpucli.run_records.first_failure.collect`: signal deaths,
+exceptions, time), echoes are ordered by time.
 """
 
 from __future__ import annotations
@@ -14,15 +14,15 @@ import os
 import re
 
 from mgpucli.errors import EXIT_PREEMPTED
-from mgpucli.launch import failures as fl
-from mgpucli.launch.index import Attempt
-from mgpucli.launch.records import FailureRecord
 from mgpucli.postmortem.checkpoint_peek import read_checkpoint_info
 from mgpucli.postmortem.context import launcher_alive, nodes_disagree, resume_command, running_verdict, tailor
 from mgpucli.postmortem.lines import LogLine
 from mgpucli.postmortem.matchers import Match, explain, signal_fix
 from mgpucli.postmortem.reader import RankRun, RunRecord, rank_runs, read_run, steps_per_epoch
 from mgpucli.postmortem.report import Failure, Preemption, Report, fate, verdict
+from mgpucli.run_records.first_failure import RankFailure, collect
+from mgpucli.run_records.launch_record import Attempt
+from mgpucli.run_records.worker_records import FailureRecord
 
 __all__ = ["Failure", "Preemption", "Report", "diagnose_attempt", "diagnose_run", "fate"]
 
@@ -64,7 +64,7 @@ def _tier(match: Match) -> int:
     return 2 if match.signature == "collective_timeout" else 3
 
 
-def _failed_ranks(runs: dict[int, RankRun], collected: list[fl.RankFailure], hint: int | None,
+def _failed_ranks(runs: dict[int, RankRun], collected: list[RankFailure], hint: int | None,
                   exitcodes_known: bool) -> list[int]:
     """Ranks that failed, in the launcher's order (``hint``: the rank launch.json names first)."""
     order = [f.rank for f in collected]
@@ -80,7 +80,7 @@ def diagnose_attempt(run: RunRecord, attempt: Attempt, hint: int | None = None) 
     runs = rank_runs(run, attempt)
     last = bool(run.attempts) and attempt.attempt == run.attempts[-1].attempt
     codes = {r: c for r, c in run.exitcodes.items() if c != 0} if last and run.exitcodes else None
-    collected = fl.collect(attempt, codes) if codes is not None else fl.collect(attempt)
+    collected = collect(attempt, codes) if codes is not None else collect(attempt)
     ranks = [r for r in _failed_ranks(runs, collected, hint if last else None, codes is not None)
              if not _stopped_gracefully(runs[r])]
     failures = []

@@ -18,12 +18,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mgpucli.errors import UsageError
-from mgpucli.launch.index import Attempt, RankFiles
-from mgpucli.launch.records import RECORD_NAME, FailureRecord, read_error_file, read_record
 from mgpucli.postmortem.checkpoint_peek import SHARDED_META
 from mgpucli.postmortem.lines import LogLine, parse, read_log
+from mgpucli.run_records.first_failure import failure_record_of
+from mgpucli.run_records.json_files import read_json_object
+from mgpucli.run_records.launch_record import LAUNCH_JSON, Attempt, RankFiles
+from mgpucli.run_records.worker_records import FailureRecord, read_error_file, record_path
 
-LAUNCH_JSON = "launch.json"
 _SPE = re.compile(r"\b(\d+) steps per epoch\b")
 
 
@@ -98,7 +99,7 @@ def read_run(path: str) -> RunRecord:
             "Give the directory `mgpu launch` trained into (its recipe's run_dir, e.g. runs/quickstart). Runs "
             "started with `mgpu train` or torchrun directly leave no launch record to read.",
         )
-    records = [_load_json(p) for p in paths]
+    records = [read_json_object(p) for p in paths]
     if records[0] is None:
         raise UsageError(f"{paths[0]} cannot be read as JSON (truncated or not written by mgpu launch).",
                          "Give the run directory of a `mgpu launch` run.")
@@ -126,15 +127,6 @@ def _last_checkpoint(ckpts: str) -> str | None:
     return sharded if os.path.isfile(os.path.join(sharded, SHARDED_META)) else None
 
 
-def _load_json(path: str) -> dict[str, Any] | None:
-    try:
-        with open(path) as fh:
-            data = json.load(fh)
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
 def _relocate(path: str, run_dir: str, recorded_root: str) -> str:
     """``path`` as recorded, or the same file under the run dir given (a run dir that was moved or copied)."""
     if not path or os.path.exists(path):
@@ -153,12 +145,13 @@ def _merge_attempts(records: list[dict[str, Any]], run_dir: str, recorded_root: 
     for rec in records:
         for item in rec.get("attempts") or []:
             number = int(item.get("attempt", 0))
-            att = merged.setdefault(number, Attempt(number, _relocate(item.get("dir", ""), run_dir, recorded_root)))
+            attempt = merged.setdefault(number, Attempt(number, _relocate(item.get("dir", ""), run_dir,
+                                                                          recorded_root)))
             for key, files in (item.get("ranks") or {}).items():
                 fix = {k: _relocate(files.get(k, ""), run_dir, recorded_root)
                        for k in ("stdout", "stderr", "error_file")}
                 rank = int(files.get("rank", key))
-                att.ranks[rank] = RankFiles(rank, int(files.get("local_rank", rank)), **fix)
+                attempt.ranks[rank] = RankFiles(rank, int(files.get("local_rank", rank)), **fix)
     return [merged[n] for n in sorted(merged)]
 
 
@@ -167,14 +160,13 @@ def rank_runs(run: RunRecord, attempt: Attempt) -> dict[int, RankRun]:
     last = bool(run.attempts) and attempt.attempt == run.attempts[-1].attempt
     out = {}
     for rank, files in sorted(attempt.ranks.items()):
-        record = read_record(os.path.join(os.path.dirname(files.error_file), RECORD_NAME)) if files.error_file \
-            else None
+        record = failure_record_of(files)
         message, trace, stamp = read_error_file(files.error_file)
         lines = read_log(files.stderr, rank) + read_log(files.stdout, rank)
         lines += _unless_logged(lines, message, trace, rank, files.error_file)
         if record is not None:
             lines += _unless_logged(lines, f"{record.type}: {record.message}", None, rank,
-                                    os.path.join(os.path.dirname(files.error_file), RECORD_NAME), record.message)
+                                    record_path(files.error_file), record.message)
         code = run.exitcodes.get(rank) if last else None
         if code is not None and code < 0:
             lines.append(LogLine(rank, f"exit code {code} ({_signal_name(code)}), as recorded by the launcher",

@@ -2,34 +2,26 @@
 
 from __future__ import annotations
 
-import json
 import os
 from typing import TYPE_CHECKING, Any
 
 from mgpucli.postmortem.report import Failure, Report, fate, short_path
+from mgpucli.run_records.json_files import write_json
+from mgpucli.run_records.launch_record import POSTMORTEM_JSON
 
 if TYPE_CHECKING:
     from rich.console import Console
 
-REPORT_NAME = "postmortem.json"
 MAX_EVIDENCE = 5
 MAX_TEXT = 200
 
 
 def write_report(report: Report) -> str | None:
     """Write ``postmortem.json`` into the run dir atomically; None when the run dir is read-only."""
-    path = os.path.join(report.run_dir, REPORT_NAME)
-    tmp = f"{path}.tmp{os.getpid()}"
+    path = os.path.join(report.run_dir, POSTMORTEM_JSON)
     try:
-        with open(tmp, "w") as fh:
-            json.dump(report.to_json(), fh, indent=2)
-            fh.write("\n")
-        os.replace(tmp, path)
+        write_json(path, report.to_json(), indent=2)
     except OSError:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
         return None
     return path
 

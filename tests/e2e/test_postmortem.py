@@ -185,3 +185,33 @@ def test_a_finished_run_and_a_path_that_is_not_a_run_dir(tmp_path: Path, env: di
     assert code == 2 and report is None and "not a run directory" in err and "Traceback" not in err
     machine = mgpu("doctor", str(run_dir), "--quick", cwd=REPO, env=env, timeout=60)  # machine-check options
     assert machine.returncode == 2 and "--quick" in machine.stderr
+
+
+def test_the_post_mortem_needs_neither_the_launcher_nor_torch(tmp_path: Path, blocked_imports):
+    """A run dir as `mgpu launch` leaves it after rank 1 raised, read with mgpucli.launch and torch unimportable."""
+    from mgpucli.run_records.json_files import write_json
+    from mgpucli.run_records.launch_record import build_attempt
+    from mgpucli.run_records.worker_records import FailureRecord, record_path, write_record
+
+    run_dir = tmp_path / "run"
+    files = {}
+    for local_rank in (0, 1):
+        folder = run_dir / "logs" / "job_x" / "attempt_0" / str(local_rank)
+        folder.mkdir(parents=True)
+        files[local_rank] = {name: str(folder / name) for name in ("stdout.log", "stderr.log", "error.json")}
+        Path(files[local_rank]["stdout.log"]).write_text("")
+    Path(files[0]["stderr.log"]).write_text("RuntimeError: Connection closed by peer [127.0.0.1]:1234\n")
+    Path(files[1]["stderr.log"]).write_text(
+        'Traceback (most recent call last):\n  File "train.py", line 3, in <module>\n    boom()\n'
+        "ValueError: bad batch at step 5\n")
+    write_record(record_path(files[1]["error.json"]), FailureRecord(1, 1, 0, 100.0, "ValueError", "bad batch", 5, 1))
+    by_rank = {name: {r: f[name] for r, f in files.items()} for name in ("stdout.log", "stderr.log", "error.json")}
+    attempt = build_attempt(0, {r: {"RANK": str(r)} for r in files}, *by_rank.values())
+    write_json(str(run_dir / "launch.json"), {
+        "argv": ["mgpu", "launch", "--cpu", "--nproc", "2", "r.yaml"], "run_dir": str(run_dir), "nnodes": 1,
+        "devices": {"kind": "cpu", "nproc_per_node": 2}, "attempts": [attempt.to_json()],
+        "result": {"status": "failed", "exit_code": 1, "first_failed_rank": 1, "exitcodes": {"0": 1, "1": 1}}})
+    code, report, err = doctor(run_dir, {**os.environ, **blocked_imports("mgpucli.launch", "mgpucli.engine")})
+    assert code == 1 and "must not be imported" not in err, err
+    first = report["first_failure"]
+    assert (first["rank"], first["step"], first["signature"]) == (1, 5, "python_exception"), first

@@ -10,11 +10,13 @@ from pathlib import Path
 import pytest
 
 from mgpucli.errors import UsageError
-from mgpucli.launch import failures as fl
-from mgpucli.launch.index import LaunchRecord, build_attempt, filter_env
+from mgpucli.launch.failure_summary import summarize
+from mgpucli.launch.main import record_header
 from mgpucli.launch.plan import LaunchOptions, Machine, RecipeFacts, build_plan
 from mgpucli.launch.ports import port_is_free, port_problem, require_free_port
-from mgpucli.launch.records import FailureRecord, record_path, write_record
+from mgpucli.run_records.first_failure import collect, preempted
+from mgpucli.run_records.launch_record import LaunchRecord, build_attempt, filter_env
+from mgpucli.run_records.worker_records import FailureRecord, record_path, write_record
 
 TRACE = (
     "Traceback (most recent call last):\n"
@@ -53,9 +55,9 @@ def test_sigkilled_rank_is_named_before_its_peers_echo(tmp_path: Path):
     attempt = make_attempt(tmp_path)
     # rank 0 noticed first in wall-clock terms, with a gloo error caused by rank 1's death
     torch_error_file(attempt.ranks[0].error_file, "RuntimeError: [gloo] Connection closed by peer", "tb", 100)
-    found = fl.collect(attempt, {0: 1, 1: -signal.SIGKILL})
+    found = collect(attempt, {0: 1, 1: -signal.SIGKILL})
     assert [f.rank for f in found] == [1, 0]
-    text = fl.summarize(found, attempt, 1, "runs/q/launch.json")
+    text = summarize(found, attempt, 1, "runs/q/launch.json")
     assert text.startswith("rank 1 failed first (killed by SIGKILL) in attempt 1 of 1.")
     assert "also stopped: rank 0 (exit code 1)" in text
 
@@ -67,9 +69,9 @@ def test_exception_first_then_agent_teardown(tmp_path: Path):
     Path(attempt.ranks[1].stderr).write_text(
         "[rank1]:loading data\n[rank1]:about to fail\n" + "".join(f"[rank1]:{line}\n" for line in TRACE.splitlines())
     )
-    found = fl.collect(attempt, {0: -signal.SIGTERM, 1: 1})
+    found = collect(attempt, {0: -signal.SIGTERM, 1: 1})
     assert [f.rank for f in found] == [1, 0]
-    text = fl.summarize(found, attempt, 2, "launch.json")
+    text = summarize(found, attempt, 2, "launch.json")
     assert "rank 1 failed first (exit code 1) in attempt 1 of 2." in text
     assert "RuntimeError: injected fault: crash at step 30 on rank 1" in text
     assert 'File "/x/trainer.py", line 240' in text and "^^^^" not in text
@@ -84,21 +86,21 @@ def test_earliest_of_two_genuine_errors_wins(tmp_path: Path):
         error_file = attempt.ranks[rank].error_file
         Path(error_file).write_text("{}")
         write_record(record_path(error_file), FailureRecord(rank, rank, 0, t, "ValueError", f"bad {rank}", 3, 1))
-    assert [f.rank for f in fl.collect(attempt, {0: 1, 1: 1})] == [1, 0]
+    assert [f.rank for f in collect(attempt, {0: 1, 1: 1})] == [1, 0]
 
 
 def test_without_exit_codes_only_ranks_that_left_an_error_count(tmp_path: Path):
     attempt = make_attempt(tmp_path)
     write_record(record_path(attempt.ranks[1].error_file),
                  FailureRecord(1, 1, 0, 1.0, "RuntimeError", "boom", 30, 1))
-    found = fl.collect(attempt)
+    found = collect(attempt)
     assert [f.rank for f in found] == [1]
     assert found[0].message == "RuntimeError: boom"
 
 
 def test_summary_when_nothing_was_recorded(tmp_path: Path):
     attempt = make_attempt(tmp_path)
-    assert "no rank left an error" in fl.summarize([], attempt, 1, "launch.json")
+    assert "no rank left an error" in summarize([], attempt, 1, "launch.json")
 
 
 def test_filter_env_keeps_what_matters_and_never_secrets():
@@ -114,7 +116,7 @@ def test_launch_record_is_written_whole(tmp_path: Path):
     facts = RecipeFacts(run_dir=str(tmp_path / "run"))
     opts = LaunchOptions(recipe="r.yaml", cpu=True, nproc=2)
     plan = build_plan(opts, facts, Machine(0, 4, "box", {}), port_check=lambda p: None)
-    record = LaunchRecord(plan.launch_json, plan, opts, argv=["launch", "--cpu"])
+    record = LaunchRecord(plan.launch_json, record_header(plan, opts, argv=["launch", "--cpu"]))
     record.set_env({"OMP_NUM_THREADS": "2", "HOME": "/root"}, plan.env)
     record.add_attempt(make_attempt(tmp_path))
     record.set_result("succeeded", 0)
@@ -140,11 +142,11 @@ def test_port_check_sees_a_listener():
 
 def test_preempted_only_when_every_recorded_rank_stopped_with_a_checkpoint(tmp_path: Path):
     attempt = make_attempt(tmp_path)
-    assert fl.preempted(attempt) == []
+    assert preempted(attempt) == []
     for rank in (0, 1):
         write_record(record_path(attempt.ranks[rank].error_file),
                      FailureRecord(rank, rank, 0, 1.0, "Preempted", "stopped by SIGTERM at step 80", 80, 75, False))
-    assert [r.rank for r in fl.preempted(attempt)] == [0, 1]
+    assert [r.rank for r in preempted(attempt)] == [0, 1]
     write_record(record_path(attempt.ranks[1].error_file),
                  FailureRecord(1, 1, 0, 1.0, "RuntimeError", "boom", 80, 1))
-    assert fl.preempted(attempt) == []
+    assert preempted(attempt) == []

@@ -7,7 +7,6 @@ from pathlib import Path
 import pytest
 
 from mgpucli.errors import JobFailed, UsageError
-from mgpucli.launch.records import FailureRecord, failure_step, is_retryable, read_record, record_path, write_record
 from mgpucli.launch.restart import (
     LAST_CHECKPOINT,
     overwrite_for_restart,
@@ -15,6 +14,14 @@ from mgpucli.launch.restart import (
     restart_worker_argv,
     resume_arg_for_restart,
     stop_reason,
+)
+from mgpucli.run_records.worker_records import (
+    FailureRecord,
+    failure_step,
+    is_retryable,
+    read_record,
+    record_path,
+    write_record,
 )
 
 FIRST = {"TORCHELASTIC_RESTART_COUNT": "0"}

@@ -11,16 +11,17 @@ from torch.distributed.elastic.multiprocessing import SignalException
 from torch.distributed.elastic.multiprocessing.api import Std
 
 from mgpucli.launch import runner
-from mgpucli.launch.index import LaunchRecord
+from mgpucli.launch.main import record_header
 from mgpucli.launch.plan import LaunchOptions, Machine, RecipeFacts, build_plan
-from mgpucli.launch.records import FailureRecord, record_path, write_record
+from mgpucli.run_records.launch_record import LaunchRecord
+from mgpucli.run_records.worker_records import FailureRecord, record_path, write_record
 
 
 def make_record(tmp_path: Path) -> LaunchRecord:
     opts = LaunchOptions(recipe="r.yaml", cpu=True, nproc=2, max_restarts=3)
     plan = build_plan(opts, RecipeFacts(run_dir=str(tmp_path / "run")), Machine(0, 4, "box", {}),
                       port_check=lambda p: None)
-    return LaunchRecord(plan.launch_json, plan, opts, argv=["launch"])
+    return LaunchRecord(plan.launch_json, record_header(plan, opts, argv=["launch"]))
 
 
 def envs(attempt: int) -> dict[int, dict[str, str]]:

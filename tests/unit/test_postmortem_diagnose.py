@@ -11,9 +11,9 @@ import pytest
 from rich.console import Console
 
 from mgpucli.errors import UsageError
-from mgpucli.launch.index import build_attempt
-from mgpucli.launch.records import FailureRecord, record_path, write_record
 from mgpucli.postmortem import diagnose_run, render, write_report
+from mgpucli.run_records.launch_record import build_attempt
+from mgpucli.run_records.worker_records import FailureRecord, record_path, write_record
 
 FIXTURES = Path(__file__).parent / "fixtures" / "postmortem"
 CRASH_TRACE = (

@@ -12,7 +12,7 @@ from mgpucli.cli import train_run
 from mgpucli.engine import run as run_module
 from mgpucli.errors import EXIT_PREEMPTED, Preempted
 from mgpucli.launch import worker
-from mgpucli.launch.records import failure_step, read_record, record_path
+from mgpucli.run_records.worker_records import failure_step, read_record, record_path
 
 MESSAGE = ("stopped by SIGTERM at step 40 (epoch 2); every rank agreed on that step and the checkpoint in "
            "runs/q/checkpoints is complete.")

@@ -1,29 +1,30 @@
-"""``RUN_DIR/launch.json``: what was run, and where every rank's logs are (pure: stdlib only).
+"""``RUN_DIR/launch.json``: what was run, and where every rank's logs are.
 
-It records the exact equivalent ``torchrun`` command, the environment variables that matter for a
-distributed job (never the whole environment, which may hold secrets), and, for every restart attempt,
-an index from global rank to the stdout/stderr/error files torch's own ``--log-dir`` layout produced
-(``LOG_DIR/<run-id>_<random>/attempt_<n>/<local-rank>/{stdout,stderr}.log, error.json``). It is rewritten
-atomically at the start, at every attempt, and at the end, so it is useful even after a SIGKILL.
+``mgpu launch`` writes it: the launch's own description (command line, run dir, devices, rendezvous, the
+equivalent ``torchrun`` command: the launcher fills that in), the environment variables that matter for a
+distributed job (never the whole environment, which may hold secrets), and, for every restart attempt, an index
+from global rank to the stdout/stderr/error files of torch's own ``--log-dir`` layout
+(``LOG_DIR/<run-id>_<random>/attempt_<n>/<local-rank>/{stdout,stderr}.log, error.json``), then the result. It is
+rewritten atomically at the start, at every attempt and at the end, so it is useful even after a SIGKILL.
+``mgpu doctor RUN_DIR`` reads it back (node K of a multi-node job writes ``launch.nodeK.json``).
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import re
-import sys
 import threading
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from mgpucli import __version__
-from mgpucli.launch.records import started
+from mgpucli.run_records.json_files import write_json
+from mgpucli.run_records.worker_records import started
 
-POSTMORTEM_JSON = "postmortem.json"  # written beside launch.json by mgpucli.postmortem.render
+LAUNCH_JSON = "launch.json"
+POSTMORTEM_JSON = "postmortem.json"  # the post-mortem's report, beside launch.json (mgpucli.postmortem.render)
 
 ENV_PREFIXES = ("CUDA_", "NCCL_", "TORCH_", "TORCHELASTIC_", "OMP_", "MASTER_", "SLURM_", "GLOO_", "MGPU_")
 # Even under a kept prefix, a name like these is a secret (e.g. a token for a model hub): never written.
@@ -83,42 +84,18 @@ class LaunchRecord:
     """The content of ``launch.json``, kept in memory and written atomically (from the launcher's main thread and
     its watcher: a lock keeps the writes whole).
 
-    ``path`` is where it is written now; ``final_path`` the run dir's ``launch.json``. The two differ while an
-    earlier run's records are in the run dir and this launch's training has not started: :meth:`promote` moves
-    the record there once it has (and drops the earlier run's ``postmortem.json``, which no longer describes it).
+    ``header`` is the launch's own description, written first as given. ``path`` is where the record is written
+    now; ``final_path`` the run dir's ``launch.json``. The two differ while an earlier run's records are in the
+    run dir and this launch's training has not started: :meth:`promote` moves the record there once it has (and
+    drops the earlier run's ``postmortem.json``, which no longer describes it).
     """
 
-    def __init__(self, path: str, plan: Any, opts: Any, argv: list[str] | None = None, final_path: str | None = None):
+    def __init__(self, path: str, header: Mapping[str, Any], final_path: str | None = None):
         self.path = path
         self.final_path = final_path or path
         self._lock = threading.Lock()
         self.attempts: list[Attempt] = []
-        self.data: dict[str, Any] = {
-            "mgpu_version": __version__,
-            "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "cwd": os.getcwd(),
-            "argv": ["mgpu", *(sys.argv[1:] if argv is None else argv)],
-            "recipe": opts.recipe,
-            "overrides": list(opts.overrides),
-            "run_dir": plan.run_dir,
-            "devices": {
-                "kind": plan.devices.kind,
-                "nproc_per_node": plan.nproc_per_node,
-                "gpu_indices": list(plan.devices.gpu_indices),
-                "cuda_visible_devices": plan.devices.cuda_visible_devices,
-            },
-            "nnodes": plan.nnodes,
-            "node_rank": plan.node_rank,
-            "rendezvous": {"backend": plan.rdzv_backend, "endpoint": plan.rdzv_endpoint, "id": plan.rdzv_id},
-            "max_restarts": opts.max_restarts,
-            "torchrun": plan.command(),
-            "torchrun_args": list(plan.torchrun_args),
-            "set_by_mgpu": dict(plan.env),
-            "env": {},
-            "log_dir": plan.log_dir,
-            "attempts": [],
-            "result": {"status": "running"},
-        }
+        self.data: dict[str, Any] = {**header, "env": {}, "attempts": [], "result": {"status": "running"}}
 
     def set_env(self, environ: Mapping[str, str], extra: Iterable[str] = ()) -> None:
         self.data["env"] = filter_env(environ, extra)
@@ -139,7 +116,7 @@ class LaunchRecord:
         return self.path == self.final_path
 
     def training_started(self) -> bool:
-        """Whether a worker of the latest attempt marked its training as started (:func:`records.started`)."""
+        """Whether a worker of the latest attempt marked its training as started (:func:`worker_records.started`)."""
         latest = self.attempts[-1] if self.attempts else None
         return latest is not None and any(started(f.error_file) for f in latest.ranks.values())
 
@@ -162,10 +139,5 @@ class LaunchRecord:
             self._write()
 
     def _write(self) -> None:
-        directory = os.path.dirname(self.path) or "."
-        os.makedirs(directory, exist_ok=True)
-        tmp = f"{self.path}.tmp{os.getpid()}"
-        with open(tmp, "w") as fh:
-            json.dump(self.data, fh, indent=2)
-            fh.write("\n")
-        os.replace(tmp, self.path)
+        os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
+        write_json(self.path, self.data, indent=2)

@@ -1,24 +1,26 @@
-"""A worker's own record of how it failed, kept next to torch's ``error.json`` (pure: stdlib only).
+"""What a worker leaves beside torch's ``error.json``: how it failed, and that its training started.
 
-torch's ``@record`` error file holds the exception's message and traceback but not the training step, and
-only for exceptions (not for a clean ``sys.exit(1)`` after an mgpu error). mgpu's worker entry writes
-``mgpu_failure.json`` beside it with what the launcher needs to decide about a restart: exception type,
-message, the step it happened at, whether retrying can help, and a precise time. The launcher reads these
-files; it never captures output itself.
+torch's ``@record`` error file holds the exception's message and traceback but not the training step, and only for
+exceptions (not for a clean ``sys.exit(1)`` after an mgpu error). mgpu's worker entry writes ``mgpu_failure.json``
+beside it with what the launcher needs to decide about a restart: exception type, message, the step it happened
+at, whether retrying can help, and a precise time. A worker also leaves ``mgpu_started`` there once its training
+started. The launcher and the post-mortem read these files; neither captures output itself.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 
 from mgpucli.errors import EXIT_PREEMPTED, EXIT_USAGE, Preempted
+from mgpucli.run_records.json_files import read_json_object, write_json
 
 RECORD_NAME = "mgpu_failure.json"
 STARTED_NAME = "mgpu_started"  # a worker's mark that its training started (set-up done, run dir taken)
+ERROR_FILE_ENV = "TORCHELASTIC_ERROR_FILE"  # where torch's agent wants this worker's error file
 
 # A non-finite loss comes back on every retry from the same checkpoint: retrying only burns restarts.
 _NAN = re.compile(r"\b(nan|non-finite|not finite)\b", re.IGNORECASE)
@@ -78,11 +80,11 @@ def record_path(error_file: str) -> str:
     return os.path.join(os.path.dirname(error_file), RECORD_NAME)
 
 
-def mark_started(environ: dict[str, str] | None = None) -> None:
+def mark_started(environ: Mapping[str, str] | None = None) -> None:
     """Under torchrun, leave ``mgpu_started`` beside this worker's error file: its training started. The launcher
     makes this launch the run dir's record of the run only then, so a launch that fails before training never
-    replaces an earlier run's ``launch.json`` (see :mod:`mgpucli.launch.main`)."""
-    error_file = (os.environ if environ is None else environ).get("TORCHELASTIC_ERROR_FILE")
+    replaces an earlier run's ``launch.json`` (see :meth:`mgpucli.run_records.launch_record.LaunchRecord.promote`)."""
+    error_file = (os.environ if environ is None else environ).get(ERROR_FILE_ENV)
     if not error_file:
         return
     try:
@@ -99,40 +101,30 @@ def started(error_file: str) -> bool:
 
 
 def write_record(path: str, record: FailureRecord) -> None:
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as fh:
-        json.dump(asdict(record), fh)
-    os.replace(tmp, path)
+    write_json(path, asdict(record))
 
 
 def read_record(path: str) -> FailureRecord | None:
     """The record at ``path``, or None when there is none (or it cannot be read: a killed writer)."""
+    data = read_json_object(path)
     try:
-        with open(path) as fh:
-            data = json.load(fh)
-        return FailureRecord(**data)
-    except (OSError, ValueError, TypeError):
+        return FailureRecord(**data) if data is not None else None
+    except TypeError:
         return None
 
 
 def read_error_file(path: str | None) -> tuple[str | None, str | None, float | None]:
     """(message, traceback, timestamp) from torch's ``@record`` error file, Nones where absent."""
-    if not path:
+    data = read_json_object(path) if path else None
+    message = data.get("message") if data is not None else None
+    if isinstance(message, str):
+        return message, None, None
+    if not isinstance(message, dict):
         return None, None, None
-    try:
-        with open(path) as fh:
-            data = json.load(fh)
-    except (OSError, ValueError):
-        return None, None, None
-    msg = data.get("message") if isinstance(data, dict) else None
-    if isinstance(msg, str):
-        return msg, None, None
-    if not isinstance(msg, dict):
-        return None, None, None
-    extra = msg.get("extraInfo") or {}
+    extra = message.get("extraInfo") or {}
     stamp = extra.get("timestamp")
     try:
-        stamp_f = float(stamp) if stamp is not None else None
+        stamp_seconds = float(stamp) if stamp is not None else None
     except ValueError:
-        stamp_f = None
-    return msg.get("message"), extra.get("py_callstack"), stamp_f
+        stamp_seconds = None
+    return message.get("message"), extra.get("py_callstack"), stamp_seconds

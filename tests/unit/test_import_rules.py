@@ -1,0 +1,45 @@
+"""The layers' import rules, read from the source (every import, also those inside functions)."""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[2] / "mgpucli"
+
+
+def imports_of(path: Path) -> set[str]:
+    """Every module ``path`` imports, absolute names (mgpucli uses no relative imports)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            found.add(node.module)
+            found |= {f"{node.module}.{alias.name}" for alias in node.names}
+    return found
+
+
+def sources(*packages: str) -> list[Path]:
+    return sorted(p for name in packages for p in (PACKAGE / name).rglob("*.py"))
+
+
+def offenders(files: list[Path], forbidden: str) -> dict[str, list[str]]:
+    out = {}
+    for path in files:
+        bad = sorted(m for m in imports_of(path) if m == forbidden or m.startswith(forbidden + "."))
+        if bad:
+            out[str(path.relative_to(PACKAGE.parent))] = bad
+    return out
+
+
+def test_the_post_mortem_reads_run_records_and_never_imports_the_launcher():
+    assert offenders(sources("postmortem"), "mgpucli.launch") == {}
+
+
+def test_run_records_need_only_the_standard_library_and_mgpus_errors():
+    allowed = ("mgpucli.errors", "mgpucli.run_records")
+    for path in sources("run_records"):
+        for name in imports_of(path):
+            assert name.split(".")[0] in sys.stdlib_module_names or name.startswith(allowed), (path.name, name)
