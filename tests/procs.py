@@ -1,4 +1,5 @@
-"""Helpers for tests that start processes: bounded in time, in their own session, and never left behind."""
+"""Helpers for tests that start processes: bounded in time, in their own session, and never left behind (through
+:mod:`mgpucli.proctree`, as mgpu's own commands do)."""
 
 from __future__ import annotations
 
@@ -7,9 +8,10 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from mgpucli import proctree
 
 REPO = Path(__file__).resolve().parents[1]
 RECIPES = REPO / "recipes"
@@ -103,32 +105,16 @@ def kill_group(pgid: int) -> None:
 def stop_tree(proc: subprocess.Popen, grace: float = 5.0) -> None:
     """SIGTERM (torchrun then stops its workers itself), then SIGKILL the whole tree: the workers of torch's
     launcher live in sessions of their own, so killing the launcher's group alone would orphan them."""
-    from mgpucli.proctree import kill_tree
-
-    if proc.poll() is None:
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(timeout=grace)
-        except (ProcessLookupError, PermissionError, subprocess.TimeoutExpired):
-            pass
-    kill_tree(proc)
+    proctree.kill_tree(proc, grace=grace)
 
 
 def run(args: list[str], *, cwd: Path, env: dict[str, str] | None = None, timeout: float = 120) -> Result:
-    """Run a command in a new session; on timeout or any exit, kill its whole process group."""
-    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
-    start = time.monotonic()
-    proc = subprocess.Popen(args, cwd=cwd, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            stdin=subprocess.DEVNULL, text=True, start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        stop_tree(proc)
-        out, err = proc.communicate()
-        raise AssertionError(f"timed out after {timeout}s: {' '.join(args)}\n{out}\n{err}") from None
-    finally:
-        stop_tree(proc)
-    return Result(proc.returncode, out, err, proc.pid, time.monotonic() - start)
+    """Run a command in a new session; whatever happens, nothing it started is left afterwards."""
+    done = proctree.run_bounded(args, timeout, env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}, cwd=cwd)
+    if done.timed_out:
+        raise AssertionError(f"timed out after {timeout}s: {' '.join(args)}\n{done.stdout}\n{done.stderr}")
+    assert done.returncode is not None
+    return Result(done.returncode, done.stdout, done.stderr, done.pid, done.seconds)
 
 
 def mgpu(*args: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = 120) -> Result:

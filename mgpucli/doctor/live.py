@@ -1,8 +1,9 @@
 """The live test: start the planned processes through torch's launcher, read back what each rank saw.
 
 ``python -m torch.distributed.run --standalone`` is the engine ``mgpu launch`` uses (elastic agent, c10d
-rendezvous on a free port); the doctor runs it as a bounded child (see ``bounded``), so a hung collective ends
-as a failed check after ``--timeout`` seconds, with every process killed. ``live_summary`` reads the outcome.
+rendezvous on a free port); the doctor runs it as a bounded child (:func:`mgpucli.proctree.run_bounded`), so a
+hung collective ends as a failed check after ``--timeout`` seconds, with every process killed. ``live_summary``
+reads the outcome.
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from mgpucli.doctor.bounded import run_bounded
 from mgpucli.doctor.observation import Plan
+from mgpucli.proctree import run_bounded
 
 CPU_SIZES, CPU_ITERS = (64 * 2**10, 2**20, 8 * 2**20), 5
 GPU_SIZES, GPU_ITERS = (2**20, 32 * 2**20, 256 * 2**20), 10

@@ -1,7 +1,7 @@
 """Ask torch what it can reach, in a child process (``python -m mgpucli.doctor.probe_torch`` prints JSON).
 
 Why a child: importing torch and initialising CUDA can hang on a broken driver, and a hung call in the
-doctor's own process could not be interrupted. The child runs under ``bounded.run_bounded``.
+doctor's own process could not be interrupted. The child runs under :func:`mgpucli.proctree.run_bounded`.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import warnings
 from collections.abc import Mapping
 from typing import Any
 
-from mgpucli.doctor.bounded import run_bounded
 from mgpucli.doctor.observation import ProbeError, TorchDevice, TorchInfo
+from mgpucli.proctree import run_bounded
 
 
 def _uuid(props: Any) -> str:

@@ -11,8 +11,8 @@ import shutil
 import time
 from collections.abc import Mapping
 
-from mgpucli.doctor.bounded import run_bounded
 from mgpucli.doctor.observation import ProbeError, SmiGpu, SmiInfo
+from mgpucli.proctree import run_bounded
 
 QUERY_FIELDS = "index,name,uuid,pci.bus_id,memory.total,memory.used,utilization.gpu,compute_mode,driver_version"
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")

@@ -24,7 +24,6 @@ import os
 import signal
 import threading
 import time
-from pathlib import Path
 
 from torch.distributed import run as torchrun
 from torch.distributed.elastic.multiprocessing import SignalException
@@ -40,6 +39,7 @@ from mgpucli.launch.live_view import LiveView
 from mgpucli.launch.parent_watch import LAUNCH_PID_ENV
 from mgpucli.launch.plan import LaunchPlan
 from mgpucli.launch.restart import stop_reason
+from mgpucli.proctree import kill_children
 from mgpucli.run_files import METRICS, last_checkpoint
 from mgpucli.run_records.first_failure import all_refused, collect, failure_records, preempted
 from mgpucli.run_records.launch_record import LaunchRecord, build_attempt
@@ -81,36 +81,6 @@ class IndexingLogsSpecs(DefaultLogsSpecs):
         return failure_records(found) if found is not None else []
 
 
-def _children() -> list[int]:
-    """Live child processes of this process (the workers: torch starts them from here)."""
-    me, kids = os.getpid(), []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[1]) == me and fields[0] != "Z":
-            kids.append(int(entry.name))
-    return kids
-
-
-def kill_workers() -> list[int]:
-    """SIGKILL every worker and its process group (torch gives each worker a session of its own)."""
-    killed = []
-    for pid in _children():
-        try:
-            if os.getpgid(pid) == pid:
-                os.killpg(pid, signal.SIGKILL)
-            else:
-                os.kill(pid, signal.SIGKILL)
-            killed.append(pid)
-        except (ProcessLookupError, PermissionError):
-            pass
-    return killed
-
-
 class _Signals:
     """First SIGINT/SIGTERM: torch's graceful path. Second: kill the workers now."""
 
@@ -131,7 +101,7 @@ class _Signals:
         self.received.append(signum)
         name = signal.Signals(signum).name
         if not self.active:
-            kill_workers()
+            kill_children()
             return
         if len(self.received) == 1:
             err_console().print(
@@ -139,7 +109,7 @@ class _Signals:
                 "kill them at once).[/]"
             )
             raise SignalException(f"Process {os.getpid()} got signal: {signum}", sigval=signal.Signals(signum))
-        killed = kill_workers()
+        killed = kill_children()
         err_console().print(f"[yellow]mgpu launch: {name} again; killed {len(killed)} worker(s).[/]")
 
 
@@ -261,7 +231,7 @@ def run_plan(plan: LaunchPlan, record: LaunchRecord, live: bool = False) -> int:
         )
         return code
     finally:
-        left = kill_workers()  # a safety net: torch's agent has stopped them on every path above
+        left = kill_children()  # a safety net: torch's agent has stopped its workers on every path above
         if left:
             err_console().print(f"[yellow]mgpu launch: killed {len(left)} worker(s) still running at exit.[/]")
         handler.restore()

@@ -8,13 +8,12 @@ its own session, the whole process tree killed if it overruns or the caller is i
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from collections.abc import Mapping
 
 from mgpucli.cpus import threads_per_process
 from mgpucli.distributed.select import DeviceSelection
-from mgpucli.proctree import kill_tree
+from mgpucli.proctree import kill_tree, start
 
 
 def worker_env(selection: DeviceSelection, environ: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -31,7 +30,7 @@ def run_workers(mgpu_args: list[str], selection: DeviceSelection, timeout: float
     """Run ``mgpu <mgpu_args>`` on ``selection.nproc`` local workers; returns torchrun's exit code."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={selection.nproc}",
            "-m", "mgpucli", *mgpu_args]
-    proc = subprocess.Popen(cmd, env=worker_env(selection), start_new_session=True, stdin=subprocess.DEVNULL)
+    proc = start(cmd, env=worker_env(selection))
     try:
         return proc.wait(timeout=timeout)
     except BaseException:  # timeout, Ctrl-C, SIGTERM turned into an exception: nothing may outlive us

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import torch
 
+from mgpucli import proctree
 from tests.procs import RECIPES, group_alive, load_ckpt, mgpu, proc_state, stop_tree, torchrun
 
 QUICK = str(RECIPES / "quickstart.yaml")
@@ -60,9 +61,9 @@ def test_disk_full_at_save_is_a_clear_error_and_keeps_the_previous_checkpoint(tm
 
 
 def _launch(cwd, *args, env=None):
-    return subprocess.Popen([sys.executable, "-m", "mgpucli", "launch", "--cpu", "--nproc", "2", QUICK, *SMALL,
-                             *args], cwd=cwd, env={**os.environ, **(env or {})}, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True, start_new_session=True)
+    return proctree.start([sys.executable, "-m", "mgpucli", "launch", "--cpu", "--nproc", "2", QUICK, *SMALL, *args],
+                          cwd=cwd, env={**os.environ, **(env or {})}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True)
 
 
 def _wait_for_step(run_dir, step: int, proc, timeout: float = 60) -> None:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from mgpucli import proctree
 from tests.e2e.test_launch import SHORT, run_launch, tag  # noqa: F401 - tag is a fixture
 from tests.procs import assert_usage_error, mgpu
 
@@ -133,8 +134,8 @@ def _on_a_terminal(args: list[str], cwd: Path, tag: str, timeout: float = 120) -
 
     master, slave = pty.openpty()
     env = {**os.environ, "MGPU_E2E_TAG": tag, "COLUMNS": "160", "TERM": "xterm"}
-    proc = subprocess.Popen([sys.executable, "-m", "mgpucli", "launch", *args], cwd=cwd, env=env,
-                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=slave, start_new_session=True)
+    proc = proctree.start([sys.executable, "-m", "mgpucli", "launch", *args], cwd=cwd, env=env,
+                          stdout=subprocess.DEVNULL, stderr=slave)
     os.close(slave)
     chunks: list[bytes] = []
 

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from mgpucli import proctree
 from tests.procs import environ_of as env_of
 from tests.procs import free_port, proc_state
 from tests.procs import tagged as tagged_by
@@ -60,8 +61,8 @@ class Launch:
         inherited = {k: v for k, v in os.environ.items() if not k.startswith("MGPU_FAULT")}
         full_env = {**inherited, "PYTHONUNBUFFERED": "1", TAG: tag, **(env or {})}
         with open(self.out_path, "w") as out, open(self.err_path, "w") as err:
-            self.proc = subprocess.Popen([sys.executable, "-m", "mgpucli", "launch", *args], cwd=cwd, env=full_env,
-                                         stdout=out, stderr=err, stdin=subprocess.DEVNULL, start_new_session=True)
+            self.proc = proctree.start([sys.executable, "-m", "mgpucli", "launch", *args], cwd=cwd, env=full_env,
+                                       stdout=out, stderr=err)
         self.pid = self.proc.pid
 
     def wait(self, timeout: float) -> int:

@@ -12,7 +12,6 @@ import json
 import os
 import re
 import signal
-import subprocess
 import sys
 import time
 import uuid
@@ -20,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from mgpucli import proctree
 from tests.procs import environ_of, load_ckpt, mgpu, stop_tree
 from tests.procs import tagged as tagged_by
 
@@ -63,8 +63,8 @@ def _stopped_launch(tmp_path: Path, tag: str, how: str) -> tuple[int, str]:
     out_path, err_path = tmp_path / "launch.out", tmp_path / "launch.err"
     metrics = tmp_path / "runs" / "quickstart" / "metrics.jsonl"
     with open(out_path, "w") as out, open(err_path, "w") as err:
-        proc = subprocess.Popen([sys.executable, "-m", "mgpucli", "launch", *ARGS], cwd=tmp_path, env=_env(tag),
-                                stdout=out, stderr=err, stdin=subprocess.DEVNULL, start_new_session=True)
+        proc = proctree.start([sys.executable, "-m", "mgpucli", "launch", *ARGS], cwd=tmp_path, env=_env(tag),
+                              stdout=out, stderr=err)
     try:
         def training() -> bool:
             assert proc.poll() is None, err_path.read_text()

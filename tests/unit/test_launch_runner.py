@@ -76,7 +76,7 @@ def test_a_different_step_is_restarted_and_non_retryable_is_refused_at_once(tmp_
 
 def test_first_signal_is_torchs_graceful_path_second_kills(monkeypatch):
     killed = []
-    monkeypatch.setattr(runner, "kill_workers", lambda: killed.append(True) or [123])
+    monkeypatch.setattr(runner, "kill_children", lambda: killed.append(True) or [123])
     handler = runner._Signals()
     handler._handle(signal.SIGINT, None)  # before/after the agent runs: nothing raised into launch's own code
     assert killed == [True]
