@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from functools import lru_cache
 from typing import TYPE_CHECKING
 
@@ -19,7 +20,13 @@ def err_console() -> Console:
 
 
 def print_error(message: str, rank: int | None = None) -> None:
-    """Print a user-facing error (no traceback)."""
+    """Print a user-facing error (no traceback): ``error: [rank N] message``, in red on a terminal. Without one (a
+    worker's log file, a pipe) the same text is printed plainly, without importing rich."""
     prefix = f" [rank {rank}]" if rank is not None else ""
-    err_console().print(f"[bold red]error:[/]{prefix} ", end="")
+    if not sys.stderr.isatty():
+        print(f"error:{prefix} {message}", file=sys.stderr, flush=True)
+        return
+    from rich.markup import escape
+
+    err_console().print(f"[bold red]error:[/]{escape(prefix)} ", end="")
     err_console().print(message, markup=False, highlight=False)

@@ -1,6 +1,6 @@
 """The rich reporter for rank 0 on a terminal: start banner, a progress bar refreshed on a timer, per-epoch lines,
-and a closing table. Without a terminal, rank 0 uses :class:`mgpucli.cli.lines.LineReporter` (the same text,
-one line per log interval, no rich import).
+and a closing table. Without a terminal, rank 0 uses :class:`mgpucli.engine.line_reporter.LineReporter` (the same
+text, one line per log interval, no rich import).
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
-from mgpucli.cli.lines import TABLE_TITLE, epoch_line, start_lines, table_columns, val_line
 from mgpucli.console import err_console
+from mgpucli.engine.line_reporter import TABLE_TITLE, epoch_line, start_lines, table_columns, val_line
 
 
 class RichReporter:

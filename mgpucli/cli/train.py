@@ -1,10 +1,13 @@
-"""``mgpu train``: the worker. Runs alone, under torchrun, or under ``mgpu launch``.
+"""``mgpu train``: train a recipe on this process. Runs alone, or as one worker under plain torchrun.
 
-This file is the typer signature only; the command itself is :func:`mgpucli.cli.train_run.run_train`, which a
-launched worker calls directly (mgpucli.launch.worker), without importing typer.
+The training itself is :func:`mgpucli.engine.train_entry.train_recipe`, which ``mgpu launch``'s workers call
+without this CLI (:mod:`mgpucli.launch.worker`). Here: the options, ``--check``, and rank 0's progress bar on a
+terminal.
 """
 
 from __future__ import annotations
+
+import sys
 
 import typer
 
@@ -27,6 +30,26 @@ def train(
     ),
 ) -> None:
     """Train from a recipe on this process (one worker of a job when RANK/WORLD_SIZE are set)."""
-    from mgpucli.cli.train_run import run_train
+    from mgpucli.engine import train_entry
 
-    run_train(recipe, list(overrides or []), resume, overwrite, check)
+    overrides = list(overrides or [])
+    if check:
+        from mgpucli.cli.check import check_and_print
+        from mgpucli.run_files import check_start
+
+        train_entry.run_as_rank(lambda env: check_and_print(
+            recipe, overrides, quiet=env.distributed and env.rank != 0,
+            check_run_dir=lambda run_dir, sharded: check_start(run_dir, resume, overwrite, sharded)))
+        return
+    train_entry.train_recipe(recipe, overrides, resume=resume, overwrite=overwrite, rank0_reporter=rank0_reporter)
+
+
+def rank0_reporter():
+    """Rank 0's report: a rich progress bar on a terminal, plain lines otherwise (log files, CI, pipes)."""
+    if sys.stderr.isatty():
+        from mgpucli.cli.progress import RichReporter
+
+        return RichReporter()
+    from mgpucli.engine.line_reporter import LineReporter
+
+    return LineReporter()

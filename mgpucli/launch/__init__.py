@@ -1,11 +1,20 @@
 """``mgpu launch``: one worker per GPU (or N CPU workers) through torch's own launcher engine.
 
-Modules, lightest first (only ``runner`` imports torch):
+The launcher's side, lightest first (only ``runner`` imports torch):
 
-- ``plan``: options + recipe facts + machine -> torchrun argument list (pure, unit-tested)
-- ``slurm``, ``ports``: SLURM variables and port checks used by the plan
-- ``restart``, ``records``: resume-on-restart and the "this failure would repeat" rule
-- ``index``, ``failures``: ``launch.json`` and the failure summary
-- ``watch``, ``worker``: the worker side (die with the launcher; failure records)
-- ``runner``: torch's elastic agent, configured from the plan; ``main``: the command's flow
+- ``plan``: options + recipe facts + machine -> torchrun argument list (pure, unit-tested);
+  ``slurm``, ``ports``: SLURM variables and port checks used by the plan
+- ``main``: the command's flow (check the recipe once, plan, run, end a failure with the post-mortem)
+- ``runner``: torch's elastic agent in this process, configured from the plan; records every attempt in
+  ``launch.json`` (:mod:`mgpucli.run_records`)
+- ``restart``: resume-on-restart and the "this failure would repeat" rule
+- ``failure_summary``: what a failed launch prints; ``live_view``: rank 0's output and a progress bar on a terminal
+- ``spawn``: a short mgpu command on N local workers (``mgpu validate``)
+
+The workers' side (never imports mgpu's CLI, typer or rich):
+
+- ``worker``: ``python -m mgpucli.launch.worker JOB ...``, the job run as this rank inside the launcher's rules
+- ``parent_watch``: a worker dies with its launcher; ``progress_file``: rank 0's progress for the live view
+
+Processes are started and killed through :mod:`mgpucli.proctree`.
 """

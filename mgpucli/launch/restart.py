@@ -6,9 +6,8 @@ exactly what the user typed, so it never picks up a stale checkpoint by itself; 
 continues from the run's ``checkpoints/last.pt`` (``--resume auto``) and never re-applies ``--overwrite``, which
 would delete the very checkpoint it should continue from.
 
-The worker entry (:mod:`mgpucli.launch.worker`) rewrites the ``train`` arguments this way before mgpu's CLI
-sees them; the engine may call :func:`resume_arg_for_restart` / :func:`overwrite_for_restart` as well
-(idempotent), so a plain ``torchrun -m mgpucli train`` behaves the same.
+The launched worker (:mod:`mgpucli.launch.worker`) applies these rules to its job before it runs it. A plain
+``torchrun --max-restarts K -m mgpucli train`` does not: it restarts with the arguments it was given.
 """
 
 from __future__ import annotations
@@ -55,36 +54,6 @@ def resume_arg_for_restart(
 def overwrite_for_restart(overwrite: bool, environ: Mapping[str, str] | None = None) -> bool:
     """``--overwrite`` applies to the first start only: on a restart it would delete the checkpoint to resume."""
     return overwrite and restart_count(environ) == 0
-
-
-def restart_worker_argv(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> list[str]:
-    """Rewrite a worker's ``train ... [--resume X] [--overwrite]`` arguments for a restart (unchanged on attempt 0)."""
-    args = list(argv)
-    if restart_count(environ) == 0 or "train" not in args:
-        return args
-    resume: str | None = None
-    overwrite = False
-    kept: list[str] = []
-    i = 0
-    while i < len(args):
-        token = args[i]
-        if token == "--resume" and i + 1 < len(args):
-            resume = args[i + 1]
-            i += 2
-            continue
-        if token.startswith("--resume="):
-            resume = token.split("=", 1)[1]
-        elif token == "--overwrite":
-            overwrite = True
-        else:
-            kept.append(token)
-        i += 1
-    new_resume = resume_arg_for_restart(resume, environ=environ)
-    if new_resume is not None:
-        kept += ["--resume", new_resume]
-    if overwrite_for_restart(overwrite, environ):
-        kept.append("--overwrite")
-    return kept
 
 
 def stop_reason(previous: Sequence[FailureRecord], earlier: Sequence[FailureRecord]) -> str | None:

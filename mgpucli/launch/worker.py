@@ -1,14 +1,22 @@
-"""What every ``mgpu launch`` worker runs: ``python -m mgpucli.launch.worker train RECIPE [overrides] [options]``.
+"""What every ``mgpu launch`` worker runs: ``python -m mgpucli.launch.worker JOB ARGS...``.
 
-It is ``mgpu train`` (the same CLI, the same arguments) with three things around it that only a launched
-worker needs:
+The job (:func:`parse_job`):
+
+- ``train RECIPE [overrides] [--resume PATH|auto] [--overwrite]``: train the recipe as this process's rank, as
+  ``mgpu train`` does (:func:`mgpucli.engine.train_entry.train_recipe`), but without mgpu's CLI (no typer, no
+  rich). Rank 0 reports in plain lines, and keeps the progress file a launcher on a terminal draws its bar from
+  (:mod:`mgpucli.launch.progress_file`).
+
+Around any job, the worker adds what only a launched worker needs:
 
 1. a watch on the launcher's pid, so the worker dies with the launcher even if that is SIGKILLed;
-2. on a torchelastic restart, ``--resume auto`` (and no ``--overwrite``): see :mod:`mgpucli.launch.restart`;
-3. on failure, ``mgpu_failure.json`` next to torch's ``@record`` error file: the exception type, message,
-   step and whether a retry can help, so the launcher can stop retrying a failure that repeats.
+2. on a torchelastic restart, the job's own restart rule (for a recipe: ``--resume auto`` and no ``--overwrite``,
+   see :mod:`mgpucli.launch.restart`);
+3. on failure, ``mgpu_failure.json`` next to torch's ``@record`` error file: the exception type, message, step
+   and whether a retry can help, so the launcher can stop retrying a failure that repeats.
 
-torch's ``error.json`` itself is written by ``mgpu train`` (its entry is wrapped in ``@record``).
+A job is an object with ``for_restart()`` and ``run()``: another kind of job (a user's own script) is one more
+class and one more entry in :data:`JOBS`.
 """
 
 from __future__ import annotations
@@ -18,10 +26,97 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Protocol
 
-from mgpucli.errors import EXIT_PREEMPTED, Preempted
-from mgpucli.launch import parent_watch, restart
-from mgpucli.run_records.worker_records import FailureRecord, failure_step, is_retryable, record_path, write_record
+from mgpucli.errors import EXIT_PREEMPTED, Preempted, UsageError
+from mgpucli.launch import parent_watch, progress_file, restart
+from mgpucli.run_records.worker_records import (
+    ERROR_FILE_ENV,
+    FailureRecord,
+    failure_step,
+    is_retryable,
+    record_path,
+    write_record,
+)
+
+
+class Job(Protocol):
+    def for_restart(self, environ: Mapping[str, str] | None = None) -> Job:
+        """The job as a restart of the worker group runs it (``TORCHELASTIC_RESTART_COUNT`` > 0)."""
+        ...
+
+    def run(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class RecipeJob:
+    """``train RECIPE [overrides] [--resume PATH|auto] [--overwrite]``: what ``mgpu launch`` passes for a recipe."""
+
+    recipe: str
+    overrides: tuple[str, ...] = ()
+    resume: str | None = None
+    overwrite: bool = False
+
+    @classmethod
+    def parse(cls, args: Sequence[str]) -> RecipeJob:
+        """The job from the arguments after ``train``; UsageError for anything ``mgpu launch`` does not pass."""
+        if not args or args[0].startswith("-"):
+            raise _usage("train needs a recipe first")
+        overrides: list[str] = []
+        resume, overwrite = None, False
+        rest = iter(args[1:])
+        for token in rest:
+            if token == "--resume":
+                resume = next(rest, None)
+                if resume is None:
+                    raise _usage("--resume needs a value (a checkpoint, or auto)")
+            elif token.startswith("--resume="):
+                resume = token.split("=", 1)[1]
+            elif token == "--overwrite":
+                overwrite = True
+            elif token.startswith("-"):
+                raise _usage(f"unknown option {token}")
+            else:
+                overrides.append(token)
+        return cls(args[0], tuple(overrides), resume, overwrite)
+
+    def for_restart(self, environ: Mapping[str, str] | None = None) -> RecipeJob:
+        return replace(self, resume=restart.resume_arg_for_restart(self.resume, environ=environ),
+                       overwrite=restart.overwrite_for_restart(self.overwrite, environ))
+
+    def run(self) -> None:
+        from mgpucli.engine.train_entry import train_recipe
+
+        train_recipe(self.recipe, list(self.overrides), resume=self.resume, overwrite=self.overwrite,
+                     rank0_reporter=rank0_reporter)
+
+
+JOBS: dict[str, Callable[[Sequence[str]], Job]] = {"train": RecipeJob.parse}
+USAGE = "train RECIPE [overrides] [--resume PATH|auto] [--overwrite]"
+
+
+def _usage(problem: str) -> UsageError:
+    return UsageError(f"python -m mgpucli.launch.worker: {problem}.",
+                      f"A launched worker runs what mgpu launch passes it: {USAGE}. To train by hand, run "
+                      "`mgpu train` (alone or under torchrun) or `mgpu launch`.")
+
+
+def parse_job(args: Sequence[str]) -> Job:
+    """The job these worker arguments name; UsageError (exit 2) for anything else."""
+    if not args or args[0] not in JOBS:
+        raise _usage(f"unknown job {args[0]!r}" if args else "no job given")
+    return JOBS[args[0]](args[1:])
+
+
+def rank0_reporter():
+    """Rank 0's report in a launched worker: plain lines (its output goes to files), plus the progress file when
+    the launcher draws a progress bar from one."""
+    from mgpucli.engine.line_reporter import LineReporter
+
+    path = os.environ.get(progress_file.ENV)
+    return progress_file.ProgressFileReporter(LineReporter(), path) if path else LineReporter()
 
 
 def _exit_code(exc: BaseException) -> int | None:
@@ -33,11 +128,11 @@ def _exit_code(exc: BaseException) -> int | None:
 
 def _record_failure(exc: BaseException) -> None:
     """Write ``mgpu_failure.json`` beside torch's error file (only under torchrun, where that path is set)."""
-    error_file = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    error_file = os.environ.get(ERROR_FILE_ENV)
     if not error_file:
         return
     code = _exit_code(exc)
-    # `mgpu train` turns an MgpuError into sys.exit(code) inside its except block: the error is the context.
+    # The job turns an MgpuError into sys.exit(code) inside its except block: the error is the context.
     cause = exc.__context__ if isinstance(exc, SystemExit) and exc.__context__ is not None else exc
     from mgpucli.distributed.env import read_rank_env
 
@@ -46,7 +141,7 @@ def _record_failure(exc: BaseException) -> None:
         rank, local_rank = env.rank, env.local_rank
     except Exception:
         rank = local_rank = -1
-    rec = FailureRecord(
+    record = FailureRecord(
         rank=rank,
         local_rank=local_rank,
         attempt=restart.restart_count(),
@@ -59,7 +154,7 @@ def _record_failure(exc: BaseException) -> None:
         signal=getattr(cause, "signal", None) if isinstance(cause, Preempted) else None,
     )
     with contextlib.suppress(OSError):  # the log dir is gone: the launcher falls back to torch's error file
-        write_record(record_path(error_file), rec)
+        write_record(record_path(error_file), record)
 
 
 def _exit_through_signals() -> None:
@@ -72,53 +167,22 @@ def _exit_through_signals() -> None:
         signal.signal(sig, signal.SIG_IGN)
 
 
-def direct_train_args(args: list[str]) -> dict | None:
-    """``train RECIPE [overrides] [--resume X] [--overwrite]`` (what mgpu launch passes) as ``train()``'s
-    arguments; None for anything else, which goes through the full CLI.
+def _run(args: list[str]) -> None:
+    try:
+        job = parse_job(args)
+    except UsageError as err:
+        from mgpucli.console import print_error
 
-    Calling the train command directly skips typer altogether (mgpu's whole app, typer's per-parameter pydantic
-    adapters, typer's import): 0.1-0.15 s of every worker's time to first step and ~1 MiB of resident memory
-    (benchmarks/overhead.py).
-    """
-    if len(args) < 2 or args[0] != "train" or args[1].startswith("-"):
-        return None
-    parsed: dict = {"recipe": args[1], "overrides": [], "resume": None, "overwrite": False, "check": False}
-    rest = iter(args[2:])
-    for token in rest:
-        if token == "--resume":
-            parsed["resume"] = next(rest, None)
-            if parsed["resume"] is None:
-                return None
-        elif token.startswith("--resume="):
-            parsed["resume"] = token.split("=", 1)[1]
-        elif token == "--overwrite":
-            parsed["overwrite"] = True
-        elif token.startswith("-"):  # another option (--check, --help, --): the CLI knows it
-            return None
-        else:
-            parsed["overrides"].append(token)
-    return parsed
-
-
-def _run_cli(args: list[str]) -> None:
-    direct = direct_train_args(args)
-    if direct is not None:
-        from mgpucli.cli.train_run import run_train
-
-        run_train(**direct)
-        return
-    from mgpucli.cli.app import main as mgpu_main
-
-    sys.argv = ["mgpu", *args]
-    mgpu_main()
+        print_error(str(err))
+        sys.exit(err.exit_code)
+    job.for_restart().run()
 
 
 def main(argv: list[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
     parent_watch.install_parent_watch()
-    args = restart.restart_worker_argv(args)
     try:
-        _run_cli(args)
+        _run(args)
     except SystemExit as exc:
         code = _exit_code(exc)
         if code not in (0, None):

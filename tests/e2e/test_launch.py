@@ -186,9 +186,10 @@ def test_cpu_run_trains_writes_per_rank_logs_and_launch_json(tmp_path: Path, tag
     code, launch = run_launch(["--cpu", "--nproc", "2", RECIPE, *SHORT, f"run_dir={run_dir}"], tmp_path, tag, env)
     out = launch.output
     assert code == 0, out
-    for rank in ("0", "1"):  # a worker whose output goes to files imports neither typer nor rich (issue 7: memory)
+    for rank in ("0", "1"):  # a worker whose output goes to files imports neither typer nor rich, nor mgpu's CLI
         modules = set((tmp_path / f"modules-rank{rank}.txt").read_text().split())
         assert "mgpucli.engine.trainer" in modules and not modules & {"typer", "rich", "tensorboard"}, rank
+        assert not [m for m in modules if m == "mgpucli.cli" or m.startswith("mgpucli.cli.")], rank
     assert "[rank0]:" in out and "[rank1]:" not in out  # rank 0 streams to the terminal, rank 1 does not
     assert (run_dir / "checkpoints" / "last.pt").is_file()
     data = json.loads((run_dir / "launch.json").read_text())

@@ -43,3 +43,11 @@ def test_run_records_need_only_the_standard_library_and_mgpus_errors():
     for path in sources("run_records"):
         for name in imports_of(path):
             assert name.split(".")[0] in sys.stdlib_module_names or name.startswith(allowed), (path.name, name)
+
+
+def test_nothing_below_the_cli_imports_it():
+    """Only the ``mgpu`` entry point imports the CLI: a launched worker runs the engine directly, so the launcher,
+    the engine and everything else never call up into the command line (typer, rich)."""
+    below = [p for p in PACKAGE.rglob("*.py") if "cli" not in p.relative_to(PACKAGE).parts[:1]
+             and p.name != "__main__.py"]
+    assert len(below) > 50 and offenders(below, "mgpucli.cli") == {}

@@ -11,10 +11,10 @@ from mgpucli.launch.restart import (
     LAST_CHECKPOINT,
     overwrite_for_restart,
     restart_count,
-    restart_worker_argv,
     resume_arg_for_restart,
     stop_reason,
 )
+from mgpucli.launch.worker import RecipeJob, parse_job
 from mgpucli.run_records.worker_records import (
     FailureRecord,
     failure_step,
@@ -60,14 +60,12 @@ def test_last_checkpoint_is_where_the_engine_writes_it(tmp_path: Path):
     assert checkpoint_dir(tmp_path) / "last.pt" == tmp_path / LAST_CHECKPOINT
 
 
-def test_worker_argv_rewritten_only_on_restart():
-    argv = ["train", "r.yaml", "optim.lr=0.1", "--resume", "x.pt", "--overwrite"]
-    assert restart_worker_argv(argv, FIRST) == argv
-    assert restart_worker_argv(argv, RESTART) == ["train", "r.yaml", "optim.lr=0.1", "--resume", "auto"]
-    assert restart_worker_argv(["train", "r.yaml", "--resume=auto"], RESTART) == ["train", "r.yaml", "--resume", "auto"]
-    assert restart_worker_argv(["train", "r.yaml"], RESTART) == ["train", "r.yaml", "--resume", "auto"]
-    assert restart_worker_argv(["doctor"], RESTART) == ["doctor"]
-
+def test_a_recipe_job_is_rewritten_only_on_restart():
+    job = RecipeJob.parse(["r.yaml", "optim.lr=0.1", "--resume", "x.pt", "--overwrite"])
+    assert job.for_restart(FIRST) == job
+    assert job.for_restart(RESTART) == RecipeJob("r.yaml", ("optim.lr=0.1",), "auto", False)
+    assert RecipeJob.parse(["r.yaml", "--resume=auto"]).for_restart(RESTART).resume == "auto"
+    assert RecipeJob.parse(["r.yaml"]).for_restart(RESTART) == RecipeJob("r.yaml", (), "auto", False)
 
 def rec(rank=1, attempt=0, type_="RuntimeError", message="boom at step 30", step=30, retryable=True, t=1.0):
     return FailureRecord(rank=rank, local_rank=rank, attempt=attempt, time=t, type=type_, message=message,
@@ -115,16 +113,14 @@ def test_record_round_trip(tmp_path: Path):
     assert read_record(str(tmp_path / "missing.json")) is None
 
 
-def test_launched_workers_call_train_directly_for_the_arguments_launch_passes():
-    from mgpucli.launch.worker import direct_train_args
-
-    assert direct_train_args(["train", "r.yaml", "optim.lr=0.1", "+x=1", "~y", "--resume", "auto", "--overwrite"]) == {
-        "recipe": "r.yaml", "overrides": ["optim.lr=0.1", "+x=1", "~y"], "resume": "auto", "overwrite": True,
-        "check": False}
-    assert direct_train_args(["train", "r.yaml", "--resume=last.pt"])["resume"] == "last.pt"
+def test_a_launched_worker_parses_what_launch_passes_and_refuses_anything_else():
+    assert parse_job(["train", "r.yaml", "optim.lr=0.1", "+x=1", "~y", "--resume", "auto", "--overwrite"]) == \
+        RecipeJob("r.yaml", ("optim.lr=0.1", "+x=1", "~y"), "auto", True)
+    assert parse_job(["train", "r.yaml", "--resume=last.pt"]).resume == "last.pt"
     for other in (["train", "r.yaml", "--check"], ["train", "--help"], ["train", "r.yaml", "--resume"],
-                  ["validate", "c.pt"], ["train"], ["train", "r.yaml", "--", "x=1"]):
-        assert direct_train_args(other) is None  # the full CLI parses (and reports) these
+                  ["validate", "c.pt"], ["train"], ["train", "r.yaml", "--", "x=1"], []):
+        with pytest.raises(UsageError, match="mgpucli.launch.worker"):
+            parse_job(other)
 
 
 class _Seen:

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from mgpucli.cli import train_run
 from mgpucli.engine import run as run_module
+from mgpucli.engine import train_entry
 from mgpucli.errors import EXIT_PREEMPTED, Preempted
 from mgpucli.launch import worker
 from mgpucli.run_records.worker_records import failure_step, read_record, record_path
@@ -43,7 +43,7 @@ def test_the_worker_records_step_signal_and_exit_75(tmp_path: Path, monkeypatch)
         try:
             raise preempted(step=40, signal="SIGTERM")
         except Preempted:
-            sys.exit(EXIT_PREEMPTED)  # what run_train does
+            sys.exit(EXIT_PREEMPTED)  # what train_entry.run_as_rank does
     except SystemExit as exc:
         worker._record_failure(exc)
     rec = read_record(record_path(str(error_file)))
@@ -69,7 +69,7 @@ def test_the_stop_is_a_note_not_an_error(monkeypatch, capsys, rank):
 
     monkeypatch.setattr(run_module, "run_training", stopped)
     with pytest.raises(SystemExit) as exited:
-        train_run.run_train("quickstart", [])
+        train_entry.train_recipe("quickstart", [])
     assert exited.value.code == EXIT_PREEMPTED
     err = capsys.readouterr().err
     assert "error" not in err
@@ -84,12 +84,12 @@ def test_after_a_graceful_stop_the_worker_exits_through_signals(monkeypatch, cod
     """torch's agent SIGTERMs the ranks still exiting once one has exited: that must not turn exit 75 into -15."""
     import signal
 
-    def run_cli(args):
+    def run(args):
         raise SystemExit(code)
 
     monkeypatch.delenv("TORCHELASTIC_ERROR_FILE", raising=False)
     monkeypatch.setattr(worker.parent_watch, "install_parent_watch", lambda: None)
-    monkeypatch.setattr(worker, "_run_cli", run_cli)
+    monkeypatch.setattr(worker, "_run", run)
     before = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         with pytest.raises(SystemExit) as exited:

@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from mgpucli.cli.lines import LineReporter
 from mgpucli.cli.progress import RichReporter
+from mgpucli.engine.line_reporter import LineReporter
 
 INFO = {"name": "quickstart", "world_size": 2, "device": "cpu", "backend": "gloo", "strategy": "ddp",
         "cpu_threads": 1, "precision": "fp32", "global_batch": 64, "batch_size": 32, "grad_accum": 1,
@@ -70,8 +70,35 @@ def test_rich_reporter_says_the_same_lines_on_a_terminal(capsys, monkeypatch):
 
 @pytest.mark.parametrize("tty", [True, False])
 def test_rank0_gets_rich_only_on_a_terminal(monkeypatch, tty):
-    from mgpucli.cli import train_run
+    from mgpucli.cli.train import rank0_reporter
 
     monkeypatch.setattr(sys.stderr, "isatty", lambda: tty)
-    assert type(train_run._reporter(0)).__name__ == ("RichReporter" if tty else "LineReporter")
-    assert train_run._reporter(1) is None
+    assert type(rank0_reporter()).__name__ == ("RichReporter" if tty else "LineReporter")
+
+
+def test_a_launched_workers_rank0_reports_in_plain_lines_and_keeps_the_progress_file(monkeypatch, tmp_path):
+    from mgpucli.launch import progress_file, worker
+
+    monkeypatch.delenv(progress_file.ENV, raising=False)
+    assert type(worker.rank0_reporter()) is LineReporter
+    monkeypatch.setenv(progress_file.ENV, str(tmp_path / "progress.json"))
+    reporter = worker.rank0_reporter()
+    assert isinstance(reporter, progress_file.ProgressFileReporter) and type(reporter.inner) is LineReporter
+
+
+@pytest.mark.filterwarnings("ignore:Unable to enable fault handler")  # torch's @record, under capsys
+@pytest.mark.parametrize(("rank", "reports"), [(None, True), ("0", True), ("1", False)])
+def test_only_rank_0_builds_a_reporter(monkeypatch, rank, reports):
+    from mgpucli.engine import run as run_module
+    from mgpucli.engine import train_entry
+
+    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    if rank is not None:
+        for name, value in (("RANK", rank), ("LOCAL_RANK", rank), ("WORLD_SIZE", "2"), ("MASTER_ADDR", "127.0.0.1"),
+                            ("MASTER_PORT", "29500")):
+            monkeypatch.setenv(name, value)
+    built, given = [], []
+    monkeypatch.setattr(run_module, "run_training", lambda *a, reporter=None, **k: given.append(reporter))
+    train_entry.train_recipe("quickstart", [], rank0_reporter=lambda: built.append(True) or "the reporter")
+    assert given == (["the reporter"] if reports else [None]) and built == ([True] if reports else [])

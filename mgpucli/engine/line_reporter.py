@@ -1,8 +1,8 @@
 """Rank 0's report as plain lines on stderr, for output that no terminal reads: log files, CI, pipes, and every
-``mgpu launch`` worker (torchrun sends their output to files and tees rank 0's to the launcher's terminal).
+``mgpu launch`` worker (torch's agent sends their output to files; the launcher shows rank 0's).
 
-It writes what :class:`mgpucli.cli.progress.RichReporter` writes, without a progress bar and without importing
-rich (~2 MiB of resident memory per process, measured with benchmarks/overhead.py).
+It writes what ``mgpu train``'s progress bar on a terminal writes, without the bar and without importing rich,
+which a worker writing to files does not need; the line formats here are shared by both.
 """
 
 from __future__ import annotations

@@ -1,0 +1,86 @@
+"""A training process's entry, shared by ``mgpu train`` and every ``mgpu launch`` worker.
+
+:func:`mgpucli.engine.run.run_training` trains; around it, :func:`train_recipe` adds what belongs to the process:
+
+- the C heap and the garbage collector set up for training (:mod:`mgpucli.heap`);
+- torch's ``@record``: an unexpected exception's traceback goes to the error file torch's agent reports;
+- the worker's mark that training started (:func:`mgpucli.run_records.worker_records.mark_started`);
+- errors printed by the right rank (:func:`run_as_rank`): bad input is the same on every rank, so rank 0 alone
+  says it; a failure names its rank; a graceful stop on a signal is a plain note from rank 0, not an error;
+- exit codes: an MgpuError's own (1 failed, 2 bad input, 75 preempted); anything else keeps its traceback.
+
+It imports neither typer nor rich (rich only to print an error on a terminal): a launched worker, whose output
+goes to files, needs neither.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+
+from mgpucli.console import print_error
+from mgpucli.distributed.env import RankEnv, read_rank_env
+from mgpucli.engine.line_reporter import LineReporter
+from mgpucli.engine.reporter import Reporter
+from mgpucli.errors import MgpuError, Preempted
+from mgpucli.heap import postpone_full_gc, resume_full_gc, steady_heap
+
+
+def run_as_rank(body: Callable[[RankEnv], None]) -> None:
+    """Run ``body`` with this process's rank (one worker of a job when RANK/WORLD_SIZE are set); an MgpuError it
+    raises is printed as a job prints it and ends the process with its exit code."""
+    rank = None
+    try:
+        env = read_rank_env()
+        rank = env.rank if env.distributed else None
+        body(env)
+    except Preempted as err:
+        # A graceful stop, not an error: every rank agreed on it, so rank 0 alone says it, as a plain note.
+        if rank in (None, 0):
+            print(f"mgpu train: {err}", file=sys.stderr, flush=True)
+        sys.exit(err.exit_code)
+    except MgpuError as err:
+        # Bad input is the same on every rank: let rank 0 alone say it. A failure names its rank.
+        if rank in (None, 0) or not err.same_on_every_rank:
+            print_error(str(err), rank=rank)
+        sys.exit(err.exit_code)
+    except Exception:
+        if rank is not None:
+            print_error("failed with an unexpected error (traceback below).", rank=rank)
+        raise
+
+
+def train_recipe(recipe: str, overrides: list[str], *, resume: str | None = None, overwrite: bool = False,
+                 rank0_reporter: Callable[[], Reporter] = LineReporter) -> None:
+    """Train from a recipe on this process. Rank 0 reports through ``rank0_reporter()`` (plain lines by default);
+    the other ranks report nothing."""
+    steady_heap()  # before the first large allocation: see mgpucli/heap.py
+    postpone_full_gc()
+    try:
+        run_as_rank(lambda env: _train(recipe, overrides, resume, overwrite, env, rank0_reporter))
+    finally:
+        resume_full_gc()  # if it failed before the end of set-up (settle_gc): full collections as usual
+
+
+def _train(recipe: str, overrides: list[str], resume: str | None, overwrite: bool, env: RankEnv,
+           rank0_reporter: Callable[[], Reporter]) -> None:
+    """Train. Unexpected exceptions go through torch's @record, which writes the error file (with the traceback)
+    that torch's agent reports; an MgpuError is a message for the user, raised past it without one."""
+    from torch.distributed.elastic.multiprocessing.errors import record
+
+    from mgpucli.engine.run import run_training
+    from mgpucli.run_records.worker_records import mark_started
+
+    reporter = rank0_reporter() if env.rank == 0 else None
+
+    def guarded() -> MgpuError | None:
+        try:
+            run_training(recipe, overrides, resume=resume, overwrite=overwrite, env=env, reporter=reporter,
+                         started=mark_started)
+        except MgpuError as err:
+            return err
+        return None
+
+    err = record(guarded)()
+    if err is not None:
+        raise err
