@@ -7,6 +7,9 @@ bounded child processes, so a broken install or a hung driver is reported, not s
 ``mgpu doctor RUN_DIR`` is the post-mortem of a run instead (``mgpucli.postmortem``): 0 the run finished,
 75 it was preempted with a complete checkpoint (EX_TEMPFAIL, what ``mgpu launch`` exited with), 1 it failed or
 did not finish otherwise (diagnosed or not), 2 the path is not a run directory.
+
+Which of the two runs depends on the argument alone: a path means the post-mortem, none the machine check. The
+machine check's options given with a path are refused (exit 2) rather than ignored.
 """
 
 from __future__ import annotations
@@ -37,8 +40,9 @@ def doctor(
     nproc: int | None = typer.Option(None, "--nproc", metavar="N", help="With --cpu: how many processes (default 2)."),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object on stdout instead of a table."),
     quick: bool = typer.Option(False, "--quick", help="Skip the live test (starting processes, collectives)."),
-    timeout: float = typer.Option(
-        30.0, "--timeout", metavar="SECONDS", help="Seconds allowed for each probe and for the live test."
+    timeout: float | None = typer.Option(
+        None, "--timeout", metavar="SECONDS", help="Seconds allowed for each probe and for the live test (default 30).",
+        show_default=False,
     ),
 ) -> None:
     """Check this machine for multi-process training and say how to fix what is wrong.
@@ -55,18 +59,25 @@ def doctor(
 
     With RUN_DIR: 0 finished, 75 preempted with a complete checkpoint, 1 failed or unfinished, 2 not a run dir.
     """
-    if run_dir is not None:
-        given = {"--gpus": gpus is not None, "--cpu": cpu, "--nproc": nproc is not None, "--quick": quick,
-                 "--timeout": timeout != 30.0}
-        machine_only = [name for name, used in given.items() if used]
-        postmortem(run_dir, json_out, machine_only)
+    if run_dir is None:
+        machine_check(gpus, cpu, nproc, json_out, quick, timeout)
         return
+    # Every machine-check option defaults to "not given" (None, or False for a flag): those given are refused.
+    given = {"--gpus": gpus is not None, "--cpu": cpu, "--nproc": nproc is not None, "--quick": quick,
+             "--timeout": timeout is not None}
+    postmortem(run_dir, json_out, [name for name, used in given.items() if used])
+
+
+def machine_check(gpus: str | None, cpu: bool, nproc: int | None, json_out: bool, quick: bool,
+                  timeout: float | None) -> None:
+    """``mgpu doctor``: check this machine; exit 0 nothing failed / 1 a check failed / 2 bad options."""
     from mgpucli.console import err_console, print_error
-    from mgpucli.doctor.examine import DoctorOptions, run_doctor
+    from mgpucli.doctor.examine import DEFAULT_TIMEOUT, DoctorOptions, run_doctor
     from mgpucli.doctor.plan import DeviceOptions
     from mgpucli.errors import MgpuError
 
-    opts = DoctorOptions(DeviceOptions(gpus=gpus, cpu=cpu, nproc=nproc), quick=quick, timeout=timeout)
+    opts = DoctorOptions(DeviceOptions(gpus=gpus, cpu=cpu, nproc=nproc), quick=quick,
+                         timeout=DEFAULT_TIMEOUT if timeout is None else timeout)
     try:
         if json_out:
             report = run_doctor(opts)
@@ -114,7 +125,7 @@ def render(report: Report) -> None:
 
 def postmortem(run_dir: str, json_out: bool, machine_only: list[str]) -> None:
     """``mgpu doctor RUN_DIR``: diagnose, write postmortem.json, render; exit 0 finished / 75 preempted with a
-    complete checkpoint / 1 failed or unfinished / 2 bad path."""
+    complete checkpoint / 1 failed or unfinished / 2 bad path, or machine-check options (``machine_only``) given."""
     from mgpucli.console import print_error
     from mgpucli.errors import EXIT_USAGE, MgpuError
     from mgpucli.postmortem import diagnose_run, render, write_report
