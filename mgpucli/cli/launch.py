@@ -1,4 +1,4 @@
-"""``mgpu launch``: start one ``mgpu train`` worker per GPU (or N on CPUs) through torch's launcher engine."""
+"""``mgpu launch``: start one training worker per GPU (or N on CPUs) through torch's launcher engine."""
 
 from __future__ import annotations
 

@@ -50,9 +50,9 @@ def _check_recipe(opts: LaunchOptions):
 
 def _compose_while_torch_loads(recipe: str, overrides: list[str]):
     """Compose the recipe in a forked child while this process imports torch, which it needs next anyway (the
-    ``_target_`` checks, torch's agent): ~0.3 s of Hydra then overlaps ~1 s of torch on a second core instead of
-    adding to the time to the first step. None where that can't be done (no fork, one core, torch imported
-    already) or the child failed for any reason: the caller then composes here, reporting problems as usual."""
+    ``_target_`` checks, torch's agent): Hydra's compose then runs on a second core instead of adding to the time
+    to the first step. None where that can't be done (no fork, one core, torch imported already) or the child
+    failed for any reason: the caller then composes here, reporting problems as usual."""
     if not hasattr(os, "fork") or available_cores() < 2 or "torch" in sys.modules:
         return None
     read_fd, write_fd = os.pipe()
@@ -148,13 +148,13 @@ def _parents(path: str) -> list[str]:
 
 
 def _banner(plan: LaunchPlan) -> list[str]:
-    sel = plan.devices
-    if sel.kind == "cpu":
+    devices = plan.devices
+    if devices.kind == "cpu":
         threads = os.environ.get("OMP_NUM_THREADS") or plan.env.get("OMP_NUM_THREADS")
         what = f"{plan.nproc_per_node} CPU worker(s) (gloo), {threads} thread(s) each"
     else:
-        gpus = ",".join(str(i) for i in sel.gpu_indices)
-        what = (f"1 worker on GPUs {gpus} (DataParallel)" if plan.nproc_per_node == 1 and len(sel.gpu_indices) > 1
+        gpus = ",".join(str(i) for i in devices.gpu_indices)
+        what = (f"1 worker on GPUs {gpus} (DataParallel)" if plan.nproc_per_node == 1 and len(devices.gpu_indices) > 1
                 else f"{plan.nproc_per_node} GPU worker(s) on GPU(s) {gpus}")
     node = plan.node_rank if plan.node_rank is not None else "?"
     nodes = f", node {node} of {plan.nnodes}" if plan.nnodes > 1 else ""
@@ -203,10 +203,10 @@ def launch(opts: LaunchOptions, dry_run: bool = False) -> int:
     for line in _banner(plan):
         err_console().print(line, markup=False, highlight=False)
     # Full collections resume once the workers are running and this process only watches them: resumed now, the
-    # first one (~0.1 s, its start-up's objects) would land while torch's agent starts the workers.
-    later = threading.Timer(_RESUME_GC_AFTER_S, resume_full_gc)
-    later.daemon = True
-    later.start()
+    # first one (over all of the start-up's objects) would land while torch's agent starts the workers.
+    resume_gc_timer = threading.Timer(_RESUME_GC_AFTER_S, resume_full_gc)
+    resume_gc_timer.daemon = True
+    resume_gc_timer.start()
     record = LaunchRecord(_record_path(plan), record_header(plan, opts), final_path=plan.launch_json)
     code = run_plan(plan, record, live=sys.stderr.isatty())
     if code in (EXIT_FAILED, EXIT_USAGE):  # end the failure summary with the post-mortem (`mgpu doctor RUN_DIR`)

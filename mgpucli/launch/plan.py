@@ -140,19 +140,20 @@ def _select(opts: LaunchOptions, facts: RecipeFacts, machine: Machine) -> Device
             "Drop --gpus (and use --cpu --nproc N), or override trainer.device=cuda.",
         )
     cpu = opts.cpu or facts.device == "cpu"
-    sel = select_devices(opts.gpus, cpu, opts.nproc, machine.visible_gpus, machine.environ.get("CUDA_VISIBLE_DEVICES"))
+    selection = select_devices(opts.gpus, cpu, opts.nproc, machine.visible_gpus,
+                               machine.environ.get("CUDA_VISIBLE_DEVICES"))
     if facts.strategy == "dp":
-        if sel.kind == "cpu" and sel.nproc > 1:
+        if selection.kind == "cpu" and selection.nproc > 1:
             raise UsageError(
-                f"trainer.strategy=dp runs one process, but --nproc {sel.nproc} asks for {sel.nproc}.",
+                f"trainer.strategy=dp runs one process, but --nproc {selection.nproc} asks for {selection.nproc}.",
                 "On CPUs use trainer.strategy=ddp (or auto) with --cpu --nproc N.",
             )
-    elif facts.strategy == "single" and sel.nproc > 1:
+    elif facts.strategy == "single" and selection.nproc > 1:
         raise UsageError(
-            f"trainer.strategy=single trains on one device, but launch would start {sel.nproc} processes.",
+            f"trainer.strategy=single trains on one device, but launch would start {selection.nproc} processes.",
             "Use trainer.strategy=ddp (or auto) for several processes, or ask for one: --gpus 1, / --nproc 1.",
         )
-    return sel
+    return selection
 
 
 def _parse_endpoint(endpoint: str) -> tuple[str, int]:
@@ -188,8 +189,8 @@ def build_plan(
     """Validate the options against the machine and build the torchrun arguments (UsageError on bad input)."""
     if opts.max_restarts < 0:
         raise UsageError(f"--max-restarts {opts.max_restarts}: must be 0 or more.", "Example: --max-restarts 2.")
-    sel = _select(opts, facts, machine)
-    nproc = 1 if facts.strategy == "dp" else sel.nproc
+    selection = _select(opts, facts, machine)
+    nproc = 1 if facts.strategy == "dp" else selection.nproc
     slurm = read_slurm(machine.environ)
     notes: list[str] = []
     nnodes = opts.nnodes if opts.nnodes is not None else (slurm.nnodes if slurm else 1)
@@ -282,8 +283,8 @@ def build_plan(
     args += ["--log-dir", log_dir, "--redirects", "3", "--tee", "0:3"]
     if slurm is not None:
         args += ["--signals-to-handle", SLURM_SIGNALS]
-    wargs = worker_args(opts)
-    args += ["-m", WORKER_MODULE, *wargs]
+    worker_argv = worker_args(opts)
+    args += ["-m", WORKER_MODULE, *worker_argv]
 
     env = {"TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": LOG_PREFIX_TEMPLATE, "MGPU_RUN_DIR": facts.run_dir}
     if backend == "c10d" and opts.max_restarts > 0:
@@ -292,17 +293,16 @@ def build_plan(
         # plain `torchrun --standalone --max-restarts 1` fails the same way). Opting out of the shared store
         # gives each round a fresh one, hosted by the round's rank 0. Only when there can be a second round:
         # a rank that reaches init_process_group before rank 0 has opened that store waits in the client's
-        # connect backoff (0.5-0.7 s in 4 of 6 starts measured here), time to first step that plain torchrun
-        # doesn't pay.
+        # connect backoff (about half a second), time to first step that plain torchrun doesn't pay.
         env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
-    if sel.kind == "cuda" and sel.cuda_visible_devices is not None:
-        env["CUDA_VISIBLE_DEVICES"] = sel.cuda_visible_devices
-    if sel.kind == "cpu" and not machine.environ.get("OMP_NUM_THREADS"):
+    if selection.kind == "cuda" and selection.cuda_visible_devices is not None:
+        env["CUDA_VISIBLE_DEVICES"] = selection.cuda_visible_devices
+    if selection.kind == "cpu" and not machine.environ.get("OMP_NUM_THREADS"):
         # torchrun alone pins every worker to 1 thread; share the cores instead (or use the recipe's count).
         threads = facts.cpu_threads or max(1, machine.cpu_count // nproc)
         env["OMP_NUM_THREADS"] = str(threads)
     return LaunchPlan(
-        devices=sel,
+        devices=selection,
         nproc_per_node=nproc,
         nnodes=nnodes,
         node_rank=node_rank,
@@ -312,7 +312,7 @@ def build_plan(
         run_dir=facts.run_dir,
         log_dir=log_dir,
         launch_json=os.path.join(facts.run_dir, _launch_json_name(nnodes, node_rank, machine.hostname)),
-        worker_args=wargs,
+        worker_args=worker_argv,
         torchrun_args=args,
         env=env,
         slurm=slurm,

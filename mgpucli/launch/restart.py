@@ -63,15 +63,15 @@ def stop_reason(previous: Sequence[FailureRecord], earlier: Sequence[FailureReco
     before it. A failure that says it is not retryable (bad input, a NaN) stops at once; the same exception
     with the same message at the same step as in the attempt before stops the second time it happens.
     """
-    for rec in sorted(previous, key=lambda r: r.time):
-        if not rec.retryable:
-            return f"rank {rec.rank} failed with {rec.type}, which a restart from the last checkpoint repeats"
-    seen = {sig: rec for rec in earlier if (sig := rec.signature()) is not None}
-    for rec in sorted(previous, key=lambda r: r.time):
-        sig = rec.signature()
-        if sig is not None and sig in seen:
+    for record in sorted(previous, key=lambda r: r.time):
+        if not record.retryable:
+            return f"rank {record.rank} failed with {record.type}, which a restart from the last checkpoint repeats"
+    seen = {signature: record for record in earlier if (signature := record.signature()) is not None}
+    for record in sorted(previous, key=lambda r: r.time):
+        signature = record.signature()
+        if signature is not None and signature in seen:
             return (
-                f"rank {rec.rank} failed again with the same {rec.type} at step {rec.step} as in attempt "
-                f"{seen[sig].attempt}: restarting would repeat it"
+                f"rank {record.rank} failed again with the same {record.type} at step {record.step} as in attempt "
+                f"{seen[signature].attempt}: restarting would repeat it"
             )
     return None

@@ -51,8 +51,8 @@ def nodes_disagree(run: RunRecord) -> Match | None:
         return None
     evidence, differ = [], []
     for key, sub in _NODE_KEYS:
-        values = [(path, (rec.get(key) or {}).get(sub) if key != sub else rec.get(key))
-                  for path, rec in run.node_records]
+        values = [(path, (record.get(key) or {}).get(sub) if key != sub else record.get(key))
+                  for path, record in run.node_records]
         if len({json.dumps(v, sort_keys=True) for _, v in values}) > 1:
             name = f"{key}.{sub}" if key != sub else key
             differ.append(name)

@@ -99,9 +99,9 @@ def diagnose_attempt(run: RunRecord, attempt: Attempt, hint: int | None = None) 
     _explain_timeouts(ordered, runs)
     for failure in ordered:
         tailor(failure.match, run)
-    spe = steps_per_epoch(runs)
+    steps_in_epoch = steps_per_epoch(runs)
     for failure in ordered:
-        _when(failure, runs[failure.rank].record if failure.rank is not None else None, run, spe)
+        _when(failure, runs[failure.rank].record if failure.rank is not None else None, run, steps_in_epoch)
     return ordered
 
 
@@ -146,7 +146,7 @@ def _explain_timeouts(ordered: list[Failure], runs: dict[int, RankRun]) -> None:
         ordered.insert(0, timeouts[0])
 
 
-def _when(failure: Failure, record: FailureRecord | None, run: RunRecord, spe: int | None) -> None:
+def _when(failure: Failure, record: FailureRecord | None, run: RunRecord, steps_in_epoch: int | None) -> None:
     """The step (and epoch) of the failure: the message's own step (a NaN is detected steps after it happened:
     the message names the step it happened at), the worker's record, or the last metrics."""
     if failure.match.step is not None:
@@ -157,13 +157,13 @@ def _when(failure: Failure, record: FailureRecord | None, run: RunRecord, spe: i
         train = run.last_metrics("train")
         if train is not None and isinstance(train.get("step"), int):
             failure.step, failure.step_source = train["step"], "last logged metrics"
-    failure.epoch = _epoch(failure.step, run, spe)
+    failure.epoch = _epoch(failure.step, run, steps_in_epoch)
 
 
-def _epoch(step: int | None, run: RunRecord, spe: int | None) -> int | None:
+def _epoch(step: int | None, run: RunRecord, steps_in_epoch: int | None) -> int | None:
     """The epoch ``step`` belongs to (rank 0's "N steps per epoch"), else the last logged one."""
-    if step is not None and spe:
-        return max(0, (step - 1) // spe) + 1  # numbered from 1, as in metrics.jsonl
+    if step is not None and steps_in_epoch:
+        return max(0, (step - 1) // steps_in_epoch) + 1  # numbered from 1, as in metrics.jsonl
     train = run.last_metrics("train")
     return train.get("epoch") if train else None
 
@@ -241,10 +241,10 @@ def _preemption(run: RunRecord) -> Preemption:
                and r.record.exit_code == EXIT_PREEMPTED]
     signal, signalled = result.get("signal"), None
     if not signal:  # the launcher got no signal: a worker was sent one directly (its record names it)
-        for rec in records:
-            found = rec.signal or (m[1] if (m := _STOPPED_BY.search(rec.message)) else None)
+        for record in records:
+            found = record.signal or (m[1] if (m := _STOPPED_BY.search(record.message)) else None)
             if found:
-                signal, signalled = found, rec.rank
+                signal, signalled = found, record.rank
                 break
     info = read_checkpoint_info(run.checkpoint) if run.checkpoint else None
     recorded = result.get("step") if isinstance(result.get("step"), int) else None
@@ -253,8 +253,8 @@ def _preemption(run: RunRecord) -> Preemption:
         step, source = info.step, "checkpoint"
     elif recorded is not None:
         step, source = recorded, "launch record"
-    elif any(rec.step is not None for rec in records):
-        step, source = max(rec.step for rec in records if rec.step is not None), "failure record"
+    elif any(record.step is not None for record in records):
+        step, source = max(record.step for record in records if record.step is not None), "failure record"
     elif train is not None and isinstance(train.get("step"), int):
         step, source = train["step"], "last logged metrics"
     else:

@@ -107,8 +107,8 @@ def read_run(path: str) -> RunRecord:
     recorded_root = str(launch.get("run_dir") or run_dir)
     attempts = _merge_attempts([r for r in records if r], run_dir, recorded_root)
     exitcodes: dict[int, int] = {}
-    for rec in records:
-        for rank, code in ((rec or {}).get("result") or {}).get("exitcodes", {}).items():
+    for record in records:
+        for rank, code in ((record or {}).get("result") or {}).get("exitcodes", {}).items():
             exitcodes[int(rank)] = int(code)
     run = RunRecord(run_dir=run_dir, launch_paths=paths, launch=launch, attempts=attempts, exitcodes=exitcodes,
                     node_records=[(p, r) for p, r in zip(paths, records, strict=True) if r])
@@ -142,8 +142,8 @@ def _relocate(path: str, run_dir: str, recorded_root: str) -> str:
 def _merge_attempts(records: list[dict[str, Any]], run_dir: str, recorded_root: str) -> list[Attempt]:
     """Attempts by number, with the ranks of every node's record."""
     merged: dict[int, Attempt] = {}
-    for rec in records:
-        for item in rec.get("attempts") or []:
+    for record in records:
+        for item in record.get("attempts") or []:
             number = int(item.get("attempt", 0))
             attempt = merged.setdefault(number, Attempt(number, _relocate(item.get("dir", ""), run_dir,
                                                                           recorded_root)))
