@@ -31,6 +31,7 @@ _PEER = re.compile(
     r"Preempted|lost its connection to another rank",
     re.IGNORECASE,
 )
+TEARDOWN_CATEGORY = 4  # RankFailure.category of a rank stopped by the agent's teardown signal
 _DIAGNOSED_TIMEOUT = "Ranks that had not arrived:"  # mgpucli.engine.clear_errors.collective_failure
 
 
@@ -70,7 +71,7 @@ class RankFailure:
                 sig = signal.Signals(-self.exitcode)
             except ValueError:
                 return 0
-            return 4 if sig in TEARDOWN_SIGNALS else 0
+            return TEARDOWN_CATEGORY if sig in TEARDOWN_SIGNALS else 0
         if not text:
             return 2
         return 3 if _PEER.search(text) else 1
@@ -124,8 +125,11 @@ def collect(attempt: Attempt, exitcodes: Mapping[int, int] | None = None) -> lis
 
 
 def all_refused(failures: list[RankFailure]) -> bool:
-    """Every failed rank exited with EXIT_USAGE: bad input (a recipe, a checkpoint) that no worker could use."""
-    return bool(failures) and all(f.exitcode == EXIT_USAGE for f in failures)
+    """Bad input (a recipe, a checkpoint) that no worker could use: every failed rank exited with EXIT_USAGE, but
+    for ranks the agent's teardown signal stopped (once one rank has exited, torch's agent SIGTERMs the others,
+    which may still be on their way out with the same error)."""
+    return any(f.exitcode == EXIT_USAGE for f in failures) and all(
+        f.exitcode == EXIT_USAGE or f.category == TEARDOWN_CATEGORY for f in failures)
 
 
 def preempted(attempt: Attempt) -> list[FailureRecord]:

@@ -14,7 +14,7 @@ from mgpucli.launch.failure_summary import summarize
 from mgpucli.launch.main import record_header
 from mgpucli.launch.plan import LaunchOptions, Machine, RecipeFacts, build_plan
 from mgpucli.launch.ports import port_is_free, port_problem, require_free_port
-from mgpucli.run_records.first_failure import collect, preempted
+from mgpucli.run_records.first_failure import all_refused, collect, preempted
 from mgpucli.run_records.launch_record import LaunchRecord, build_attempt, filter_env
 from mgpucli.run_records.worker_records import FailureRecord, record_path, write_record
 
@@ -96,6 +96,21 @@ def test_without_exit_codes_only_ranks_that_left_an_error_count(tmp_path: Path):
     found = collect(attempt)
     assert [f.rank for f in found] == [1]
     assert found[0].message == "RuntimeError: boom"
+
+
+@pytest.mark.parametrize(("codes", "refused"), [({0: 2, 1: 2}, True), ({0: 2, 1: -signal.SIGTERM}, True),
+                                               ({0: -signal.SIGTERM, 1: 2}, True), ({0: 2, 1: 1}, False),
+                                               ({0: 2, 1: -signal.SIGKILL}, False), ({0: -signal.SIGTERM}, False)])
+def test_bad_input_stays_bad_input_when_the_agent_stopped_a_rank_on_its_way_out(tmp_path: Path, codes, refused):
+    """Once one rank exited with exit code 2, torch's agent SIGTERMs the others, which may not have exited yet."""
+    attempt = make_attempt(tmp_path)
+    found = collect(attempt, codes)
+    assert all_refused(found) is refused
+    text = summarize(found, attempt, 1, "launch.json")
+    assert text.startswith("every rank stopped on bad input") is refused
+    if refused:
+        said = min(rank for rank, code in codes.items() if code == 2)
+        assert f"rank {said} said:" in text
 
 
 def test_summary_when_nothing_was_recorded(tmp_path: Path):
