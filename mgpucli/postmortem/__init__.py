@@ -1,6 +1,7 @@
 """Post-mortem of a run: did it finish, which rank failed first, when, why, and how to fix it.
 
-Layout (stdlib only: ``mgpu doctor RUN_DIR`` never imports torch):
+Layout (stdlib only: ``mgpu doctor RUN_DIR`` never imports torch, nor the launcher: the files it reads are
+described in :mod:`mgpucli.run_records`, which ``mgpu launch`` writes through):
 
 - ``lines``: log lines tagged with their rank, file and line number (``[rankN]:`` prefixes understood, so
   lines interleaved from several ranks work as well as one rank's own file).
@@ -8,7 +9,7 @@ Layout (stdlib only: ``mgpu doctor RUN_DIR`` never imports torch):
   the evidence lines and the fix), in priority order.
 - ``reader``: ``launch.json`` -> every rank's logs, torch error files and mgpu failure records for every
   attempt, plus ``metrics.jsonl`` and the recipe.
-- ``checkpoint``: the step a checkpoint holds, read without torch (a preempted run continues from it).
+- ``checkpoint_peek``: the step a checkpoint holds, read without torch (a preempted run continues from it).
 - ``diagnose``: which rank failed first and why, or that the run was preempted (``diagnose_run``); ``context``
   adds what the run's records know (its settings in the fixes, nodes launched differently, the resume command);
   ``report``: the result as data.
