@@ -142,7 +142,7 @@ def test_recipes_lists_shows_and_copies(venv, outside):
     assert all(Path(x["path"]).is_relative_to(venv) and x["description"] for x in found)
     r = in_venv(venv, "mgpu", "recipes", cwd=outside)
     _check(r, "mgpu recipes")
-    assert "quickstart" in r.stderr and "Synthetic 4-class classification" in r.stderr
+    assert "quickstart" in r.stdout and "Synthetic 4-class classification" in r.stdout  # the list: on stdout
     r = in_venv(venv, "mgpu", "recipes", "show", "digits", cwd=outside)
     assert r.returncode == 0 and r.stdout == (RECIPES / "digits.yaml").read_text(), r.output
     r = in_venv(venv, "mgpu", "recipes", "copy", "quickstart", "mine.yaml", cwd=outside)

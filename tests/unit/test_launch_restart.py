@@ -121,7 +121,7 @@ def test_launched_workers_call_train_directly_for_the_arguments_launch_passes():
 
 
 class _Seen:
-    """A Progress whose heartbeats are given: rank 0 at step 30 in the all-reduce, rank 1 left at step 20."""
+    """A Heartbeat whose beats are given: rank 0 at step 30 in the all-reduce, rank 1 left at step 20."""
 
     rank, world_size = 0, 2
 
