@@ -2,8 +2,8 @@
 
 ``mgpu launch`` composes and checks the recipe once, before it starts anything; each worker then runs
 ``mgpu train`` with the same recipe and overrides. Composing it again there (importing and running Hydra's
-compose, the schema merge, the ``_target_`` checks) cost every worker 0.2-0.3 s of time to first step
-(benchmarks/overhead.py). So the launcher writes the resolved recipe to a file and names it in
+compose, the schema merge, the ``_target_`` checks) would add a few tenths of a second to every worker's time to
+first step. So the launcher writes the resolved recipe to a file and names it in
 ``MGPU_CHECKED_RECIPE``; a worker takes it only when its fingerprint (the recipe file's bytes and the overrides)
 matches the worker's own arguments, and composes as usual otherwise (plain ``torchrun ... mgpu train``, a recipe
 edited since, other overrides, an unreadable file).
