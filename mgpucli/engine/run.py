@@ -43,7 +43,7 @@ def run_training(recipe: str, overrides: list[str], *, resume: str | None = None
     trainer = None
     try:
         runtime = setup_process_group(env, cfg.trainer.device, cfg.trainer.timeout_s, cfg.trainer.cpu_threads)
-        trainer = Trainer(cfg, runtime, reporter, resume=resume, overwrite=overwrite)
+        trainer = Trainer(cfg, runtime, reporter, resume=resume, overwrite=overwrite, source=recipe)
         trainer.setup()
         if started is not None:
             started()

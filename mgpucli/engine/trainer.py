@@ -20,11 +20,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from mgpucli import faults
 from mgpucli.config import run_length
-from mgpucli.config.targets import build
+from mgpucli.config.components import build_component
 from mgpucli.distributed.heartbeat import Heartbeat
 from mgpucli.distributed.runtime import Runtime
 from mgpucli.engine import state as engine_state
@@ -71,8 +71,9 @@ class Trainer:
     """One worker's training run. Build with a validated recipe and a Runtime, call ``setup()``, then ``fit()``."""
 
     def __init__(self, cfg: DictConfig, runtime: Runtime, reporter: Reporter, resume: str | None = None,
-                 overwrite: bool = False):
+                 overwrite: bool = False, source: str = "the recipe"):
         self.cfg, self.runtime, self.reporter = cfg, runtime, reporter
+        self.source = source  # the recipe as the user named it, for problems found while building
         self.resume, self.overwrite = resume, overwrite
         self.position = Position()
         self.stop = StopRequests()
@@ -90,10 +91,12 @@ class Trainer:
         """Build everything (in the order that makes every rank's model the same), take the run dir, resume."""
         cfg, runtime = self.cfg, self.runtime
         engine_state.seed_everything(cfg.seed)  # one global seed for init: every rank builds the same model
-        train_set = build(cfg.data.train)
-        val_set = build(cfg.data.val) if cfg.data.val is not None else None
-        model = build(cfg.model)
-        self.task = build_task(OmegaConf.to_container(cfg.task) if isinstance(cfg.task, DictConfig) else cfg.task)
+        source = self.source
+        train_set = build_component("data.train", cfg.data.train, source=source)
+        val_set = build_component("data.val", cfg.data.val, source=source) if cfg.data.val is not None else None
+        model = build_component("model", cfg.model, source=source)
+        self.task = (build_component("task", cfg.task, source=source) if isinstance(cfg.task, DictConfig)
+                     else build_task(cfg.task))
         self.loaders = build_loaders(train_set, val_set, cfg.data, cfg.seed, runtime)
         # ${total_steps:}/${steps_per_epoch:} become numbers now, before the optimizer and scheduler are built
         length = run_length.of(len(self.loaders.train), cfg.trainer.grad_accum, cfg.trainer.epochs,
@@ -104,8 +107,9 @@ class Trainer:
         self.heartbeat.start()
         with self.heartbeat.in_phase("setup: DDP parameter broadcast"):
             wrapped = wrap_model(model, cfg.trainer, runtime)
-        optimizer = build(cfg.optim, wrapped.raw.parameters())
-        scheduler = build(cfg.scheduler, optimizer) if cfg.scheduler is not None else None
+        optimizer = build_component("optim", cfg.optim, wrapped.raw.parameters(), source=source)
+        scheduler = (build_component("scheduler", cfg.scheduler, optimizer, source=source)
+                     if cfg.scheduler is not None else None)
         self.autocast_dtype = _AUTOCAST.get(cfg.trainer.precision)
         scaler = torch.amp.GradScaler(runtime.device.type) if cfg.trainer.precision == "fp16" else None
         self.trained = Trained(wrapped, optimizer, scheduler, scaler, self.loaders.train)

@@ -15,7 +15,8 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from mgpucli.config import check_recipe, load_recipe
-from mgpucli.config.targets import TOP_COMPONENTS, build
+from mgpucli.config.components import build_component
+from mgpucli.config.targets import TOP_COMPONENTS
 from mgpucli.config.trust import require_trusted
 from mgpucli.engine.checkpoint import is_mgpu_checkpoint, read_file
 from mgpucli.engine.state import load_model_state
@@ -84,7 +85,7 @@ def load_checkpoint(path: str | Path, overrides: list[str] | None = None, *, rec
     weights, info = _state_dict_of(read_file(path, map_location=map_location), path)
     cfg = resolve_recipe(info, path, list(overrides or []), recipe, trust_recipe)
     torch.manual_seed(int(cfg.seed))
-    model = build(cfg.model)
+    model = build_component("model", cfg.model, source=path)
     load_model_state(model, weights, path)
     model.to(map_location).eval()
     info.pop("recipe_text", None)
@@ -99,7 +100,7 @@ def validation_dataset(cfg: DictConfig, split: str, source: str):
             f"Give one with an override, e.g. '+data.{split}={{_target_: ...}}' or data.{split}._target_=..., "
             "or choose another --split.",
         )
-    return build(node)
+    return build_component(f"data.{split}", node, source=source)
 
 
 def run_validation(checkpoint: str, overrides: list[str], *, recipe: str | None, split: str, trust_recipe: bool,
@@ -119,7 +120,7 @@ def run_validation(checkpoint: str, overrides: list[str], *, recipe: str | None,
     runtime = setup_process_group(env, cfg.trainer.device, cfg.trainer.timeout_s, cfg.trainer.cpu_threads)
     try:
         torch.manual_seed(int(cfg.seed))
-        model = build(cfg.model)
+        model = build_component("model", cfg.model, source=checkpoint)
         load_model_state(model, weights, checkpoint)
         model.to(runtime.device)
         if cfg.trainer.channels_last:
@@ -128,7 +129,8 @@ def run_validation(checkpoint: str, overrides: list[str], *, recipe: str | None,
         batch = int(cfg.data.val_batch_size or cfg.data.batch_size)
         batches = FixedBatches(len(dataset), batch, runtime.rank, runtime.world_size)
         loader = torch.utils.data.DataLoader(dataset, batch_sampler=batches, num_workers=0)
-        task = build_task(OmegaConf.to_container(cfg.task) if isinstance(cfg.task, DictConfig) else cfg.task)
+        task = (build_component("task", cfg.task, source=checkpoint) if isinstance(cfg.task, DictConfig)
+                else build_task(cfg.task))
         dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.trainer.precision)
         result = evaluate_exact(model, loader, batches, task, runtime, dtype)
         collectives.barrier(runtime)  # every rank is done with the group before any rank destroys it

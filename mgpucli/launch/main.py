@@ -25,6 +25,7 @@ def _check_recipe(opts: LaunchOptions):
     from omegaconf import OmegaConf
 
     from mgpucli.config import check_recipe, load_recipe
+    from mgpucli.config.components import check_builds
     from mgpucli.config.handoff import fingerprint
     from mgpucli.engine.run import ensure_cwd_on_path
 
@@ -34,6 +35,7 @@ def _check_recipe(opts: LaunchOptions):
     if cfg is None:
         cfg = load_recipe(opts.recipe, overrides)
     check_recipe(cfg, opts.recipe)
+    check_builds(cfg, opts.recipe)  # the optimizer, scheduler, task and model (meta device): before any worker
     threads = OmegaConf.select(cfg, "trainer.cpu_threads", default=None)
     facts = RecipeFacts(
         run_dir=str(OmegaConf.select(cfg, "run_dir", default=f"runs/{cfg.name}")),
