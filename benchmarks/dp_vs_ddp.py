@@ -144,7 +144,6 @@ def main(argv: list[str] | None = None) -> int:
         device = f"{visible} x {torch.cuda.get_device_name(0)}, torch {torch.__version__}"
     else:
         device = f"CPU smoke test, {args.gpus} gloo processes"
-    jobs.exit_on_sigterm()
     root = Path(tempfile.mkdtemp(prefix="mgpu-dp-ddp-"))
     results = []
     try:
@@ -176,4 +175,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    jobs.run_main(main)

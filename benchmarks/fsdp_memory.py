@@ -79,7 +79,6 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     import torch
 
-    jobs.exit_on_sigterm()
     root = Path(tempfile.mkdtemp(prefix="mgpu-fsdp-memory-"))
     try:
         full = torch.load(launch(args, "ddp", root) / "last.pt", weights_only=True)
@@ -100,4 +99,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    jobs.run_main(main)

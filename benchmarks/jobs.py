@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import signal
 import subprocess
+import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -29,6 +30,18 @@ def _exit(signum, frame) -> None:
 def exit_on_sigterm() -> None:
     """From now on SIGTERM raises SystemExit (exit status 143) in the main thread: ``finally`` blocks run."""
     signal.signal(signal.SIGTERM, _exit)
+
+
+def run_main(main: Callable[[], int]) -> None:
+    """A benchmark's entry point: SIGTERM ends it as Ctrl-C does, every job it started killed; Ctrl-C exits 130
+    with one line instead of a traceback."""
+    exit_on_sigterm()
+    try:
+        code = main()
+    except KeyboardInterrupt:
+        print(f"{Path(sys.argv[0]).name}: stopped; the jobs it started are killed", file=sys.stderr)
+        code = 130
+    sys.exit(code)
 
 
 @dataclass

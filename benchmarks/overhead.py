@@ -275,7 +275,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.gpus and torch.cuda.device_count() < args.gpus:
         print(f"overhead.py --gpus {args.gpus}: skipped, {torch.cuda.device_count()} CUDA GPU(s) visible.")
         return 0
-    jobs.exit_on_sigterm()  # a stopped benchmark kills what it started
     started = time.time()
     device = (f"{args.gpus} x {torch.cuda.get_device_name(0)} (nccl)" if args.gpus
               else f"{args.nproc} CPU processes (gloo)")
@@ -321,4 +320,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    jobs.run_main(main)

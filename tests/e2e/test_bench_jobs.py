@@ -68,17 +68,18 @@ def test_after_its_time_limit_the_whole_tree_is_killed(tmp_path):
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 def test_a_benchmark_stopped_by_sigterm_or_ctrl_c_kills_the_jobs_it_started(tmp_path, signum):
     bench = (f"import os, sys\nsys.path.insert(0, {str(REPO)!r})\n"
-             "from benchmarks.jobs import exit_on_sigterm, run\n"
-             "exit_on_sigterm()\n"
-             f"run([sys.executable, '-c', {LAUNCHER!r}, {str(tmp_path / 'w')!r}, '120'], dict(os.environ), 120, "
-             f"__import__('pathlib').Path({str(tmp_path / 'log')!r}))\n")
-    proc = subprocess.Popen([sys.executable, "-c", bench], start_new_session=True, stderr=subprocess.DEVNULL)
+             "from pathlib import Path\n"
+             "from benchmarks.jobs import run, run_main\n"
+             f"run_main(lambda: run([sys.executable, '-c', {LAUNCHER!r}, {str(tmp_path / 'w')!r}, '120'], "
+             f"dict(os.environ), 120, Path({str(tmp_path / 'log')!r})).rc)\n")
+    proc = subprocess.Popen([sys.executable, "-c", bench], start_new_session=True, stderr=subprocess.PIPE, text=True)
     worker = None
     try:
         worker = _wait_for(tmp_path / "w.pid")
         proc.send_signal(signum)
-        assert proc.wait(timeout=30) != 0
+        assert proc.wait(timeout=30) == 128 + signum  # 143 for SIGTERM, 130 for Ctrl-C
         assert _gone(worker), "the worker in its own session outlived the stopped benchmark"
+        assert "Traceback" not in proc.stderr.read()
     finally:
         stop_tree(proc)
         if worker and _alive(worker):
