@@ -14,7 +14,7 @@ end): the time between consecutive records of one epoch over the steps between t
 less its steady steps. Peak memory is each rank's VmHWM, read from /proc while the job runs (benchmarks/jobs.py).
 A target is "ok" when its whole 95% interval meets it, "MISSED" when none of it does, else "not resolved".
 
-    python benchmarks/overhead.py                   # CPU, 2 gloo processes, both workloads: ~5 min on 2 cores
+    python benchmarks/overhead.py                   # CPU, 2 gloo processes, both workloads: ~4-5 min on 2 cores
     python benchmarks/overhead.py --rounds 2 --cli-repeats 3      # a smoke run
     python benchmarks/overhead.py --gpus 2          # CUDA GPUs, nccl
 """
