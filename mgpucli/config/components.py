@@ -78,11 +78,38 @@ def check_builds(cfg: DictConfig, source: str) -> None:
     optimizer = attempt("optim", lambda: build_component("optim", cfg.optim, stand_in, source=source))
     if optimizer is not None and cfg.get("scheduler") is not None:
         attempt("scheduler", lambda: build_component("scheduler", cfg.scheduler, optimizer, source=source))
-    if isinstance(cfg.get("task"), DictConfig):
-        attempt("task", lambda: build_component("task", cfg.task, source=source))
+    task = (attempt("task", lambda: build_component("task", cfg.task, source=source))
+            if isinstance(cfg.get("task"), DictConfig) else _builtin_task(cfg.get("task")))
+    if task is not None:
+        problems.extend(metric_problems(cfg, task))
     _check_model(cfg, source, problems)
     if problems:
-        raise RecipeError(source, problems, f"Fix these components' arguments; {DEBUG_ENV}=1 shows the tracebacks.")
+        raise RecipeError(source, problems, f"Fix the keys above (in the recipe or with overrides); {DEBUG_ENV}=1 "
+                          "shows the tracebacks.")
+
+
+def _builtin_task(name: Any) -> Any:
+    from mgpucli.engine.tasks import BUILTIN
+
+    return BUILTIN[name]() if name in BUILTIN else None
+
+
+def metric_problems(cfg: DictConfig, task: Any) -> list[str]:
+    """``trainer.best_metric`` (and the like) must name a metric the task reports, or best.pt never comes."""
+    import difflib
+
+    from mgpucli.engine.tasks import metric_names
+
+    try:
+        names = metric_names(task)
+    except Exception:  # a custom task whose metrics() can't take unit sums: nothing to check against
+        return []
+    wanted = cfg.trainer.get("best_metric")
+    if not wanted or wanted in names:
+        return []
+    close = difflib.get_close_matches(wanted, names, n=1, cutoff=0.5)
+    hint = f" (did you mean '{close[0]}'?)" if close else ""
+    return [f"trainer.best_metric: '{wanted}' is not a metric the task reports ({', '.join(names)}){hint}"]
 
 
 def _check_model(cfg: DictConfig, source: str, problems: list[str]) -> None:

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from mgpucli.cpus import threads_per_process
+from mgpucli.cpus import omp_threads_problem, threads_per_process
 from mgpucli.distributed.env import RankEnv
 from mgpucli.errors import UsageError
 
@@ -70,6 +70,10 @@ def default_cpu_threads(env: RankEnv) -> int:
 def setup_process_group(env: RankEnv, device_pref: str, timeout_s: int, cpu_threads: int | None) -> Runtime:
     """Pick the device, set the thread count on CPU, and initialise the process group when distributed."""
     device = choose_device(device_pref, env)
+    problem = omp_threads_problem(os.environ)
+    if problem:
+        raise UsageError(f"{problem}.", "Unset it (`unset OMP_NUM_THREADS`), or give a count: "
+                         "export OMP_NUM_THREADS=4 (mgpu sets cores / processes for CPU workers by itself).")
     threads = None
     if device.type == "cpu":
         threads = cpu_threads or default_cpu_threads(env)

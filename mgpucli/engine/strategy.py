@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass
 
 import torch
@@ -90,8 +91,10 @@ def _fsdp_targets(model: nn.Module, wrap: list[str] | None) -> list[nn.Module]:
         missing = set(wrap) - {type(m).__name__ for m in found}
         if missing:
             names = sorted({type(m).__name__ for m in model.modules()})
-            raise UsageError(f"trainer.fsdp.wrap names {', '.join(sorted(missing))}, which the model doesn't "
-                             f"contain (its module classes: {', '.join(names)}).", "Fix trainer.fsdp.wrap.")
+            close = {m: difflib.get_close_matches(m, names, n=1) for m in sorted(missing)}
+            hints = [f"'{m}' (did you mean '{c[0]}'?)" if c else f"'{m}'" for m, c in close.items()]
+            raise UsageError(f"trainer.fsdp.wrap names {', '.join(hints)}, which the model doesn't contain (its "
+                             f"module classes: {', '.join(names)}).", "Fix trainer.fsdp.wrap.")
         return found
     return [child for m in model.modules() if isinstance(m, nn.ModuleList) for child in m]
 

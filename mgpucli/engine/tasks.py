@@ -113,6 +113,11 @@ class LanguageModel(Task):
 BUILTIN = {"classification": Classification, "regression": Regression, "language_model": LanguageModel}
 
 
+def metric_names(task: Task) -> list[str]:
+    """The metrics ``task`` reports (what ``trainer.best_metric`` may name): the keys of its metrics of unit sums."""
+    return list(task.metrics([1.0] * len(task.stat_names)))
+
+
 def build_task(spec) -> Task:
     """A built-in task by name, or a ``_target_`` component."""
     if isinstance(spec, str):

@@ -24,7 +24,7 @@ from omegaconf import DictConfig
 
 from mgpucli import faults
 from mgpucli.config import run_length
-from mgpucli.config.components import build_component
+from mgpucli.config.components import build_component, metric_problems
 from mgpucli.distributed.heartbeat import Heartbeat
 from mgpucli.distributed.runtime import Runtime
 from mgpucli.engine import state as engine_state
@@ -37,7 +37,7 @@ from mgpucli.engine.rundir import MetricsWriter
 from mgpucli.engine.stop_requests import StopRequests
 from mgpucli.engine.strategy import wrap_model
 from mgpucli.engine.tasks import build_task
-from mgpucli.errors import Preempted
+from mgpucli.errors import Preempted, RecipeError
 from mgpucli.run_files import checkpoint_dir
 
 _AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -97,6 +97,9 @@ class Trainer:
         model = build_component("model", cfg.model, source=source)
         self.task = (build_component("task", cfg.task, source=source) if isinstance(cfg.task, DictConfig)
                      else build_task(cfg.task))
+        wrong_metric = metric_problems(cfg, self.task)
+        if wrong_metric:
+            raise RecipeError(source, wrong_metric, "Name one of the metrics listed, or drop it.")
         self.loaders = build_loaders(train_set, val_set, cfg.data, cfg.seed, runtime)
         # ${total_steps:}/${steps_per_epoch:} become numbers now, before the optimizer and scheduler are built
         length = run_length.of(len(self.loaders.train), cfg.trainer.grad_accum, cfg.trainer.epochs,

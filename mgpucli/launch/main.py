@@ -9,7 +9,7 @@ import socket
 import sys
 import threading
 
-from mgpucli.cpus import available_cores
+from mgpucli.cpus import available_cores, omp_threads_problem
 from mgpucli.errors import EXIT_FAILED, EXIT_USAGE, UsageError
 from mgpucli.launch.plan import LaunchOptions, LaunchPlan, Machine, RecipeFacts, build_plan, worker_overrides
 from mgpucli.run_files import check_start, holds_a_run
@@ -100,6 +100,10 @@ def prepare(opts: LaunchOptions) -> LaunchPlan:
 
 
 def _prepare(opts: LaunchOptions):
+    problem = omp_threads_problem(os.environ)
+    if problem:  # every worker would inherit it
+        raise UsageError(f"{problem}.", "Unset it (`unset OMP_NUM_THREADS`) and mgpu gives each CPU worker cores / "
+                         "processes threads, or give a count: export OMP_NUM_THREADS=4.")
     facts, cfg = _check_recipe(opts)
     machine = this_machine(need_gpus=not opts.cpu and facts.device != "cpu")
     plan = build_plan(opts, facts, machine)

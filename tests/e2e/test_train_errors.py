@@ -143,3 +143,22 @@ def test_a_dataset_that_fails_in_the_workers_is_reported_as_a_recipe_problem(tmp
     report = json.loads(doctor.stdout)
     assert report["first_failure"]["signature"] == "recipe_problem", report
     assert report["first_failure"]["title"].startswith("a problem in the recipe, not a crash: data.train: building")
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+@pytest.mark.parametrize("override, fragments", [
+    ("trainer.clip_grad_norm=-1", ["trainer.clip_grad_norm: must be > 0", "got -1.0"]),
+    ("trainer.best_metric=acc", ["trainer.best_metric: 'acc' is not a metric the task reports (loss, accuracy) "
+                                 "(did you mean 'accuracy'?)"]),
+])
+def test_values_that_type_check_but_make_no_sense_are_refused(tmp_path, command, override, fragments):
+    r = mgpu(*command, "quickstart", override, cwd=tmp_path, timeout=90)
+    assert_usage_error(r, *fragments)
+    assert not list(tmp_path.glob("runs/quickstart/checkpoints/*.pt"))
+
+
+@pytest.mark.parametrize("command", [["train", "quickstart"], ["launch", "--cpu", "--nproc", "2", "quickstart"]])
+def test_an_omp_num_threads_torch_would_ignore_is_refused(tmp_path, command):
+    r = mgpu(*command, cwd=tmp_path, env={"OMP_NUM_THREADS": "four"}, timeout=60)
+    assert_usage_error(r, "OMP_NUM_THREADS='four' is not a positive integer", "unset OMP_NUM_THREADS")
+    assert not (tmp_path / "runs").exists()
