@@ -22,11 +22,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +33,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from benchmarks.children import end_tree, exit_on_sigterm  # noqa: E402
+from benchmarks import jobs  # noqa: E402
 from benchmarks.stats import median  # noqa: E402
 
 RECIPE = REPO / "recipes" / "charlm.yaml"
@@ -80,27 +79,19 @@ def run(args, strategy: str, gpus: int, root: Path) -> dict[str, Any]:
     cmd = launch_command(args, strategy, gpus, run_dir)
     log = root / f"{strategy}-{gpus}.log"
     print(f"[dp_vs_ddp] {strategy} on {gpus} {'process(es)' if args.cpu_smoke else 'GPU(s)'}", file=sys.stderr)
-    t0 = time.time()
-    with open(log, "w") as fh:
-        proc = subprocess.Popen(cmd, cwd=REPO, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True)
-        try:
-            rc = proc.wait(timeout=args.timeout)
-        except subprocess.TimeoutExpired:
-            rc = -9
-        finally:
-            end_tree(proc)  # the launcher and its workers, on a time limit or a stopped benchmark
+    done = jobs.run(cmd, dict(os.environ), args.timeout, log, cwd=REPO)  # the launcher and its workers, bounded
+    rc = done.rc  # None: killed at the time limit
     metrics = run_dir / "metrics.jsonl"
     text = metrics.read_text() if metrics.exists() else ""
     records = [json.loads(line) for line in text.splitlines() if line.strip()]
     value = throughput(records)
-    result = {"strategy": strategy, "gpus": gpus, "exit_code": rc, "seconds": round(time.time() - t0, 1),
+    result = {"strategy": strategy, "gpus": gpus, "exit_code": rc, "seconds": round(done.seconds, 1),
               "samples_per_s": value, "intervals": sum(1 for r in records if r.get("split") == "train"),
               "command": " ".join(cmd)}
     if rc != 0 or value is None:
-        tail = log.read_text(errors="replace").splitlines()[-12:]
-        result["error"] = f"exit {rc}, {result['intervals']} logged intervals; last lines of {log}:\n    " + \
-            "\n    ".join(tail)
+        tail = "\n    ".join(log.read_text(errors="replace").splitlines()[-12:])
+        status = "timed out" if rc is None else f"exit {rc}"
+        result["error"] = f"{status}, {result['intervals']} logged intervals; last lines of {log}:\n    {tail}"
     return result
 
 
@@ -153,7 +144,6 @@ def main(argv: list[str] | None = None) -> int:
         device = f"{visible} x {torch.cuda.get_device_name(0)}, torch {torch.__version__}"
     else:
         device = f"CPU smoke test, {args.gpus} gloo processes"
-    exit_on_sigterm()
     root = Path(tempfile.mkdtemp(prefix="mgpu-dp-ddp-"))
     results = []
     try:
@@ -185,4 +175,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    jobs.run_main(main)

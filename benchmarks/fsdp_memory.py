@@ -1,101 +1,102 @@
-"""Per-rank parameter + optimizer-state memory under fsdp versus ddp (about 1/N with fsdp).
+#!/usr/bin/env python
+"""Parameters + optimizer state each rank holds under ``fsdp`` against ``ddp`` (about 1/N with fsdp).
 
-Run:  python benchmarks/fsdp_memory.py [--nproc 2] [--d-model 256] [--layers 4]
-It starts torch.distributed.run with gloo on CPU (nccl on GPUs is not needed for this count), builds mgpu's
-CharTransformer the way mgpu's strategies do, takes one AdamW step, and counts the bytes each rank holds in
-its local parameter shards and optimizer state (DTensor shards counted by their local part).
+Two one-step runs of the char LM recipe through ``mgpu launch`` (CPU, gloo; nccl is not needed for this count),
+with a larger model and AdamW:
+  ddp:  every rank holds all of it: the tensors of last.pt's ``model`` and ``optimizer``;
+  fsdp: each rank holds its shards: with ``trainer.checkpoint_format=sharded`` each rank writes exactly those to
+        its own file of the torch.distributed.checkpoint folder (last.dcp/__<rank>_*.distcp), whose size is counted.
+
+    python benchmarks/fsdp_memory.py [--nproc 2] [--d-model 256] [--layers 4]      # ~30 s on 2 cores
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
+import shutil
 import sys
 import tempfile
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from benchmarks import jobs  # noqa: E402
+
+MIB = 2**20
 
 
-def _local_bytes(tensors) -> int:
-    from torch.distributed.tensor import DTensor
-
-    total = 0
-    for t in tensors:
-        local = t.to_local() if isinstance(t, DTensor) else t
-        total += local.numel() * local.element_size()
-    return total
-
-
-def worker(strategy: str, d_model: int, layers: int, out: str) -> None:
+def tensor_bytes(obj: Any) -> int:
+    """Bytes of every tensor in a nested state dict (dicts, lists), scalars (an optimizer's step count) left out."""
     import torch
-    import torch.distributed as dist
-    from omegaconf import OmegaConf
 
-    from mgpucli.components.models import CharTransformer
-    from mgpucli.config.schema import TrainerSchema
-    from mgpucli.distributed.env import read_rank_env
-    from mgpucli.distributed.runtime import setup, teardown
-    from mgpucli.engine.strategy import wrap_model
-
-    env = read_rank_env()
-    rt = setup(env, "cpu", 300, 1)
-    torch.manual_seed(0)
-    model = CharTransformer(block_size=64, d_model=d_model, n_head=4, n_layer=layers)
-    tcfg = OmegaConf.structured(TrainerSchema)
-    tcfg.strategy = strategy
-    wrapped = wrap_model(model, tcfg, rt)
-    opt = torch.optim.AdamW(wrapped.raw.parameters(), lr=1e-3)
-    x = torch.randint(0, 96, (4, 64))
-    wrapped.train(x).float().mean().backward()
-    opt.step()
-    params = _local_bytes(wrapped.raw.parameters())
-    states = _local_bytes(v for s in opt.state.values() for v in s.values() if torch.is_tensor(v) and v.dim() > 0)
-    gathered = [None] * rt.world_size
-    dist.all_gather_object(gathered, {"rank": rt.rank, "params": params, "optimizer": states})
-    if rt.is_main:
-        with open(out, "w") as fh:
-            json.dump(gathered, fh)
-    # gloo can abort at exit (SIGABRT) when one rank tears the group down while the other still writes: meet first,
-    # as mgpu train and benchmarks/handwritten.py do
-    dist.barrier()
-    teardown()
+    if torch.is_tensor(obj):
+        return obj.numel() * obj.element_size() if obj.dim() else 0
+    if isinstance(obj, dict):
+        return sum(tensor_bytes(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(tensor_bytes(v) for v in obj)
+    return 0
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def shard_bytes(dcp_dir: Path) -> dict[int, int]:
+    """Bytes each rank wrote to a torch.distributed.checkpoint folder: its ``__<rank>_<n>.distcp`` files."""
+    out: dict[int, int] = {}
+    for f in dcp_dir.glob("__*_*.distcp"):
+        rank = int(f.name[2:].split("_")[0])
+        out[rank] = out.get(rank, 0) + f.stat().st_size
+    return dict(sorted(out.items()))
+
+
+def launch(args, strategy: str, root: Path) -> Path:
+    run_dir = root / strategy
+    mgpu = Path(sys.executable).parent / "mgpu"
+    cmd = [*([str(mgpu)] if mgpu.exists() else [sys.executable, "-m", "mgpucli"]), "launch", "--cpu", "--nproc",
+           str(args.nproc), str(REPO / "recipes" / "charlm.yaml"), f"run_dir={run_dir}",
+           f"trainer.strategy={strategy}", f"model.d_model={args.d_model}", f"model.n_layer={args.layers}",
+           f"model.n_head={args.heads}", "data.batch_size=4", "trainer.max_steps=1", "trainer.val_every=0"]
+    if strategy == "fsdp":
+        cmd.append("trainer.checkpoint_format=sharded")
+    log = root / f"{strategy}.log"
+    done = jobs.run(cmd, {**os.environ, "OMP_NUM_THREADS": "1"}, args.timeout, log, cwd=REPO)
+    if done.rc != 0:
+        tail = log.read_text(errors="replace")[-3000:]
+        sys.exit(f"fsdp_memory.py: the {strategy} run " + ("timed out" if done.rc is None else
+                                                           f"exited {done.rc}:\n{tail}"))
+    return run_dir / "checkpoints"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--nproc", type=int, default=2)
     ap.add_argument("--d-model", type=int, default=256)
     ap.add_argument("--layers", type=int, default=4)
-    args = ap.parse_args()
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    from benchmarks.children import exit_on_sigterm, run_tree
+    ap.add_argument("--heads", type=int, default=4)
+    ap.add_argument("--timeout", type=float, default=300, help="seconds one run may take (default 300)")
+    args = ap.parse_args(argv)
+    import torch
 
-    exit_on_sigterm()
-    rows = {}
-    with tempfile.TemporaryDirectory() as tmp:
-        for strategy in ("ddp", "fsdp"):
-            out = os.path.join(tmp, f"{strategy}.json")
-            cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.nproc}",
-                   __file__, "--worker", strategy, str(args.d_model), str(args.layers), out]
-            rc, stdout, stderr = run_tree(cmd, {**os.environ, "OMP_NUM_THREADS": "1"}, timeout=600)
-            if rc != 0:
-                sys.exit(f"fsdp_memory.py: the {strategy} run " + ("took over 600 s" if rc is None else
-                                                                   f"exited {rc}:\n{(stdout + stderr)[-3000:]}"))
-            with open(out) as fh:
-                rows[strategy] = json.load(fh)
-    mib = 1024 * 1024
-    print(f"CharTransformer d_model={args.d_model} layers={args.layers}, AdamW, {args.nproc} processes (gloo, CPU)")
-    print(f"{'strategy':8} {'rank':>4} {'params MiB':>11} {'optim MiB':>10} {'total MiB':>10}")
-    for strategy, ranks in rows.items():
-        for r in ranks:
-            p, o = r["params"] / mib, r["optimizer"] / mib
-            print(f"{strategy:8} {r['rank']:>4} {p:>11.2f} {o:>10.2f} {p + o:>10.2f}")
-    ddp = max(r["params"] + r["optimizer"] for r in rows["ddp"])
-    fsdp = max(r["params"] + r["optimizer"] for r in rows["fsdp"])
-    print(f"fsdp / ddp per-rank (largest rank): {fsdp / ddp:.3f}  (ideal 1/{args.nproc} = {1 / args.nproc:.3f})")
+    root = Path(tempfile.mkdtemp(prefix="mgpu-fsdp-memory-"))
+    try:
+        full = torch.load(launch(args, "ddp", root) / "last.pt", weights_only=True)
+        ddp = tensor_bytes(full["model"]) + tensor_bytes(full["optimizer"])
+        fsdp = shard_bytes(launch(args, "fsdp", root) / "last.dcp")
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    params = sum(t.numel() for t in full["model"].values())
+    print(f"CharTransformer d_model={args.d_model} layers={args.layers} ({params / 1e6:.1f}M parameters), AdamW, "
+          f"{args.nproc} CPU processes (gloo)\n")
+    print("| strategy | rank | parameters + optimizer state |\n|---|---|---|")
+    print(f"| ddp | every rank | {ddp / MIB:.1f} MiB |")
+    for rank, size in fsdp.items():
+        print(f"| fsdp | {rank} | {size / MIB:.1f} MiB |")
+    print(f"\nfsdp / ddp, the largest rank: {max(fsdp.values()) / ddp:.3f} "
+          f"(ideal 1/{args.nproc} = {1 / args.nproc:.3f})")
+    return 0
 
 
 if __name__ == "__main__":
-    if len(sys.argv) > 1 and sys.argv[1] == "--worker":
-        worker(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5])
-    else:
-        main()
+    jobs.run_main(main)

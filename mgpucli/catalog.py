@@ -113,7 +113,7 @@ def _tasks() -> list[str]:
              "| `task:` | class | what it computes | summed statistics |", "|---|---|---|---|"]
     by_class = {cls: name for name, cls in tasks.BUILTIN.items()}
     for cls in public_classes(TASKS_MODULE):
-        if cls is base or not issubclass(cls, base):  # helpers of the module (e.g. Later) are not tasks
+        if cls is base or not issubclass(cls, base):  # helpers of the module are not tasks
             continue
         name = f"`{by_class[cls]}`" if cls in by_class else "(by `_target_`)"
         summary = " ".join(_doc(cls).split())

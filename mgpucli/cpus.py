@@ -20,3 +20,13 @@ def available_cores() -> int:
 def threads_per_process(nproc: int) -> int:
     """The usable cores shared out between ``nproc`` processes on this machine: at least 1 each."""
     return max(1, available_cores() // max(1, nproc))
+
+
+def omp_threads_problem(environ) -> str | None:
+    """Why ``OMP_NUM_THREADS`` in ``environ`` can't be used (torch would silently ignore it), or None."""
+    raw = environ.get("OMP_NUM_THREADS")
+    if raw is None or raw.strip() == "":
+        return None
+    if raw.strip().isdigit() and int(raw) >= 1:
+        return None
+    return f"OMP_NUM_THREADS={raw!r} is not a positive integer, and torch would ignore it without a word"

@@ -9,12 +9,10 @@ mmapped block. A training step allocates and frees the same few MiB of activatio
 step; with thresholds that stayed low, the heap is trimmed at the end of each step and grown again in the
 next, and every page of it is faulted in and zeroed again.
 
-Measured on the char LM recipe (2 gloo processes; benchmarks/README.md): an mgpu worker's training thread made
-~50 ``brk`` calls and ~7,000 page faults per second where the hand-written loop, whose start-up happened to
-leave higher thresholds, made ~10 and 1,400-3,100; mgpu's steps were ~2% slower. With the thresholds fixed at
-glibc's own maxima (mmap above 32 MiB, trim above 64 MiB) from the start: <1 ``brk`` and ~30 faults per second,
-and mgpu's steps ~4% faster than the hand-written loop's. A process that trains needs the same memory again a
-step later, so keeping it costs nothing in peak RSS.
+So mgpu fixes both thresholds from the start at glibc's own maxima (mmap above 32 MiB, trim above 64 MiB):
+the heap stops being trimmed and faulted in again every step (on the char LM recipe that cycle cost a few
+percent of step time). A process that trains needs the same memory again a step later, so keeping it costs
+nothing in peak RSS.
 
 A user's own ``MALLOC_*_`` settings (or another allocator through ``LD_PRELOAD``) win: mgpu then leaves malloc
 alone.
@@ -52,15 +50,14 @@ def steady_heap() -> bool:
 
 
 # ------------------------------------------------------------------------------------ Python's cyclic GC
-# A worker's start-up (torch, its dynamo/sympy imports, the recipe, the components) creates ~300,000 objects that
-# live as long as the process. CPython runs a full (generation 2) collection each time the long-lived objects grow
-# by a quarter, and each one walks all of them: 5-6 collections, ~0.45 s of the hand-written loop's start-up and
-# ~0.6 s of an mgpu worker's (measured with gc.callbacks). Instead, mgpu postpones full collections until the
-# trainer is set up (young objects are still collected as usual) and then freezes what is there (gc.freeze): no
-# later collection walks the start-up's objects again. A full collection at that point would cost the first step
-# another ~0.2 s, so the start-up's garbage cycles (~10,000 objects, about a MiB) wait in the frozen generation
-# until the teardown unfreezes and collects everything (engine/run.py). ``mgpu launch`` postpones full collections
-# too, until its workers are running (~0.14 s of its start-up).
+# A worker's start-up (torch, its dynamo/sympy imports, the recipe, the components) creates a few hundred thousand
+# objects that live as long as the process. CPython runs a full (generation 2) collection each time the long-lived
+# objects grow by a quarter, and each one walks all of them: several collections, most of a second of start-up.
+# Instead, mgpu postpones full collections until the trainer is set up (young objects are still collected as usual)
+# and then freezes what is there (gc.freeze): no later collection walks the start-up's objects again. A full
+# collection at that point would delay the first step, so the start-up's garbage cycles (small) wait in the frozen
+# generation until the teardown unfreezes and collects everything (engine/run.py). ``mgpu launch`` postpones full
+# collections too, until its workers are running.
 _START_UP_GEN2_THRESHOLD = 1 << 30  # generation-2 runs after this many generation-1 runs: not during start-up
 _DEFAULT_GEN2_THRESHOLD = 10  # CPython's
 

@@ -113,7 +113,7 @@ def _render(result: dict[str, Any], as_json: bool) -> None:
     from mgpucli.console import err_console
 
     ck = result["checkpoint"]
-    mid = " (mid-epoch)" if ck.get("mid_epoch") else ""
+    mid = ", mid-epoch" if ck.get("mid_epoch") else ""
     where = f"epoch {ck['epoch']}{mid}, step {ck['step']}" if ck.get("step") is not None else "plain state_dict"
     table = Table(title=f"{ck['path']} ({where}) - {result['split']} split, {result['samples']} samples, "
                         f"{result['processes']} process(es) on {result['device']}")

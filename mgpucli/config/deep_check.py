@@ -9,7 +9,6 @@ building a large model is what ``--check`` exists to avoid.
 
 from __future__ import annotations
 
-import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,6 +16,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from mgpucli.config import check_recipe, load_recipe
+from mgpucli.config.components import check_builds, problem
 from mgpucli.config.targets import TOP_COMPONENTS, build, iter_targets
 from mgpucli.errors import RecipeError
 
@@ -61,37 +61,13 @@ def describe_sample(value: Any, depth: int = 0) -> str:
     return type(value).__name__
 
 
-def _where(err: BaseException) -> str:
-    """`` (raised at file.py:12)``: the innermost frame, so a user can find the line in their own dataset."""
-    frames = traceback.extract_tb(err.__traceback__)
-    if not frames:
-        return ""
-    last = frames[-1]
-    return f" (raised at {last.filename}:{last.lineno})"
-
-
-def _original(err: BaseException) -> BaseException:
-    """The user's exception, not Hydra's wrapper around it ("Error in call to target ...")."""
-    from hydra.errors import InstantiationException
-
-    while isinstance(err, InstantiationException) and err.__cause__ is not None:
-        err = err.__cause__
-    return err
-
-
-def _problem(path: str, target: str, what: str, err: BaseException) -> str:
-    err = _original(err)
-    reason = " ".join(str(err).split()) or type(err).__name__
-    return f"{path}: {what} {target} failed: {type(err).__name__}: {reason}{_where(err)}"
-
-
 def build_dataset(path: str, node: DictConfig) -> tuple[DatasetFacts | None, str | None]:
     """Build one dataset and read its first sample; (facts, None) or (None, the problem)."""
     target = str(node.get("_target_"))
     try:
         dataset = build(node)
     except Exception as err:  # the user's (or a library's) dataset code: report it as a recipe problem
-        return None, _problem(path, target, "building", err)
+        return None, problem(path, target, "building", err)
     try:
         size = len(dataset)
     except TypeError:  # an IterableDataset without __len__
@@ -101,7 +77,7 @@ def build_dataset(path: str, node: DictConfig) -> tuple[DatasetFacts | None, str
     try:
         first = dataset[0] if size is not None else next(iter(dataset))
     except Exception as err:
-        return None, _problem(path, target, "reading the first sample of", err)
+        return None, problem(path, target, "reading the first sample of", err)
     return DatasetFacts(path, target, size, describe_sample(first)), None
 
 
@@ -125,6 +101,7 @@ def check_deep(recipe: str, overrides: list[str]) -> CheckResult:
     file = resolve(recipe)
     cfg = load_recipe(recipe, overrides)
     check_recipe(cfg, recipe)
+    check_builds(cfg, recipe)  # the optimizer, the scheduler, the task, the model (on the meta device)
     facts, problems = [], []
     for split in DATASETS:
         node = cfg.data.get(split)

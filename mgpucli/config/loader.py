@@ -64,6 +64,32 @@ def _yaml_problem(err: Exception) -> str:
     return f"YAML syntax error{where}: {detail}"
 
 
+def unreadable(recipe: Path) -> str | None:
+    """Why ``recipe`` is no recipe file to compose (None when it reads as one): it can't be read, it is empty,
+    not UTF-8 text (a binary passed by mistake), or YAML whose top is not a mapping of keys."""
+    import yaml
+
+    try:
+        raw = recipe.read_bytes()
+    except OSError as err:
+        return f"{recipe} cannot be read: {err.strerror or err}"
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        return (f"{recipe} is not UTF-8 text (byte 0x{raw[err.start]:02x} at position {err.start}): is it a recipe? "
+                "A recipe is a YAML file")
+    if not text.strip() or all(not line.strip() or line.lstrip().startswith("#") for line in text.splitlines()):
+        return f"{recipe} is empty: a recipe needs at least name, model, data and optim"
+    try:
+        top = yaml.safe_load(text)
+    except yaml.YAMLError:
+        return None  # Hydra reports the syntax error with its line and column
+    if not isinstance(top, dict):
+        what = "a list" if isinstance(top, list) else f"a single value ({type(top).__name__})"
+        return f"{recipe} holds {what} at the top, not a mapping of keys (name: ..., model: ..., data: ...)"
+    return None
+
+
 def compose_recipe(path: str | Path, overrides: list[str]) -> DictConfig:
     """Compose the recipe (a file, or a shipped recipe's name) with overrides (no schema check yet)."""
     import yaml
@@ -76,6 +102,10 @@ def compose_recipe(path: str | Path, overrides: list[str]) -> DictConfig:
 
     source = str(path)
     recipe = resolve(path)  # an existing file, else a shipped recipe's name (exit 2 if neither)
+    problem = unreadable(recipe)
+    if problem:
+        raise RecipeError(source, [problem], "Pass a recipe .yaml file (see recipes/quickstart.yaml), or a shipped "
+                          "recipe's name (`mgpu recipes` lists them).")
     prepared = prepare_overrides(overrides, source)
     tmp = None
     config_dir = recipe.resolve().parent

@@ -57,7 +57,7 @@ class TrainerSchema:
     # full: one file any strategy reads; sharded: a torch.distributed.checkpoint directory
     checkpoint_format: str = "full"
     scheduler_interval: str = "step"
-    log_every: int = 10  # optimizer steps per train-metrics record (short intervals share a reduction: interval.py)
+    log_every: int = 10  # optimizer steps per train-metrics record (and per metrics all-reduce)
     val_every: int = 1  # epochs between validations (0: never)
     checkpoint_every: int = 1  # epochs between last.pt writes (0: only at the end)
     checkpoint_every_steps: Optional[int] = None

@@ -109,6 +109,10 @@ def _value_problems(cfg: dict[str, Any]) -> list[str]:
         at_least(trainer, name, f"trainer.{name}", 1, optional=True)
     for name in ("val_every", "checkpoint_every", "keep_checkpoints"):
         at_least(trainer, name, f"trainer.{name}", 0)
+    clip = trainer.get("clip_grad_norm")
+    if isinstance(clip, (int, float)) and not clip > 0:
+        problems.append(f"trainer.clip_grad_norm: must be > 0 (the largest gradient norm allowed), got {clip}; "
+                        "drop it (null) to train without clipping")
     workers = data.get("num_workers")
     if workers != "auto" and not (isinstance(workers, int) and not isinstance(workers, bool) and workers >= 0):
         problems.append(f"data.num_workers: expected 'auto' or an integer >= 0, got {workers!r}")

@@ -28,7 +28,7 @@ class Seen:
     age_s: float | None  # seconds since its last heartbeat; None: never seen
 
 
-class Progress:
+class Heartbeat:
     """This rank's progress, published by a daemon thread (a no-op without a process group)."""
 
     def __init__(self, rank: int, world_size: int, interval_s: float = 1.0):

@@ -1,4 +1,4 @@
-"""Process-group lifetime, device and backend choice, and the few collectives mgpu uses.
+"""Process-group lifetime, device and backend choice (the collectives mgpu uses: :mod:`.collectives`).
 
 The one place that turns a RankEnv into a device and an initialised process group.
 """
@@ -13,7 +13,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from mgpucli.cpus import threads_per_process
+from mgpucli.cpus import omp_threads_problem, threads_per_process
 from mgpucli.distributed.env import RankEnv
 from mgpucli.errors import UsageError
 
@@ -67,9 +67,13 @@ def default_cpu_threads(env: RankEnv) -> int:
     return threads_per_process(env.local_world_size)
 
 
-def setup(env: RankEnv, device_pref: str, timeout_s: int, cpu_threads: int | None) -> Runtime:
+def setup_process_group(env: RankEnv, device_pref: str, timeout_s: int, cpu_threads: int | None) -> Runtime:
     """Pick the device, set the thread count on CPU, and initialise the process group when distributed."""
     device = choose_device(device_pref, env)
+    problem = omp_threads_problem(os.environ)
+    if problem:
+        raise UsageError(f"{problem}.", "Unset it (`unset OMP_NUM_THREADS`), or give a count: "
+                         "export OMP_NUM_THREADS=4 (mgpu sets cores / processes for CPU workers by itself).")
     threads = None
     if device.type == "cpu":
         threads = cpu_threads or default_cpu_threads(env)
@@ -108,35 +112,3 @@ def teardown() -> None:
     """Destroy the process group if one exists (success or failure)."""
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
-
-
-def all_reduce_sum(tensor: torch.Tensor, rt: Runtime, async_op: bool = False):
-    """Sum a tensor over ranks in place (no-op on one process). With ``async_op``, return the collective's
-    handle (``.wait()`` before reading the tensor; None on one process) instead of the tensor."""
-    if not rt.distributed:
-        return None if async_op else tensor
-    work = dist.all_reduce(tensor, op=dist.ReduceOp.SUM, async_op=async_op)
-    return work if async_op else tensor
-
-
-def all_gather_objects(obj: Any, rt: Runtime) -> list[Any]:
-    """Every rank's ``obj``, indexed by rank."""
-    if not rt.distributed:
-        return [obj]
-    out: list[Any] = [None] * rt.world_size
-    dist.all_gather_object(out, obj)
-    return out
-
-
-def broadcast_object(obj: Any, rt: Runtime, src: int = 0) -> Any:
-    """Rank ``src``'s ``obj`` on every rank."""
-    if not rt.distributed:
-        return obj
-    box = [obj]
-    dist.broadcast_object_list(box, src=src)
-    return box[0]
-
-
-def barrier(rt: Runtime) -> None:
-    if rt.distributed:
-        dist.barrier()

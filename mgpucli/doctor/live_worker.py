@@ -22,8 +22,9 @@ import torch
 import torch.distributed as dist
 
 from mgpucli import faults
+from mgpucli.distributed.collectives import barrier
 from mgpucli.distributed.env import read_rank_env
-from mgpucli.distributed.runtime import Runtime, barrier, setup, teardown
+from mgpucli.distributed.runtime import Runtime, setup_process_group, teardown
 from mgpucli.run_records.json_files import write_json
 
 ELEMENTS = 4096  # small, exact in float32
@@ -119,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     rec = Recorder(args.out, env.rank)
     try:
         rec.save(phase="init", world_size=env.world_size)
-        rt = setup(env, args.device, args.timeout, args.threads)
+        rt = setup_process_group(env, args.device, args.timeout, args.threads)
         rec.save(backend=rt.backend, device=str(rt.device))
         if not rt.distributed:  # one process: a group of one still tests init and the collectives
             dist.init_process_group(

@@ -7,6 +7,7 @@ writer killed at any moment leaves the previous file whole. Reads never unpickle
 
 from __future__ import annotations
 
+import errno
 import os
 import pickle
 import re
@@ -42,10 +43,19 @@ def _fsync_dir(directory: Path) -> None:
 
 
 def save_atomic(payload: Mapping[str, Any], path: str | Path, step: int | None = None) -> None:
-    """Write ``payload`` to ``path`` so that ``path`` is always either the old file or the complete new one."""
+    """Write ``payload`` to ``path`` so that ``path`` is always either the old file or the complete new one.
+
+    A disk that is full (or read-only) is a DiskWriteError naming the path and the bytes needed and free: before
+    writing where the previous checkpoint's size already says it won't fit, else when the write fails (torch's
+    zip writer reports a full disk as a RuntimeError, not an OSError).
+    """
     from mgpucli import faults
 
     path = Path(path)
+    needed = path.stat().st_size if path.is_file() else None  # the new one is about as large as the last
+    free = _free_bytes(path.parent)
+    if needed is not None and free is not None and free < needed:
+        raise _disk_full(path, needed, free, before=True)
     tmp = _tmp_name(path)
     try:
         with open(tmp, "wb") as fh:
@@ -56,14 +66,58 @@ def save_atomic(payload: Mapping[str, Any], path: str | Path, step: int | None =
         os.replace(tmp, path)
         _fsync_dir(path.parent)
     except OSError as err:
+        written = _size(tmp)
         tmp.unlink(missing_ok=True)
+        if err.errno == errno.ENOSPC:
+            raise _disk_full(path, needed or written, _free_bytes(path.parent)) from None
         raise DiskWriteError(
             f"could not write checkpoint {path}: {err.strerror or err}. The previous checkpoint is kept.",
-            "Free disk space or point run_dir at a writable disk, then resume with --resume auto.",
+            "Point run_dir at a writable disk (or fix its permissions), then resume with --resume auto.",
         ) from None
+    except RuntimeError as err:
+        written = _size(tmp)
+        tmp.unlink(missing_ok=True)
+        if not _ZIP_WRITE_FAILED.search(str(err)):
+            raise
+        raise _disk_full(path, needed or written, _free_bytes(path.parent)) from None
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+# torch's zip writer when the disk fills under it: "[enforce fail at inline_container.cc:...] . unexpected pos ..."
+# or "PytorchStreamWriter failed writing file ...".
+_ZIP_WRITE_FAILED = re.compile(r"unexpected pos \d+|PytorchStreamWriter failed writing|file write failed")
+
+
+def _disk_full(path: Path, needed: int | None, free: int | None, before: bool = False) -> DiskWriteError:
+    need = f"needs ~{_mib(needed)}" if needed else "needs more"
+    have = f", {_mib(free)} free" if free is not None else ""
+    when = "not written: the disk is too full" if before else "the disk is full"
+    return DiskWriteError(
+        f"could not write checkpoint {path}: {when} ({need}{have} on the disk of {path.parent}). "
+        "The previous checkpoint is kept.",
+        "Free disk space (or point run_dir at a larger disk), then continue with --resume auto.",
+        retryable=False,
+    )
+
+
+def _free_bytes(directory: Path) -> int | None:
+    try:
+        return shutil.disk_usage(directory).free
+    except OSError:
+        return None
+
+
+def _size(path: Path) -> int | None:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return None
+
+
+def _mib(size: int) -> str:
+    return f"{size / 2**20:.1f} MiB"
 
 
 def copy_atomic(src: str | Path, dst: str | Path) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from mgpucli.distributed.heartbeat import Progress, describe, late_ranks
+from mgpucli.distributed.heartbeat import Heartbeat, describe, late_ranks
 from mgpucli.errors import JobFailed
 
 _TIMEOUT = re.compile(r"Timed out waiting|timed out|Timeout|timeout|pair closure|Socket Timeout", re.I)
@@ -16,20 +16,20 @@ def _first_line(err: BaseException) -> str:
     return re.sub(r"^\[[^\]]*\]\s*", "", text[0]) if text else type(err).__name__
 
 
-def collective_failure(err: BaseException, progress: Progress, timeout_s: int) -> JobFailed | None:
+def collective_failure(err: BaseException, heartbeat: Heartbeat, timeout_s: int) -> JobFailed | None:
     """A timed-out or broken collective: which one, at which step, and which ranks had not arrived."""
     text = str(err)
     timed_out, peer_gone = bool(_TIMEOUT.search(text)), bool(_PEER_GONE.search(text))
-    if not (timed_out or peer_gone) or progress.world_size <= 1:
+    if not (timed_out or peer_gone) or heartbeat.world_size <= 1:
         return None
-    seen = progress.others()
-    me = next(s for s in seen if s.rank == progress.rank)
+    seen = heartbeat.others()
+    me = next(s for s in seen if s.rank == heartbeat.rank)
     late = late_ranks(seen, me)
     where = f"'{me.phase}' at step {me.step}"
     late_text = "; ".join(describe(s) for s in late) if late else "none identified"
     if timed_out:
         return JobFailed(
-            f"rank {progress.rank}: a collective timed out after trainer.timeout_s={timeout_s} s in {where}. "
+            f"rank {heartbeat.rank}: a collective timed out after trainer.timeout_s={timeout_s} s in {where}. "
             f"Ranks that had not arrived: {late_text}. (gloo/nccl said: {_first_line(err)})",
             f"If a rank legitimately needs longer there (a long validation, checkpoint or first-step compile), "
             f"raise trainer.timeout_s (e.g. trainer.timeout_s={timeout_s * 4}); otherwise look at the late "
@@ -37,7 +37,7 @@ def collective_failure(err: BaseException, progress: Progress, timeout_s: int) -
             retryable=True,  # this rank waited for another: its message names phases ("NaN check"), not a NaN
         )
     return JobFailed(
-        f"rank {progress.rank}: lost its connection to another rank in {where}: a peer died or was killed. "
+        f"rank {heartbeat.rank}: lost its connection to another rank in {where}: a peer died or was killed. "
         f"Ranks not where this one was: {late_text}.",
         "The failing rank's own log has the cause (mgpu launch names it); this rank only saw the aftermath.",
         retryable=True,  # an echo of a peer's failure; whether that one repeats decides a restart
@@ -52,13 +52,13 @@ def out_of_memory(err: BaseException, rank: int, step: int, batch_size: int) -> 
     )
 
 
-def translate(err: BaseException, progress: Progress | None, rank: int, step: int, timeout_s: int,
+def translate(err: BaseException, heartbeat: Heartbeat | None, rank: int, step: int, timeout_s: int,
               batch_size: int) -> JobFailed | None:
     """A clearer JobFailed for known failures, or None to let the original error (a bug) show."""
     import torch
 
     if isinstance(err, torch.OutOfMemoryError):
         return out_of_memory(err, rank, step, batch_size)
-    if progress is not None and isinstance(err, RuntimeError):
-        return collective_failure(err, progress, timeout_s)
+    if heartbeat is not None and isinstance(err, RuntimeError):
+        return collective_failure(err, heartbeat, timeout_s)
     return None

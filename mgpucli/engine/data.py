@@ -4,7 +4,6 @@ is saved and restored mid-epoch (torchdata's StatefulDataLoader), and exact vali
 
 from __future__ import annotations
 
-import functools
 import random
 import warnings
 from collections.abc import Iterator
@@ -23,14 +22,14 @@ from mgpucli.errors import UsageError
 warnings.filterwarnings("ignore", message=".*set_vital.*is deprecated", category=UserWarning)
 
 
-def resolve_num_workers(setting: int | str, rt: Runtime) -> int:
+def resolve_num_workers(setting: int | str, runtime: Runtime) -> int:
     """``auto``: none on CPU (in-process data beats workers that compete with compute threads), else a few
     per GPU process, leaving one core for the main process."""
     if setting != "auto":
         return int(setting)
-    if rt.device.type == "cpu":
+    if runtime.device.type == "cpu":
         return 0
-    per_process = available_cores() // max(1, rt.env.local_world_size)
+    per_process = available_cores() // max(1, runtime.env.local_world_size)
     return max(0, min(4, per_process - 1))
 
 
@@ -71,26 +70,25 @@ class Loaders:
     num_workers: int
 
 
-def build_loaders(train_set: Dataset, val_set: Dataset | None, data_cfg, seed: int, rt: Runtime) -> Loaders:
+def build_loaders(train_set: Dataset, val_set: Dataset | None, data_cfg, seed: int, runtime: Runtime) -> Loaders:
     """Build the train loader (sharded by DistributedSampler) and the exact validation loader."""
     batch = int(data_cfg.batch_size)
     n_train = len(train_set)
-    if n_train < batch * rt.world_size:
+    if n_train < batch * runtime.world_size:
         raise UsageError(
-            f"data.train has {n_train} samples: too few for one batch of {batch} on each of {rt.world_size} "
-            f"process(es) (needs {batch * rt.world_size}).",
+            f"data.train has {n_train} samples: too few for one batch of {batch} on each of {runtime.world_size} "
+            f"process(es) (needs {batch * runtime.world_size}).",
             "Use a larger dataset, a smaller data.batch_size, or fewer processes.",
         )
-    workers = resolve_num_workers(data_cfg.num_workers, rt)
-    pin = rt.device.type == "cuda" if data_cfg.pin_memory == "auto" else bool(data_cfg.pin_memory)
+    workers = resolve_num_workers(data_cfg.num_workers, runtime)
+    pin = runtime.device.type == "cuda" if data_cfg.pin_memory == "auto" else bool(data_cfg.pin_memory)
     common = {"num_workers": workers, "pin_memory": pin, "worker_init_fn": seed_worker if workers else None,
               "persistent_workers": workers > 0}
-    sampler = DistributedSampler(train_set, num_replicas=rt.world_size, rank=rt.rank,
+    sampler = DistributedSampler(train_set, num_replicas=runtime.world_size, rank=runtime.rank,
                                  shuffle=bool(data_cfg.shuffle), seed=seed, drop_last=False)
-    # torch's BatchSampler, not torchdata's default: that one builds each batch index by index in Python (~0.8 us
-    # a batch of 32 here, warm; benchmarks/sections.py times the loader). Without a stateful batch sampler,
-    # StatefulDataLoader saves how many batches it yielded and resumes by skipping as many from the same (seeded,
-    # set_epoch'd) sampler, which also reads the state torchdata's batch sampler saved
+    # torch's BatchSampler, not torchdata's default, which builds each batch index by index in Python. Without a
+    # stateful batch sampler, StatefulDataLoader saves how many batches it yielded and resumes by skipping as many
+    # from the same (seeded, set_epoch'd) sampler, which also reads the state torchdata's batch sampler saved
     # (tests/unit/test_loader_state.py).
     batches = BatchSampler(sampler, batch, drop_last=bool(data_cfg.drop_last))
     train = StatefulDataLoader(train_set, batch_sampler=batches, **common)
@@ -98,28 +96,10 @@ def build_loaders(train_set: Dataset, val_set: Dataset | None, data_cfg, seed: i
     if val_set is not None:
         if len(val_set) == 0:
             raise UsageError("data.val is empty.", "Point data.val at a dataset with samples, or set data.val=null.")
-        val_batches = FixedBatches(len(val_set), int(data_cfg.val_batch_size or batch), rt.rank, rt.world_size)
+        val_batch = int(data_cfg.val_batch_size or batch)
+        val_batches = FixedBatches(len(val_set), val_batch, runtime.rank, runtime.world_size)
         val = DataLoader(val_set, batch_sampler=val_batches, **common)
     return Loaders(train=train, sampler=sampler, val=val, val_batches=val_batches, num_workers=workers)
-
-
-def batch_mover(device: torch.device, non_blocking: bool):
-    """The step path's ``to_device(batch, device, non_blocking)``, as one function made once. On the CPU a batch
-    of CPU tensors is returned as it is (``.to`` would return each tensor itself, at ~0.3 us a call, and
-    ``to_device``'s checks cost ~1.5 us a step, ~3 times that right after a step): two type checks per tensor
-    instead. Anything else goes through :func:`to_device`."""
-    if device.type != "cpu":
-        return functools.partial(to_device, device=device, non_blocking=non_blocking)
-
-    def keep_cpu_batch(batch):
-        if type(batch) is list or type(batch) is tuple:
-            for item in batch:
-                if type(item) is not torch.Tensor or not item.is_cpu:
-                    return to_device(batch, device, non_blocking)
-            return batch
-        return to_device(batch, device, non_blocking)
-
-    return keep_cpu_batch
 
 
 def to_device(batch, device: torch.device, non_blocking: bool):

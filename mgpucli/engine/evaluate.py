@@ -15,43 +15,44 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from mgpucli.distributed import runtime as dist_rt
+from mgpucli.distributed import collectives
 from mgpucli.distributed.runtime import Runtime
-from mgpucli.engine import state as st
+from mgpucli.engine import state as engine_state
 from mgpucli.engine.data import FixedBatches, to_device
 from mgpucli.engine.tasks import Task
 
 
 @torch.no_grad()
-def evaluate_exact(model: nn.Module, loader: DataLoader, batches: FixedBatches, task: Task, rt: Runtime,
+def evaluate_exact(model: nn.Module, loader: DataLoader, batches: FixedBatches, task: Task, runtime: Runtime,
                    autocast_dtype: torch.dtype | None = None, lockstep: bool = False) -> dict[str, Any]:
     """Metrics over every sample exactly once, plus ``samples``. Leaves the RNG and the model's mode as found.
 
     ``lockstep`` (FSDP: every forward all-gathers parameters, a collective): ranks with fewer batches repeat
     a forward pass whose result is discarded, so every rank runs the same number of forwards.
     """
-    rng = st.capture_rng(rt.device)  # building a loader iterator draws from the RNG: training must not notice
+    # Building a loader iterator draws from the RNG: training must not notice.
+    rng = engine_state.capture_rng(runtime.device)
     was_training = model.training
     model.eval()
-    table = torch.zeros(batches.num_batches, len(task.stat_names), dtype=torch.float64, device=rt.device)
+    table = torch.zeros(batches.num_batches, len(task.stat_names), dtype=torch.float64, device=runtime.device)
     inputs = None
     try:
         for batch_id, batch in zip(batches.batch_ids, loader, strict=True):
-            inputs, targets = to_device(batch, rt.device, non_blocking=rt.device.type == "cuda")
-            with torch.autocast(rt.device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
+            inputs, targets = to_device(batch, runtime.device, non_blocking=runtime.device.type == "cuda")
+            with torch.autocast(runtime.device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
                 outputs = model(inputs)
             table[batch_id] = task.stats(outputs, targets)
         if lockstep:
-            most = -(-batches.num_batches // rt.world_size)
+            most = -(-batches.num_batches // runtime.world_size)
             if inputs is None and most:  # no batch at all on this rank: borrow sample 0 for the dummy passes
-                inputs = to_device(loader.collate_fn([loader.dataset[0]]), rt.device, False)[0]
+                inputs = to_device(loader.collate_fn([loader.dataset[0]]), runtime.device, False)[0]
             for _ in range(most - len(batches.batch_ids)):
-                with torch.autocast(rt.device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
+                with torch.autocast(runtime.device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
                     model(inputs)  # discarded: keeps the parameter all-gathers in step with the other ranks
     finally:
         model.train(was_training)
-        st.restore_rng(rng, rt.device)
-    rows = dist_rt.all_reduce_sum(table, rt).tolist()
+        engine_state.restore_rng(rng, runtime.device)
+    rows = collectives.all_reduce_sum(table, runtime).tolist()
     sums = [0.0] * len(task.stat_names)
     for row in rows:  # plain Python, in batch order: the same additions on every process count
         sums = [a + b for a, b in zip(sums, row, strict=True)]

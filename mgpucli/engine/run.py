@@ -29,7 +29,8 @@ def run_training(recipe: str, overrides: list[str], *, resume: str | None = None
     import torch
 
     from mgpucli.config import check_recipe, handoff, load_recipe
-    from mgpucli.distributed import runtime
+    from mgpucli.distributed import collectives
+    from mgpucli.distributed.runtime import setup_process_group, teardown
     from mgpucli.engine import clear_errors
     from mgpucli.engine.trainer import Trainer
 
@@ -41,8 +42,8 @@ def run_training(recipe: str, overrides: list[str], *, resume: str | None = None
     reporter = reporter if reporter is not None and env.rank == 0 else NullReporter()
     trainer = None
     try:
-        rt = runtime.setup(env, cfg.trainer.device, cfg.trainer.timeout_s, cfg.trainer.cpu_threads)
-        trainer = Trainer(cfg, rt, reporter, resume=resume, overwrite=overwrite)
+        runtime = setup_process_group(env, cfg.trainer.device, cfg.trainer.timeout_s, cfg.trainer.cpu_threads)
+        trainer = Trainer(cfg, runtime, reporter, resume=resume, overwrite=overwrite, source=recipe)
         trainer.setup()
         if started is not None:
             started()
@@ -50,15 +51,15 @@ def run_training(recipe: str, overrides: list[str], *, resume: str | None = None
         result = trainer.fit()
         # Every rank is done with the group before any rank destroys it: a rank that tore gloo down while another
         # still finished its last save could abort at exit ("terminate called without an active exception",
-        # SIGABRT), and a finished run was reported as failed (seen once in ~100 benchmark runs).
-        runtime.barrier(rt)
+        # SIGABRT), and a finished run was reported as failed.
+        collectives.barrier(runtime)
         return result
     except Preempted:
-        runtime.barrier(rt)  # every rank agreed on the stop and saved: the same meeting before teardown
+        collectives.barrier(runtime)  # every rank agreed on the stop and saved: the same meeting before teardown
         raise
     except (RuntimeError, torch.OutOfMemoryError) as err:
         clearer = None if trainer is None else clear_errors.translate(
-            err, getattr(trainer, "progress", None), env.rank, trainer.step + 1, cfg.trainer.timeout_s,
+            err, trainer.heartbeat, env.rank, trainer.step + 1, cfg.trainer.timeout_s,
             cfg.data.batch_size)
         if clearer is None:
             raise
@@ -74,4 +75,4 @@ def run_training(recipe: str, overrides: list[str], *, resume: str | None = None
         # (nor the start-up's garbage, which waited there).
         gc.unfreeze()
         gc.collect()
-        runtime.teardown()
+        teardown()

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from mgpucli.distributed import runtime as dist_rt
+from mgpucli.distributed import collectives
 from mgpucli.distributed.runtime import Runtime
 from mgpucli.engine.checkpoint import read_file, save_atomic
 from mgpucli.errors import CheckpointError
@@ -32,22 +32,22 @@ def _flip(link: Path, target: str) -> None:
 
 
 def save_sharded(model: torch.nn.Module, optimizer: torch.optim.Optimizer, meta: dict[str, Any], ckpts: Path,
-                 step: int, rt: Runtime, keep: int, best: bool) -> Path:
+                 step: int, runtime: Runtime, keep: int, best: bool) -> Path:
     """Collective: every rank calls it. Returns the final directory."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
     name = f"step-{step:08d}.dcp"
     tmp, final = ckpts / f".{name}.tmp", ckpts / name
-    if rt.is_main and tmp.exists():
+    if runtime.is_main and tmp.exists():
         shutil.rmtree(tmp)  # a stale one from a killed writer
-    dist_rt.barrier(rt)
+    collectives.barrier(runtime)
     model_sd, optim_sd = get_state_dict(model, optimizer)
     dcp.save({"model": model_sd, "optimizer": optim_sd}, checkpoint_id=str(tmp))
-    if rt.is_main:
+    if runtime.is_main:
         save_atomic(meta, tmp / META, step=step)
-    dist_rt.barrier(rt)  # every shard is on disk
-    if rt.is_main:
+    collectives.barrier(runtime)  # every shard is on disk
+    if runtime.is_main:
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)

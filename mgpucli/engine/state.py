@@ -4,8 +4,7 @@ what changed in the recipe).
 
 Loading goes through torch.distributed.checkpoint.state_dict (dcp). Saving does too for FSDP modules and DTensor
 (or meta) parameters and buffers; plain modules (bare, under DDP, DataParallel or torch.compile) take the small
-equivalent below. Every run saves checkpoints, and importing dcp (DTensor with it) at the first save cost every
-rank ~3.6 MiB resident, most of what was left of issue 7's 5% peak-RSS budget against a hand-written DDP loop.
+equivalent below, which spares every rank of every run importing dcp and DTensor (a few MiB each).
 The plain save gives what dcp's gives (full_state_dict=True, cpu_offload=True): its key names, its CPU tensors
 (CPU ones alias the live parameters and optimizer state, as dcp's do), its empty dict on ranks other than 0 under
 a process group, and its one zero-gradient optimizer step when the optimizer has no state yet.
@@ -235,9 +234,9 @@ def versions() -> dict[str, str]:
 
 def epoch_label(epoch: int, mid_epoch: bool) -> str:
     """A checkpoint's place in the run, with epochs numbered from 1 as everywhere a user reads them. Checkpoints
-    store ``epoch`` as the number of epochs completed: ``epoch 3`` after the third, ``epoch 4 (mid-epoch)`` in the
+    store ``epoch`` as the number of epochs completed: ``epoch 3`` after the third, ``epoch 4, mid-epoch`` in the
     fourth."""
-    return f"epoch {epoch + 1} (mid-epoch)" if mid_epoch else f"epoch {epoch}"
+    return f"epoch {epoch + 1}, mid-epoch" if mid_epoch else f"epoch {epoch}"
 
 
 def build_payload(**fields: Any) -> dict[str, Any]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass
 
 import torch
@@ -29,32 +30,33 @@ class Wrapped:
         return self.strategy == "fsdp"
 
 
-def resolve_strategy(name: str, rt: Runtime) -> str:
+def resolve_strategy(name: str, runtime: Runtime) -> str:
     """``auto``: ddp with more than one process, else single. Combinations that can't work are exit 2."""
     if name == "auto":
-        return "ddp" if rt.world_size > 1 else "single"
+        return "ddp" if runtime.world_size > 1 else "single"
     if name == "dp":
-        if rt.device.type != "cuda":
+        if runtime.device.type != "cuda":
             raise UsageError(
                 "trainer.strategy=dp (nn.DataParallel) needs CUDA GPUs, and this process has none.",
                 "Use trainer.strategy=ddp (or auto) with `mgpu launch --cpu --nproc N`, or run on a GPU machine.",
             )
-        if rt.world_size > 1:
+        if runtime.world_size > 1:
             raise UsageError(
-                f"trainer.strategy=dp is one process spanning the GPUs, but {rt.world_size} processes were started.",
+                f"trainer.strategy=dp is one process spanning the GPUs, but {runtime.world_size} processes were "
+                "started.",
                 "Run it as a single process (mgpu launch starts one for dp), or use trainer.strategy=ddp.",
             )
-    if name == "single" and rt.world_size > 1:
+    if name == "single" and runtime.world_size > 1:
         raise UsageError(
-            f"trainer.strategy=single trains on one process, but {rt.world_size} were started.",
+            f"trainer.strategy=single trains on one process, but {runtime.world_size} were started.",
             "Use trainer.strategy=ddp (or auto) for several processes.",
         )
-    if name in ("ddp", "fsdp") and rt.world_size == 1:
+    if name in ("ddp", "fsdp") and runtime.world_size == 1:
         return "single"  # one process: nothing to replicate or shard
     return name
 
 
-def check_combinations(trainer_cfg, rt: Runtime) -> None:
+def check_combinations(trainer_cfg, runtime: Runtime) -> None:
     """Options that only make sense together: exit 2 with the fix instead of a crash deep in torch."""
     strategy = trainer_cfg.strategy
     fsdp = trainer_cfg.fsdp
@@ -74,7 +76,7 @@ def check_combinations(trainer_cfg, rt: Runtime) -> None:
     if strategy == "fsdp" and trainer_cfg.sync_batchnorm:
         raise UsageError("trainer.sync_batchnorm is a DDP option; FSDP does not convert BatchNorm layers.",
                          "Use trainer.strategy=ddp with sync_batchnorm, or drop sync_batchnorm.")
-    if strategy == "fsdp" and fsdp.cpu_offload and rt.device.type != "cuda":
+    if strategy == "fsdp" and fsdp.cpu_offload and runtime.device.type != "cuda":
         raise UsageError(
             "trainer.fsdp.cpu_offload needs CUDA GPUs: torch's FSDP offload policy moves parameters between an "
             "accelerator and the CPU, and this run is on the CPU already.",
@@ -89,13 +91,15 @@ def _fsdp_targets(model: nn.Module, wrap: list[str] | None) -> list[nn.Module]:
         missing = set(wrap) - {type(m).__name__ for m in found}
         if missing:
             names = sorted({type(m).__name__ for m in model.modules()})
-            raise UsageError(f"trainer.fsdp.wrap names {', '.join(sorted(missing))}, which the model doesn't "
-                             f"contain (its module classes: {', '.join(names)}).", "Fix trainer.fsdp.wrap.")
+            close = {m: difflib.get_close_matches(m, names, n=1) for m in sorted(missing)}
+            hints = [f"'{m}' (did you mean '{c[0]}'?)" if c else f"'{m}'" for m, c in close.items()]
+            raise UsageError(f"trainer.fsdp.wrap names {', '.join(hints)}, which the model doesn't contain (its "
+                             f"module classes: {', '.join(names)}).", "Fix trainer.fsdp.wrap.")
         return found
     return [child for m in model.modules() if isinstance(m, nn.ModuleList) for child in m]
 
 
-def shard_model(model: nn.Module, trainer_cfg, rt: Runtime) -> nn.Module:
+def shard_model(model: nn.Module, trainer_cfg, runtime: Runtime) -> nn.Module:
     """FSDP2 (``fully_shard``) on the chosen blocks, then the root; mixed precision follows trainer.precision."""
     import warnings
     from functools import partial
@@ -117,13 +121,13 @@ def shard_model(model: nn.Module, trainer_cfg, rt: Runtime) -> nn.Module:
     return fully_shard(model, **kwargs)
 
 
-def wrap_model(model: nn.Module, trainer_cfg, rt: Runtime) -> Wrapped:
+def wrap_model(model: nn.Module, trainer_cfg, runtime: Runtime) -> Wrapped:
     """Move the model to its device and wrap it for the strategy; ``raw`` keeps clean state-dict keys."""
-    check_combinations(trainer_cfg, rt)
-    strategy = resolve_strategy(trainer_cfg.strategy, rt)
+    check_combinations(trainer_cfg, runtime)
+    strategy = resolve_strategy(trainer_cfg.strategy, runtime)
     if trainer_cfg.sync_batchnorm and strategy == "ddp":
         model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
-    model = model.to(rt.device)
+    model = model.to(runtime.device)
     if trainer_cfg.channels_last:
         model = model.to(memory_format=torch.channels_last)
     raw = model
@@ -136,7 +140,7 @@ def wrap_model(model: nn.Module, trainer_cfg, rt: Runtime) -> Wrapped:
         extra = {} if ddp.broadcast_buffers else {"broadcast_buffers": False}
         train = DDP(
             model,
-            device_ids=[rt.device.index] if rt.device.type == "cuda" else None,
+            device_ids=[runtime.device.index] if runtime.device.type == "cuda" else None,
             find_unused_parameters=ddp.find_unused_parameters,
             gradient_as_bucket_view=ddp.gradient_as_bucket_view,
             static_graph=ddp.static_graph,
@@ -146,7 +150,7 @@ def wrap_model(model: nn.Module, trainer_cfg, rt: Runtime) -> Wrapped:
     elif strategy == "dp":
         train = evaluate = nn.DataParallel(model)
     elif strategy == "fsdp":
-        train = evaluate = raw = shard_model(model, trainer_cfg, rt)  # sharded in place: one module
+        train = evaluate = raw = shard_model(model, trainer_cfg, runtime)  # sharded in place: one module
     else:
         train = evaluate = model
     if trainer_cfg.compile:

@@ -23,43 +23,12 @@ class Task:
         raise NotImplementedError
 
     def stats(self, outputs: torch.Tensor, targets: torch.Tensor, loss: torch.Tensor | None = None) -> torch.Tensor:
-        """A float64 vector of sums over the batch. ``loss`` (the batch mean) may be reused during training."""
+        """A float64 vector of sums over the batch, on the outputs' device (no host sync: the trainer adds it up on
+        the device every step). ``loss`` (the batch mean) may be reused during training."""
         raise NotImplementedError
-
-    def step_stats(self, outputs: torch.Tensor, targets: torch.Tensor, loss: torch.Tensor):
-        """One training step's sums, as cheaply as the task can give them (``loss``: the batch mean, detached).
-
-        The default is :meth:`stats`, a float64 vector the trainer adds at once. A task may return instead a
-        sequence aligned with ``stat_names`` of device scalars, host numbers (summed exactly),
-        ``(device scalar, host number)`` pairs meaning their product, or :class:`Later` pieces; the trainer adds
-        them up in float64 at the log interval. A step then costs only the tensor ops it cannot avoid: each op
-        costs microseconds of dispatch however small its data, which matters on short steps.
-        """
-        return self.stats(outputs, targets, loss)
 
     def metrics(self, sums: list[float]) -> dict[str, float]:
         raise NotImplementedError
-
-
-class Later:
-    """A :meth:`Task.step_stats` piece computed at the log interval for many steps at once: ``fn(*tensors)``
-    on each tensor concatenated (dim 0) over the steps, one op sequence per interval instead of one per step.
-    ``fn`` must return the sum over whatever batch it is given. It keeps the tensors until then, so tasks use it
-    for small ones only (the trainer falls back to one call per step where they don't concatenate)."""
-
-    __slots__ = ("fn", "tensors")
-
-    def __init__(self, fn, *tensors: torch.Tensor):
-        self.fn, self.tensors = fn, tensors
-
-
-_LATER_MAX_ELEMENTS = 1 << 14  # outputs up to 16k elements (64 KB in float32) wait for the interval
-
-
-def _f32(t: torch.Tensor) -> torch.Tensor:
-    """``t.float()`` where it converts: on float32 outputs (no autocast) the call returns ``t`` itself, through
-    ~1 us of dispatch a training step would pay for nothing."""
-    return t if t.dtype is torch.float32 else t.float()
 
 
 def _correct(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -68,21 +37,15 @@ def _correct(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 
 @functools.lru_cache(maxsize=256)
 def _constant(value: float, device: torch.device) -> torch.Tensor:
-    """A float64 scalar on ``device``, made once (torch.full: a fill kernel, no host-to-device copy) and reused:
-    the counts in a stats vector (batch size, tokens) repeat step after step. Never modified in place."""
+    """A float64 scalar on ``device``, made once and reused (never modified in place): the counts in a stats vector
+    (batch size, tokens) repeat step after step, and a fill on the device needs no host-to-device copy."""
     return torch.full((), value, dtype=torch.float64, device=device)
 
 
 def _vec(device: torch.device, *values: torch.Tensor | float) -> torch.Tensor:
-    """Stack scalars (tensors or numbers) into one float64 vector on ``device``.
-
-    One ``stack`` does it: next to a float64 value it promotes float32 sums and integer counts to float64
-    exactly (the same values as converting each first), so a training step pays one op here, not three per value.
-    """
-    parts = [(v.detach() if v.dim() == 0 else v.detach().reshape(())) if isinstance(v, torch.Tensor)
+    """Scalars (device tensors or host numbers) as one float64 vector on ``device``."""
+    parts = [v.detach().reshape(()).to(torch.float64) if isinstance(v, torch.Tensor)
              else _constant(float(v), device) for v in values]
-    if not any(p.dtype == torch.float64 for p in parts):  # promotion alone would stop short of float64
-        parts = [p.to(torch.float64) for p in parts]
     return torch.stack(parts)
 
 
@@ -92,7 +55,7 @@ class Classification(Task):
     stat_names = ("loss_sum", "correct", "samples")
 
     def loss(self, outputs, targets):
-        return F.cross_entropy(_f32(outputs), targets)
+        return F.cross_entropy(outputs.float(), targets)
 
     def stats(self, outputs, targets, loss=None):
         n = targets.shape[0]
@@ -100,12 +63,6 @@ class Classification(Task):
                                                                                reduction="sum")
         return _vec(outputs.device, loss_sum, _correct(outputs.detach(), targets), n)
 
-    def step_stats(self, outputs, targets, loss):
-        n, outputs = targets.shape[0], outputs.detach()
-        # Small outputs (where dispatch, not arithmetic, is the cost): count the correct ones at the interval.
-        correct = (Later(_correct, outputs, targets) if outputs.numel() <= _LATER_MAX_ELEMENTS
-                   else _correct(outputs, targets))
-        return (loss, n), correct, n
 
     def metrics(self, sums):
         loss_sum, correct, n = sums
@@ -118,7 +75,7 @@ class Regression(Task):
     stat_names = ("sq_err_sum", "abs_err_sum", "elements", "samples")
 
     def loss(self, outputs, targets):
-        return F.mse_loss(_f32(outputs).reshape(targets.shape), _f32(targets))
+        return F.mse_loss(outputs.float().reshape(targets.shape), targets.float())
 
     def stats(self, outputs, targets, loss=None):
         diff = outputs.detach().float().reshape(targets.shape) - targets.float()
@@ -136,7 +93,7 @@ class LanguageModel(Task):
     stat_names = ("loss_sum", "tokens", "samples")
 
     def loss(self, outputs, targets):
-        return F.cross_entropy(_f32(outputs).flatten(0, -2), targets.flatten())
+        return F.cross_entropy(outputs.float().flatten(0, -2), targets.flatten())
 
     def stats(self, outputs, targets, loss=None):
         tokens = targets.numel()
@@ -146,9 +103,6 @@ class LanguageModel(Task):
             loss_sum = F.cross_entropy(outputs.float().flatten(0, -2), targets.flatten(), reduction="sum")
         return _vec(outputs.device, loss_sum, tokens, targets.shape[0])
 
-    def step_stats(self, outputs, targets, loss):
-        tokens = targets.numel()
-        return (loss, tokens), tokens, targets.shape[0]
 
     def metrics(self, sums):
         loss_sum, tokens, _ = sums
@@ -157,6 +111,11 @@ class LanguageModel(Task):
 
 
 BUILTIN = {"classification": Classification, "regression": Regression, "language_model": LanguageModel}
+
+
+def metric_names(task: Task) -> list[str]:
+    """The metrics ``task`` reports (what ``trainer.best_metric`` may name): the keys of its metrics of unit sums."""
+    return list(task.metrics([1.0] * len(task.stat_names)))
 
 
 def build_task(spec) -> Task:

@@ -1,9 +1,8 @@
 """TensorBoard scalars, written without importing TensorBoard.
 
-mgpu logs a handful of scalars per log interval. The writers that ship with torch and tensorboard
-(``torch.utils.tensorboard``, ``tensorboard.summary.writer``) import TensorBoard's TensorFlow stub on the way:
-~13 MiB of resident memory and ~0.2 s on rank 0, against a budget of 5% over a hand-written loop's ~300 MiB
-(benchmarks/overhead.py). An event file of scalars is a small, frozen format, so it is written here directly:
+mgpu logs a handful of scalars per log interval. The writers that ship with torch and tensorboard import
+TensorBoard (and its TensorFlow stub) on rank 0, which then needs the package where it trains and pays for it in
+memory and start-up. An event file of scalars is a small, frozen format, so it is written here directly:
 
 * a TFRecord stream: each record is ``uint64 length``, ``uint32 masked_crc32c(length)``, the bytes,
   ``uint32 masked_crc32c(bytes)`` (little-endian);
@@ -12,13 +11,9 @@ mgpu logs a handful of scalars per log interval. The writers that ship with torc
 
 tests/unit/test_tbevents.py reads these files back with TensorBoard's own reader and protobuf classes.
 
-Events are queued and written in batches, as TensorBoard's own writers do (``SummaryWriter``: 10 events or
-120 s): here up to 10 events or 10 s, checked when an event is added, and everything at ``flush``/``close``.
-Encoding an event costs ~20 us of pure Python (its CRC-32C above all) when the caches are warm and ~4 times
-that right after a training step, once per log interval on rank 0. On the quickstart MLP in one process
-(~520 us steps; benchmarks/pieces.py), the event file cost 6.5 us per step (95%: 3.3-8.9) written per
-interval and 2.7 (-0.8-5.5) batched. metrics.jsonl, not this file, is the record flushed at every interval;
-a hard kill loses at most the queued TensorBoard events.
+Events are queued and written in batches, as TensorBoard's own writers do: up to 10 events or 10 s, checked when
+an event is added, and everything at ``flush``/``close``. metrics.jsonl, not this file, is the record flushed at
+every interval; a hard kill loses at most the queued TensorBoard events.
 """
 
 from __future__ import annotations

@@ -1,352 +1,338 @@
-"""The Trainer: setup, the step path, fit, evaluate. Runs the same on 1 or N processes.
+"""The Trainer: builds a run's parts, then runs its epochs and steps. The same on 1 or N processes.
 
-Its two other parts live beside it: the log interval's reduction and NaN check (engine/interval.py) and the
-run dir and checkpoints (engine/trainer_checkpoints.py).
+Its parts, each with one job: :class:`~mgpucli.engine.log_interval.LogInterval` (training metrics as device sums,
+one collective per log interval, the ranks' agreement on a stop or a non-finite loss), :class:`~mgpucli.engine.
+checkpointing.Checkpoints` (the run dir, saving and restoring), :class:`~mgpucli.engine.stop_requests.
+StopRequests` (signals), and the strategy's wrapped model (:mod:`mgpucli.engine.strategy`). What is left here is
+the loop: epochs, the step (:meth:`Trainer.train_step`), validation, and when to save.
 
-Hot-path rules: no host sync per step (losses and metrics accumulate on the device as sums and are reduced
-with one collective per log interval, or per several short ones (engine/interval.py), started at the interval's
-last step and read at the next one, so that its latency overlaps that step's work); ``no_sync`` on non-final
-accumulation micro-steps; the interval's losses stay on the device, and a non-finite one is found when the
-interval's reduction is read, and before every save.
-Every tensor op on the step path costs a few microseconds of dispatch even when its data is tiny, and an
-OmegaConf attribute read costs more: the step path reads plain settings and adds as few ops as it can
-(benchmarks/overhead.py holds it against a hand-written DDP loop).
+The step path's rules: no host sync per step (metrics stay on the device until the log interval), one collective
+per log interval beside the gradients' own, ``no_sync`` on the micro-steps of an accumulation but its last.
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import math
-import signal
-import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from mgpucli import faults
 from mgpucli.config import run_length
-from mgpucli.config.targets import build
-from mgpucli.distributed.heartbeat import Progress
+from mgpucli.config.components import build_component, metric_problems
+from mgpucli.distributed.heartbeat import Heartbeat
 from mgpucli.distributed.runtime import Runtime
-from mgpucli.engine import state as st
-from mgpucli.engine.data import batch_mover, build_loaders
+from mgpucli.engine import state as engine_state
+from mgpucli.engine.checkpointing import Checkpoints, Position, Resumed, Trained
+from mgpucli.engine.data import build_loaders, to_device
 from mgpucli.engine.evaluate import evaluate_exact
-from mgpucli.engine.interval import FOLD_EVERY, NO_BAD, Closed, LogInterval, Reduction
+from mgpucli.engine.log_interval import LogInterval
 from mgpucli.engine.reporter import Reporter
-from mgpucli.engine.rundir import MetricsWriter, checkpoint_dir
+from mgpucli.engine.rundir import MetricsWriter
+from mgpucli.engine.stop_requests import StopRequests
 from mgpucli.engine.strategy import wrap_model
 from mgpucli.engine.tasks import build_task
-from mgpucli.engine.trainer_checkpoints import Checkpoints
-from mgpucli.errors import Preempted
+from mgpucli.errors import Preempted, RecipeError
+from mgpucli.run_files import checkpoint_dir
+
+_AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-@dataclass(frozen=True, slots=True)
-class StepSettings:
-    """The trainer settings the step path reads, as plain values (a DictConfig read costs ~7 us; a step made 9)."""
+@dataclass(frozen=True)
+class LoopSettings:
+    """The ``trainer`` settings the loop reads, as plain values (read once, not from the DictConfig each step)."""
 
+    epochs: int
+    max_steps: int | None
     grad_accum: int
     channels_last: bool
     clip_grad_norm: float | None
     scheduler_interval: str
     log_every: int
+    val_every: int
+    checkpoint_every: int
     checkpoint_every_steps: int | None
-    max_steps: int | None
 
     @classmethod
-    def of(cls, tcfg) -> StepSettings:
-        return cls(grad_accum=int(tcfg.grad_accum), channels_last=bool(tcfg.channels_last),
-                   clip_grad_norm=tcfg.clip_grad_norm, scheduler_interval=str(tcfg.scheduler_interval),
-                   log_every=int(tcfg.log_every), checkpoint_every_steps=tcfg.checkpoint_every_steps,
-                   max_steps=tcfg.max_steps)
+    def of(cls, trainer: DictConfig) -> LoopSettings:
+        return cls(epochs=int(trainer.epochs), max_steps=trainer.max_steps, grad_accum=int(trainer.grad_accum),
+                   channels_last=bool(trainer.channels_last), clip_grad_norm=trainer.clip_grad_norm,
+                   scheduler_interval=str(trainer.scheduler_interval), log_every=int(trainer.log_every),
+                   val_every=int(trainer.val_every), checkpoint_every=int(trainer.checkpoint_every),
+                   checkpoint_every_steps=trainer.checkpoint_every_steps)
 
 
-class Trainer(Checkpoints, LogInterval):
-    """One worker's training run. Build with a validated recipe and a Runtime, then call ``fit()``."""
+class Trainer:
+    """One worker's training run. Build with a validated recipe and a Runtime, call ``setup()``, then ``fit()``."""
 
-    def __init__(self, cfg: DictConfig, rt: Runtime, reporter: Reporter, resume: str | None = None,
-                 overwrite: bool = False):
-        self.cfg, self.rt, self.reporter = cfg, rt, reporter
-        self.tcfg = cfg.trainer
-        self.hot = StepSettings.of(self.tcfg)
+    def __init__(self, cfg: DictConfig, runtime: Runtime, reporter: Reporter, resume: str | None = None,
+                 overwrite: bool = False, source: str = "the recipe"):
+        self.cfg, self.runtime, self.reporter = cfg, runtime, reporter
+        self.source = source  # the recipe as the user named it, for problems found while building
         self.resume, self.overwrite = resume, overwrite
-        self.step = 0
-        self.epoch = 0
-        self.best: float | None = None
-        self.last_val: dict[str, Any] | None = None
+        self.position = Position()
+        self.stop = StopRequests()
         self.writer: MetricsWriter | None = None
-        self.run_dir = Path(cfg.run_dir)
-        self._pending: dict[str, Any] | None = None  # resume state applied when the loader is positioned
+        self.heartbeat: Heartbeat | None = None
+        self._resumed: Resumed | None = None  # applied when the epoch's loader iterator exists
+        self._mid_epoch = False
+
+    @property
+    def step(self) -> int:
+        return self.position.step
 
     # ----------------------------------------------------------------------------------------- setup
     def setup(self) -> None:
-        cfg, rt = self.cfg, self.rt
-        st.seed_everything(cfg.seed)  # one global seed for init: every rank builds the same model
-        train_set = build(cfg.data.train)
-        val_set = build(cfg.data.val) if cfg.data.val is not None else None
-        model = build(cfg.model)
-        self.task = build_task(OmegaConf.to_container(cfg.task) if isinstance(cfg.task, DictConfig) else cfg.task)
-        self.loaders = build_loaders(train_set, val_set, cfg.data, cfg.seed, rt)
+        """Build everything (in the order that makes every rank's model the same), take the run dir, resume."""
+        cfg, runtime = self.cfg, self.runtime
+        engine_state.seed_everything(cfg.seed)  # one global seed for init: every rank builds the same model
+        source = self.source
+        train_set = build_component("data.train", cfg.data.train, source=source)
+        val_set = build_component("data.val", cfg.data.val, source=source) if cfg.data.val is not None else None
+        model = build_component("model", cfg.model, source=source)
+        self.task = (build_component("task", cfg.task, source=source) if isinstance(cfg.task, DictConfig)
+                     else build_task(cfg.task))
+        wrong_metric = metric_problems(cfg, self.task)
+        if wrong_metric:
+            raise RecipeError(source, wrong_metric, "Name one of the metrics listed, or drop it.")
+        self.loaders = build_loaders(train_set, val_set, cfg.data, cfg.seed, runtime)
         # ${total_steps:}/${steps_per_epoch:} become numbers now, before the optimizer and scheduler are built
-        length = run_length.of(len(self.loaders.train), self.tcfg.grad_accum, self.tcfg.epochs, self.tcfg.max_steps)
+        length = run_length.of(len(self.loaders.train), cfg.trainer.grad_accum, cfg.trainer.epochs,
+                               cfg.trainer.max_steps)
         self.cfg = cfg = run_length.resolve(cfg, length)
-        self.tcfg = cfg.trainer
-        self.progress = Progress(rt.rank, rt.world_size)  # per-rank progress for timeout messages
-        self.progress.start()
-        with self.progress.in_phase("setup: DDP parameter broadcast"):
-            self.wrapped = wrap_model(model, self.tcfg, rt)
-        self.optimizer = build(cfg.optim, self.wrapped.raw.parameters())
-        self.scheduler = build(cfg.scheduler, self.optimizer) if cfg.scheduler is not None else None
-        self.autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.tcfg.precision)
-        self.scaler = torch.amp.GradScaler(rt.device.type) if self.tcfg.precision == "fp16" else None
-        self.acc = torch.zeros(len(self.task.stat_names), dtype=torch.float64, device=rt.device)
-        self.epoch_sums = [0.0] * len(self.task.stat_names)  # the epoch's reduced interval sums (engine/interval.py)
-        self.first_bad = torch.full((), NO_BAD, dtype=torch.int64, device=rt.device)
-        self._acc_dirty = False  # acc holds sums not yet reduced (Task.stats rows, or a fold of pieces)
-        self._bad_folded = False  # first_bad may hold a non-finite step not yet reduced
-        self._closed: list[Closed] = []  # log intervals whose sums are made, waiting for their all-reduce
-        self._batch = 1  # closed intervals per all-reduce (engine/interval.py), the same on every rank
-        self._in_flight: Reduction | None = None  # an all-reduce of closed intervals, finished a step later
-        self._losses: list[torch.Tensor] = []  # detached losses not yet checked for NaN/inf (bounded: see _fold)
-        self._loss_steps: list[int] = []  # the step each of them belongs to
-        self._step_rows: list[Any] = []  # per-step stats pieces, added up by _fold (see Task.step_stats)
-        # Precomputed for the step path: a disabled torch.autocast still costs an enter/exit of C calls.
-        self._autocast = (functools.partial(torch.autocast, rt.device.type, dtype=self.autocast_dtype)
-                          if self.autocast_dtype is not None else contextlib.nullcontext)
-        self._no_sync = self.wrapped.train.no_sync if self.wrapped.is_ddp else contextlib.nullcontext
-        self._fsdp_accum = self.wrapped.is_fsdp and self.hot.grad_accum > 1
-        self._to_device = batch_mover(rt.device, non_blocking=rt.device.type == "cuda")
-        self._backward_phase = ("backward (gradient all-reduce)" if rt.distributed
-                                and self.wrapped.strategy in ("ddp", "fsdp") else "backward")
-        self.signal_received: str | None = None  # set by the signal handler, on this rank only
-        self.stop_agreed = False  # set when the ranks agreed (at a log-interval reduction) to stop
+        self.settings = LoopSettings.of(cfg.trainer)
+        self.heartbeat = Heartbeat(runtime.rank, runtime.world_size)  # where each rank is, for timeout messages
+        self.heartbeat.start()
+        with self.heartbeat.in_phase("setup: DDP parameter broadcast"):
+            wrapped = wrap_model(model, cfg.trainer, runtime)
+        optimizer = build_component("optim", cfg.optim, wrapped.raw.parameters(), source=source)
+        scheduler = (build_component("scheduler", cfg.scheduler, optimizer, source=source)
+                     if cfg.scheduler is not None else None)
+        self.autocast_dtype = _AUTOCAST.get(cfg.trainer.precision)
+        scaler = torch.amp.GradScaler(runtime.device.type) if cfg.trainer.precision == "fp16" else None
+        self.trained = Trained(wrapped, optimizer, scheduler, scaler, self.loaders.train)
+        self.intervals = LogInterval(self.task, runtime, self.heartbeat, self._emit)
+        self.checkpoints = Checkpoints(cfg, runtime, self.heartbeat, self.reporter)
+        self._backward_phase = ("backward (gradient all-reduce)" if runtime.distributed
+                                and wrapped.strategy in ("ddp", "fsdp") else "backward")
         self._faults = faults.enabled()
-        self._prepare_run_dir()
-        if self.resume_path is not None:
-            self._load(self.resume_path)
-        st.seed_everything(cfg.seed + 1000 * rt.rank + self.step)  # per-rank randomness (dropout, augmentation)
+        found = self.checkpoints.take_run_dir(self.resume, self.overwrite)
+        if runtime.is_main:
+            self.writer = MetricsWriter(self.checkpoints.run_dir, tensorboard=cfg.trainer.tensorboard)
+        if found is not None:
+            self._resumed = self.checkpoints.load(found, self.trained, self.position)
+            sums = self._resumed.epoch_sums
+            if sums is not None and len(sums) == len(self.task.stat_names):
+                self.intervals.epoch_sums = sums
+        engine_state.seed_everything(cfg.seed + 1000 * runtime.rank + self.step)  # per-rank randomness
 
     # ------------------------------------------------------------------------------------------ loop
     def fit(self) -> dict[str, Any]:
         """Train for ``trainer.epochs`` (or until ``trainer.max_steps``); returns the final metrics.
 
-        SIGTERM/SIGINT/SIGUSR1 request a stop; the ranks agree on it when the next log-interval reduction
-        is read (within ``trainer.log_every`` + 1 steps, or about REDUCE_EVERY_S where short intervals share
-        a reduction), save a checkpoint there and raise Preempted. A second SIGINT interrupts at once.
+        SIGTERM/SIGINT/SIGUSR1 request a stop; the ranks agree on it when the next log-interval reduction is read
+        (within ``trainer.log_every`` + 1 steps), save a checkpoint there and raise Preempted.
         """
-        steps_per_epoch = math.ceil(len(self.loaders.train) / self.tcfg.grad_accum)
-        total_epochs = self.tcfg.epochs if self.tcfg.max_steps is None else max(
-            self.tcfg.epochs, math.ceil(self.tcfg.max_steps / steps_per_epoch))
+        settings = self.settings
+        steps_per_epoch = math.ceil(len(self.loaders.train) / settings.grad_accum)
+        total_epochs = settings.epochs if settings.max_steps is None else max(
+            settings.epochs, math.ceil(settings.max_steps / steps_per_epoch))
         self.reporter.start({**self._info(steps_per_epoch), "total_epochs": total_epochs})
         train_metrics = None
-        with self._stop_signals(), self._tag_failures():
-            while self.epoch < total_epochs and not self._done():
-                number = self.epoch + 1  # epochs are numbered from 1 in everything a user reads
+        with self.stop.listening(), self._tag_failures():
+            while self.position.epoch < total_epochs and not self._done():
+                number = self.position.epoch + 1  # epochs are numbered from 1 in everything a user reads
                 train_metrics = self.train_epoch(steps_per_epoch)
-                if self.stop_agreed and self._mid_epoch:
+                if self.intervals.stop_agreed and self._mid_epoch:
                     self._preempt(mid_epoch=True)
                 val, saved = self._end_epoch(total_epochs)
                 self.reporter.epoch_end(number, train_metrics, val)
-                if self.stop_agreed:
+                if self.intervals.stop_agreed:
                     self._preempt(mid_epoch=False, saved=saved)
-        return {"step": self.step, "epoch": self.epoch, "train": train_metrics, "val": self.last_val,
-                "run_dir": str(self.run_dir)}
+        return {"step": self.step, "epoch": self.position.epoch, "train": train_metrics,
+                "val": self.position.last_val, "run_dir": str(self.checkpoints.run_dir)}
 
+    def train_epoch(self, steps_per_epoch: int) -> dict[str, Any] | None:
+        """One pass over this rank's shard (from the saved position when resuming mid-epoch); returns the epoch's
+        train metrics: means over all its samples (None if it had none)."""
+        position, loader = self.position, self.loaders.train
+        self.loaders.sampler.set_epoch(position.epoch)
+        resumed, self._resumed = self._resumed, None
+        if resumed is not None and resumed.loader is not None:
+            loader.load_state_dict(resumed.loader)  # mid-epoch: the epoch's sums came with the checkpoint
+        else:
+            self.intervals.new_epoch()
+        batches = iter(loader)  # building the iterator draws from the RNG: restore RNG after it
+        if resumed is not None and resumed.rng is not None:
+            engine_state.restore_rng(resumed.rng, self.runtime.device)
+        done = max(0, position.step - position.epoch * steps_per_epoch)
+        self.reporter.epoch_start(position.epoch + 1, steps_per_epoch, done)
+        self.trained.model.train.train()
+        self._mid_epoch = True
+        while self.train_step(batches):
+            if self.intervals.stop_agreed or self._done():  # every rank stops at the same step
+                self._flush()
+                return self.intervals.epoch_means()
+        self._mid_epoch = False
+        self._flush()
+        if self.trained.scheduler is not None and self.settings.scheduler_interval == "epoch":
+            self.trained.scheduler.step()
+        return self.intervals.epoch_means()
+
+    def train_step(self, batches: Iterator) -> bool:
+        """One optimizer step: forward and backward on up to ``trainer.grad_accum`` micro-batches taken from
+        ``batches`` one at a time (gradients synchronised on the last one only; an epoch's last, partial
+        accumulation still steps), then the optimizer step and the log interval's bookkeeping. Returns False, having
+        done nothing, when ``batches`` is exhausted."""
+        batch = next(batches, None)
+        if batch is None:
+            return False
+        for micro in range(1, self.settings.grad_accum + 1):
+            following = next(batches, None) if micro < self.settings.grad_accum else None
+            self._forward_backward(batch, sync=following is None)
+            if following is None:
+                break
+            batch = following
+        self._optimizer_step()
+        return True
+
+    def _forward_backward(self, batch, sync: bool) -> None:
+        model, runtime = self.trained.model, self.runtime
+        inputs, targets = to_device(batch, runtime.device, non_blocking=runtime.device.type == "cuda")
+        if self.settings.channels_last and inputs.dim() == 4:
+            inputs = inputs.contiguous(memory_format=torch.channels_last)
+        step = self.step + 1
+        self.heartbeat.step, self.heartbeat.phase = step, "forward"
+        if model.is_fsdp and self.settings.grad_accum > 1:  # FSDP2's no_sync: reduce-scatter on the last only
+            model.train.set_requires_gradient_sync(sync)
+        # DDP decides in forward whether backward all-reduces: not on the micro-steps before the last.
+        skip_sync = model.train.no_sync() if model.is_ddp and not sync else contextlib.nullcontext()
+        with skip_sync:
+            autocast = self.autocast_dtype is not None
+            with torch.autocast(runtime.device.type, dtype=self.autocast_dtype, enabled=autocast):
+                outputs = model.train(inputs)
+                loss = self.task.loss(outputs, targets)
+            if self._faults and faults.maybe_fault("step", runtime.rank, step):
+                loss = loss * float("nan")
+            detached = loss.detach()
+            self.intervals.add(self.task.stats(outputs, targets, detached), detached, step)
+            scaled = loss / self.settings.grad_accum if self.settings.grad_accum > 1 else loss
+            self.heartbeat.phase = self._backward_phase if sync else "backward"
+            scaler = self.trained.scaler
+            (scaler.scale(scaled) if scaler is not None else scaled).backward()
+
+    def _optimizer_step(self) -> None:
+        settings, trained, position = self.settings, self.trained, self.position
+        optimizer, scaler = trained.optimizer, trained.scaler
+        if settings.clip_grad_norm is not None:
+            if scaler is not None:
+                scaler.unscale_(optimizer)
+            torch.nn.utils.clip_grad_norm_(trained.model.raw.parameters(), settings.clip_grad_norm)
+        if scaler is not None:
+            scaler.step(optimizer)
+            scaler.update()
+        else:
+            optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        if trained.scheduler is not None and settings.scheduler_interval == "step":
+            trained.scheduler.step()
+        position.step += 1
+        self.intervals.steps += 1
+        self.reporter.step(position.step)
+        self.intervals.read_reduction()  # the all-reduce started a step ago
+        if position.step % settings.log_every == 0:
+            self.intervals.close_and_reduce(position.step, position.epoch + 1, self._lr(),
+                                            stop_requested=self.stop.received is not None)
+        every = settings.checkpoint_every_steps
+        if every and position.step % every == 0 and not self._done():
+            self.save(mid_epoch=True)
+
+    # ----------------------------------------------------------------------------- epoch ends, saving
     def _end_epoch(self, total_epochs: int) -> tuple[dict[str, Any] | None, bool]:
         """Validate and checkpoint after an epoch (or after max_steps mid-epoch); returns (val, saved)."""
-        tcfg = self.tcfg
+        settings, position = self.settings, self.position
         ended_early = self._done() and self._mid_epoch
-        number = self.epoch + 1
+        number = position.epoch + 1
         if not ended_early:
-            self.epoch += 1
-        last = self._done() or self.epoch >= total_epochs
+            position.epoch += 1
+        last = self._done() or position.epoch >= total_epochs
         val = None
-        if self.loaders.val is not None and tcfg.val_every and (self.epoch % tcfg.val_every == 0 or last):
+        if self.loaders.val is not None and settings.val_every and (position.epoch % settings.val_every == 0 or last):
             val = self.evaluate(number)
-        improved = self._maybe_best(val)
-        saved = last or (tcfg.checkpoint_every and self.epoch % tcfg.checkpoint_every == 0) or improved
+        improved = self.checkpoints.improves_best(val)
+        saved = last or (settings.checkpoint_every and position.epoch % settings.checkpoint_every == 0) or improved
         if saved:
             self.save(mid_epoch=ended_early, best=improved)
         return val, bool(saved)
+
+    def save(self, mid_epoch: bool, best: bool = False) -> None:
+        """Record every step so far (which also checks them all for a non-finite loss), then checkpoint."""
+        self._flush()
+        self.checkpoints.save(self.trained, self.position, self.intervals.epoch_sums, mid_epoch, best)
+
+    def _flush(self) -> None:
+        self.intervals.flush(self.step, self.position.epoch + 1, self._lr(), self.stop.received is not None)
+
+    def _preempt(self, mid_epoch: bool, saved: bool = False) -> None:
+        if not saved:
+            self.save(mid_epoch=mid_epoch)
+        epoch = self.position.epoch + 1 if mid_epoch else self.position.epoch
+        raise Preempted(
+            f"stopped by {self.stop.received or 'a signal on another rank'} at step {self.step} (epoch {epoch}); "
+            f"every rank agreed on that step and the checkpoint in {checkpoint_dir(self.checkpoints.run_dir)} is "
+            "complete.",
+            "Continue the run with the same command plus --resume auto.",
+            step=self.step, signal=self.stop.received,
+        )
+
+    def _done(self) -> bool:
+        return self.settings.max_steps is not None and self.step >= self.settings.max_steps
+
+    def _lr(self) -> float:
+        return self.trained.optimizer.param_groups[0]["lr"]
 
     @contextlib.contextmanager
     def _tag_failures(self):
         """Tag escaping errors with the step, so `mgpu launch` can tell a failure that repeats from a new one."""
         try:
             yield
-        except Preempted:
-            raise  # not a failure: it carries the step its checkpoint holds (Preempted.step)
         except Exception as err:
             err.mgpu_step = self.step + 1
             raise
 
-    @contextlib.contextmanager
-    def _stop_signals(self):
-        """Turn SIGTERM/SIGINT/SIGUSR1 into a stop request (main thread only; restored afterwards)."""
-        if threading.current_thread() is not threading.main_thread():
-            yield
-            return
-
-        def request_stop(signum, frame):
-            if self.signal_received is not None and signum == signal.SIGINT:
-                raise KeyboardInterrupt  # a second Ctrl-C: stop now
-            self.signal_received = signal.Signals(signum).name
-
-        wanted = [signal.SIGTERM, signal.SIGINT] + ([signal.SIGUSR1] if hasattr(signal, "SIGUSR1") else [])
-        previous = {sig: signal.signal(sig, request_stop) for sig in wanted}
-        try:
-            yield
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
-
-    def _preempt(self, mid_epoch: bool, saved: bool = False) -> None:
-        if not saved:
-            self.save(mid_epoch=mid_epoch)
-        raise Preempted(
-            f"stopped by {self.signal_received or 'a signal on another rank'} at step {self.step} "
-            f"(epoch {self.epoch + 1 if mid_epoch else self.epoch}); every rank agreed on that step and the checkpoint "
-            f"in {checkpoint_dir(self.run_dir)} is complete.",
-            "Continue the run with the same command plus --resume auto.",
-            step=self.step, signal=self.signal_received,
-        )
-
-    def _done(self) -> bool:
-        return self.hot.max_steps is not None and self.step >= self.hot.max_steps
-
-    def train_epoch(self, steps_per_epoch: int) -> dict[str, Any] | None:
-        """One pass over this rank's shard (from the saved position when resuming mid-epoch); returns the epoch's
-        train metrics: means over all the samples it logged (None if it logged none)."""
-        hot, loader = self.hot, self.loaders.train
-        self.loaders.sampler.set_epoch(self.epoch)
-        pending, self._pending = self._pending, None
-        if pending and pending["loader"] is not None:
-            loader.load_state_dict(pending["loader"])  # mid-epoch: epoch_sums came with the checkpoint
-        else:
-            self.epoch_sums = [0.0] * len(self.epoch_sums)
-        batches = iter(loader)  # building the iterator draws from the RNG: restore RNG after it
-        if pending and pending["rng"] is not None:
-            st.restore_rng(pending["rng"], self.rt.device)
-        done_in_epoch = self.step - self.epoch * steps_per_epoch
-        self.reporter.epoch_start(self.epoch + 1, steps_per_epoch, max(0, done_in_epoch))
-        self.wrapped.train.train()
-        self._mid_epoch = True
-        self._interval_start, self._interval_steps = time.perf_counter(), 0
-        micro = 0
-        for batch in batches:
-            micro += 1
-            final = micro == hot.grad_accum
-            self._forward_backward(batch, sync=final)
-            if final:
-                micro = 0
-                self._optimizer_step()
-                if self.stop_agreed or self._done():  # every rank stops at the same step
-                    self._reduce_and_log()
-                    return self._epoch_means()
-        if micro:  # a partial accumulation at the end of the epoch still makes a step
-            self._optimizer_step()
-        self._mid_epoch = False
-        self._reduce_and_log()
-        if self.scheduler is not None and hot.scheduler_interval == "epoch":
-            self.scheduler.step()
-        return self._epoch_means()
-
-    def _epoch_means(self) -> dict[str, Any] | None:
-        samples = self.epoch_sums[self.task.stat_names.index("samples")] if "samples" in self.task.stat_names else 1
-        return self.task.metrics(self.epoch_sums) if samples else None
-
-    def _forward_backward(self, batch, sync: bool) -> None:
-        inputs, targets = self._to_device(batch)
-        if self.hot.channels_last and inputs.dim() == 4:
-            inputs = inputs.contiguous(memory_format=torch.channels_last)
-        self.progress.step, self.progress.phase = self.step + 1, "forward"  # two attribute writes: no I/O
-        if self._fsdp_accum:  # FSDP2's no_sync: reduce-scatter on the last micro-step only
-            self.wrapped.train.set_requires_gradient_sync(sync)
-        if sync or self._no_sync is contextlib.nullcontext:
-            self._step_on_device(inputs, targets, sync)
-        else:  # DDP decides in forward whether backward all-reduces: not on non-final micro-steps
-            with self._no_sync():
-                self._step_on_device(inputs, targets, sync)
-
-    def _step_on_device(self, inputs, targets, sync: bool) -> None:
-        """Forward, loss, bookkeeping, backward (context managers only where they do something: each costs
-        microseconds to enter and leave, which a ~1 ms step notices)."""
-        if self.autocast_dtype is None:
-            outputs = self.wrapped.train(inputs)
-            loss = self.task.loss(outputs, targets)
-        else:
-            with self._autocast():
-                outputs = self.wrapped.train(inputs)
-                loss = self.task.loss(outputs, targets)
-        if self._faults and faults.maybe_fault("step", self.rt.rank, self.step + 1):
-            loss = loss * float("nan")
-        detached = loss.detach()
-        row = self.task.step_stats(outputs, targets, detached)
-        if isinstance(row, torch.Tensor):
-            self.acc += row
-            self._acc_dirty = True
-        else:  # pieces: the tensor work that needs no outputs waits for _fold (one op here, not five)
-            self._step_rows.append(row)
-        # Keep the loss on the device; _fold finds the first non-finite one once per interval (no sync here).
-        self._losses.append(detached)
-        self._loss_steps.append(self.step + 1)
-        if len(self._losses) >= FOLD_EVERY:
-            self._fold()
-        scaled = loss if self.hot.grad_accum == 1 else loss / self.hot.grad_accum
-        self.progress.phase = self._backward_phase if sync else "backward"
-        (self.scaler.scale(scaled) if self.scaler is not None else scaled).backward()
-
-    def _optimizer_step(self) -> None:
-        hot = self.hot
-        if hot.clip_grad_norm is not None:
-            if self.scaler is not None:
-                self.scaler.unscale_(self.optimizer)
-            torch.nn.utils.clip_grad_norm_(self.wrapped.raw.parameters(), hot.clip_grad_norm)
-        if self.scaler is not None:
-            self.scaler.step(self.optimizer)
-            self.scaler.update()
-        else:
-            self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        if self.scheduler is not None and hot.scheduler_interval == "step":
-            self.scheduler.step()
-        self.step += 1
-        self._interval_steps += 1
-        self.reporter.step(self.step)
-        if self._in_flight is not None:
-            self._finish_reduction()  # started a step ago
-        if self.step % hot.log_every == 0:
-            self._close_interval()
-            if len(self._closed) >= self._batch:
-                self._start_reduction()
-        if hot.checkpoint_every_steps and self.step % hot.checkpoint_every_steps == 0 and not self._done():
-            self.save(mid_epoch=True)
-
+    # ------------------------------------------------------------------------------------ validation
     def evaluate(self, epoch: int) -> dict[str, Any]:
         """Exact validation (see engine.evaluate) after ``epoch`` (numbered from 1); recorded in metrics.jsonl and
         kept for the checkpoint."""
-        with self.progress.in_phase("validation"):
-            self.last_val = evaluate_exact(self.wrapped.eval, self.loaders.val, self.loaders.val_batches,
-                                           self.task, self.rt, self.autocast_dtype, lockstep=self.wrapped.is_fsdp)
-        self._emit({"split": "val", "step": self.step, "epoch": epoch, **self.last_val, "time": time.time()})
-        return self.last_val
+        model = self.trained.model
+        with self.heartbeat.in_phase("validation"):
+            self.position.last_val = evaluate_exact(model.eval, self.loaders.val, self.loaders.val_batches, self.task,
+                                                    self.runtime, self.autocast_dtype, lockstep=model.is_fsdp)
+        self._emit({"split": "val", "step": self.step, "epoch": epoch, **self.position.last_val, "time": time.time()})
+        return self.position.last_val
+
+    def _emit(self, record: dict[str, Any]) -> None:
+        if self.writer is not None:
+            self.writer.write(record)
+        self.reporter.log(record)
 
     def _info(self, steps_per_epoch: int) -> dict[str, Any]:
-        d, rt = self.cfg.data, self.rt
+        data, runtime, trainer = self.cfg.data, self.runtime, self.cfg.trainer
         return {
-            "name": self.cfg.name, "run_dir": str(self.run_dir), "world_size": rt.world_size,
-            "device": str(rt.device), "backend": rt.backend or "none", "strategy": self.wrapped.strategy,
-            "cpu_threads": rt.cpu_threads, "num_workers": self.loaders.num_workers,
-            "batch_size": d.batch_size, "grad_accum": self.tcfg.grad_accum,
-            "global_batch": d.batch_size * rt.world_size * self.tcfg.grad_accum,
+            "name": self.cfg.name, "run_dir": str(self.checkpoints.run_dir), "world_size": runtime.world_size,
+            "device": str(runtime.device), "backend": runtime.backend or "none",
+            "strategy": self.trained.model.strategy, "cpu_threads": runtime.cpu_threads,
+            "num_workers": self.loaders.num_workers, "batch_size": data.batch_size, "grad_accum": trainer.grad_accum,
+            "global_batch": data.batch_size * runtime.world_size * trainer.grad_accum,
             "train_samples": len(self.loaders.train.dataset),
             "val_samples": len(self.loaders.val.dataset) if self.loaders.val is not None else 0,
-            "steps_per_epoch": steps_per_epoch, "epochs": self.tcfg.epochs, "max_steps": self.tcfg.max_steps,
-            "precision": self.tcfg.precision,
+            "steps_per_epoch": steps_per_epoch, "epochs": trainer.epochs, "max_steps": trainer.max_steps,
+            "precision": trainer.precision,
         }
 
     def close(self) -> None:
@@ -354,7 +340,7 @@ class Trainer(Checkpoints, LogInterval):
         if self.writer is not None:
             self.writer.close()
             self.writer = None
-        if getattr(self, "progress", None) is not None:
-            self.progress.stop()
-        for name in ("wrapped", "optimizer", "scheduler", "scaler", "loaders"):
+        if self.heartbeat is not None:
+            self.heartbeat.stop()
+        for name in ("trained", "loaders", "intervals", "checkpoints"):
             self.__dict__.pop(name, None)

@@ -15,7 +15,8 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from mgpucli.config import check_recipe, load_recipe
-from mgpucli.config.targets import TOP_COMPONENTS, build
+from mgpucli.config.components import build_component
+from mgpucli.config.targets import TOP_COMPONENTS
 from mgpucli.config.trust import require_trusted
 from mgpucli.engine.checkpoint import is_mgpu_checkpoint, read_file
 from mgpucli.engine.state import load_model_state
@@ -84,7 +85,7 @@ def load_checkpoint(path: str | Path, overrides: list[str] | None = None, *, rec
     weights, info = _state_dict_of(read_file(path, map_location=map_location), path)
     cfg = resolve_recipe(info, path, list(overrides or []), recipe, trust_recipe)
     torch.manual_seed(int(cfg.seed))
-    model = build(cfg.model)
+    model = build_component("model", cfg.model, source=path)
     load_model_state(model, weights, path)
     model.to(map_location).eval()
     info.pop("recipe_text", None)
@@ -99,43 +100,45 @@ def validation_dataset(cfg: DictConfig, split: str, source: str):
             f"Give one with an override, e.g. '+data.{split}={{_target_: ...}}' or data.{split}._target_=..., "
             "or choose another --split.",
         )
-    return build(node)
+    return build_component(f"data.{split}", node, source=source)
 
 
 def run_validation(checkpoint: str, overrides: list[str], *, recipe: str | None, split: str, trust_recipe: bool,
                    env, prefer_cpu: bool = False) -> dict[str, Any]:
     """Evaluate ``checkpoint`` on this process (one worker of N when RANK/WORLD_SIZE are set)."""
-    from mgpucli.distributed import runtime
+    from mgpucli.distributed import collectives
+    from mgpucli.distributed.runtime import choose_device, setup_process_group, teardown
     from mgpucli.engine.data import FixedBatches
     from mgpucli.engine.evaluate import evaluate_exact
     from mgpucli.engine.run import ensure_cwd_on_path
     from mgpucli.engine.tasks import build_task
 
     ensure_cwd_on_path()
-    device = runtime.choose_device("cpu" if prefer_cpu else "auto", env)
+    device = choose_device("cpu" if prefer_cpu else "auto", env)
     weights, info = _state_dict_of(read_file(checkpoint, map_location=device), checkpoint)
     cfg = resolve_recipe(info, checkpoint, overrides, recipe, trust_recipe)
-    rt = runtime.setup(env, cfg.trainer.device, cfg.trainer.timeout_s, cfg.trainer.cpu_threads)
+    runtime = setup_process_group(env, cfg.trainer.device, cfg.trainer.timeout_s, cfg.trainer.cpu_threads)
     try:
         torch.manual_seed(int(cfg.seed))
-        model = build(cfg.model)
+        model = build_component("model", cfg.model, source=checkpoint)
         load_model_state(model, weights, checkpoint)
-        model.to(rt.device)
+        model.to(runtime.device)
         if cfg.trainer.channels_last:
             model.to(memory_format=torch.channels_last)
         dataset = validation_dataset(cfg, split, checkpoint)
         batch = int(cfg.data.val_batch_size or cfg.data.batch_size)
-        batches = FixedBatches(len(dataset), batch, rt.rank, rt.world_size)
+        batches = FixedBatches(len(dataset), batch, runtime.rank, runtime.world_size)
         loader = torch.utils.data.DataLoader(dataset, batch_sampler=batches, num_workers=0)
-        task = build_task(OmegaConf.to_container(cfg.task) if isinstance(cfg.task, DictConfig) else cfg.task)
+        task = (build_component("task", cfg.task, source=checkpoint) if isinstance(cfg.task, DictConfig)
+                else build_task(cfg.task))
         dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.trainer.precision)
-        result = evaluate_exact(model, loader, batches, task, rt, dtype)
-        runtime.barrier(rt)  # every rank is done with the group before any rank destroys it
+        result = evaluate_exact(model, loader, batches, task, runtime, dtype)
+        collectives.barrier(runtime)  # every rank is done with the group before any rank destroys it
     finally:
         model = loader = None
         gc.collect()  # as in engine/run.py: nothing left holding gloo work when the group is destroyed
-        runtime.teardown()
+        teardown()
     info.pop("recipe_text", None)
     samples = result.pop("samples")
     return {"checkpoint": {"path": checkpoint, **info}, "split": split, "samples": samples, "metrics": result,
-            "processes": rt.world_size, "device": str(rt.device), "threads_per_process": rt.cpu_threads}
+            "processes": runtime.world_size, "device": str(runtime.device), "threads_per_process": runtime.cpu_threads}

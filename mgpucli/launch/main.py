@@ -12,7 +12,7 @@ import time
 from typing import Any
 
 from mgpucli import __version__
-from mgpucli.cpus import available_cores
+from mgpucli.cpus import available_cores, omp_threads_problem
 from mgpucli.errors import EXIT_FAILED, EXIT_USAGE, UsageError
 from mgpucli.launch.plan import LaunchOptions, LaunchPlan, Machine, RecipeFacts, build_plan, worker_overrides
 from mgpucli.run_files import check_start, holds_a_run
@@ -28,6 +28,7 @@ def _check_recipe(opts: LaunchOptions):
     from omegaconf import OmegaConf
 
     from mgpucli.config import check_recipe, load_recipe
+    from mgpucli.config.components import check_builds
     from mgpucli.config.handoff import fingerprint
     from mgpucli.engine.run import ensure_cwd_on_path
 
@@ -37,6 +38,7 @@ def _check_recipe(opts: LaunchOptions):
     if cfg is None:
         cfg = load_recipe(opts.recipe, overrides)
     check_recipe(cfg, opts.recipe)
+    check_builds(cfg, opts.recipe)  # the optimizer, scheduler, task and model (meta device): before any worker
     threads = OmegaConf.select(cfg, "trainer.cpu_threads", default=None)
     facts = RecipeFacts(
         run_dir=str(OmegaConf.select(cfg, "run_dir", default=f"runs/{cfg.name}")),
@@ -101,6 +103,10 @@ def prepare(opts: LaunchOptions) -> LaunchPlan:
 
 
 def _prepare(opts: LaunchOptions):
+    problem = omp_threads_problem(os.environ)
+    if problem:  # every worker would inherit it
+        raise UsageError(f"{problem}.", "Unset it (`unset OMP_NUM_THREADS`) and mgpu gives each CPU worker cores / "
+                         "processes threads, or give a count: export OMP_NUM_THREADS=4.")
     facts, cfg = _check_recipe(opts)
     machine = this_machine(need_gpus=not opts.cpu and facts.device != "cpu")
     plan = build_plan(opts, facts, machine)

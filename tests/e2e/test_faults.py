@@ -120,7 +120,8 @@ def test_sigkill_of_a_worker_then_resume_equals_uninterrupted(tmp_path):
         stopped_after = time.monotonic() - start
     finally:
         stop_tree(proc)
-    assert proc.returncode != 0 and stopped_after < 15, (stopped_after, err)
+    assert proc.returncode != 0, err
+    assert stopped_after < 25, (stopped_after, err)  # catches a hang: under torch's 30 s teardown grace
     assert "rank" in err and "SIGKILL" in err
     assert all(not _alive(pid) for pid in workers)
     resumed = mgpu("launch", "--cpu", "--nproc", "2", QUICK, *SMALL, *common, "run_dir=part", "--resume", "auto",

@@ -37,7 +37,7 @@ def env():
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("MGPU_FAULT", "RANK", "WORLD_SIZE",
                                                                         "LOCAL_RANK", "MASTER_", "OMP_NUM"))}
     yield {**clean, TAG: tag}
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + 20
     while tagged(tag) and time.monotonic() < deadline:
         time.sleep(0.1)
     left = tagged(tag)

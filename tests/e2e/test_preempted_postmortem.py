@@ -44,7 +44,7 @@ def tag():
     """A fresh tag; at teardown every process carrying it is killed by pid, and the test fails if one was left."""
     value = uuid.uuid4().hex
     yield value
-    _until(lambda: not tagged_by(TAG, value), timeout=5)
+    _until(lambda: not tagged_by(TAG, value), timeout=20)
     left = tagged_by(TAG, value)
     for pid in left:
         with contextlib.suppress(ProcessLookupError):

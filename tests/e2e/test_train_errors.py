@@ -85,3 +85,80 @@ def test_bad_input_under_torchrun_is_reported_once(tmp_path):
     r = torchrun(2, "train", QUICK, *SMALL, "data.batch_size=0", cwd=tmp_path)
     assert r.returncode != 0
     assert r.stderr.count("data.batch_size: must be >= 1") == 1, r.stderr
+
+
+COMMANDS = [["train"], ["train", "--check"], ["launch", "--cpu", "--nproc", "2"],
+            ["launch", "--cpu", "--nproc", "2", "--check"]]
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+@pytest.mark.parametrize("override, fragments", [
+    ("optim.lr=abc", ["optim: building torch.optim.SGD failed: TypeError"]),
+    ("optim.momentum=-1", ["optim: building torch.optim.SGD failed: ValueError: Invalid momentum value: -1"]),
+    ("model.dropout=2", ["model: building mgpucli.components.models.MLP failed: ValueError: dropout probability"]),
+])
+def test_a_component_whose_constructor_raises_is_a_recipe_problem(tmp_path, command, override, fragments):
+    """Whatever a component's constructor raises: exit 2 with the key, the target and the exception, before any
+    worker starts under launch, and nothing written."""
+    r = mgpu(*command, "quickstart", override, cwd=tmp_path, timeout=90)
+    assert_usage_error(r, *fragments, "quickstart", "MGPU_DEBUG=1")
+    assert not (tmp_path / "runs").exists() or command == ["train"]  # train takes its run dir before it builds
+    assert not list(tmp_path.glob("runs/quickstart/logs/*/attempt_0"))  # no worker started
+
+
+def test_mgpu_debug_shows_the_components_traceback(tmp_path):
+    r = mgpu("train", "quickstart", "optim.momentum=-1", "--check", cwd=tmp_path, env={"MGPU_DEBUG": "1"})
+    assert r.returncode == 2 and "Traceback" in r.stderr and 'raise ValueError(f"Invalid momentum value' in r.stderr
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+@pytest.mark.parametrize("name, content, fragment", [
+    ("binary.yaml", bytes(range(256)), "is not UTF-8 text (byte 0x80 at position 128)"),
+    ("empty.yaml", b"# nothing but a comment\n", "is empty"),
+    ("list.yaml", b"- name: a\n- name: b\n", "holds a list at the top, not a mapping of keys"),
+    ("scalar.yaml", b"42\n", "holds a single value (int) at the top"),
+])
+def test_a_file_that_is_no_recipe_is_named_with_its_problem(tmp_path, command, name, content, fragment):
+    (tmp_path / name).write_bytes(content)
+    r = mgpu(*command, name, cwd=tmp_path, timeout=60)
+    assert_usage_error(r, f"{name} {fragment}" if "UTF-8" not in fragment else fragment, name)
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_directory_is_no_recipe(tmp_path):
+    (tmp_path / "conf.yaml").mkdir()
+    assert_usage_error(mgpu("train", "conf.yaml", cwd=tmp_path), "conf.yaml is not a file")
+
+
+def test_a_dataset_that_fails_in_the_workers_is_reported_as_a_recipe_problem(tmp_path):
+    """The launcher leaves datasets to the workers (they may be large): every rank refuses the same recipe, the
+    launch exits 2, and the post-mortem names a recipe problem, not a crash."""
+    import json
+
+    r = mgpu("launch", "--cpu", "--nproc", "2", "quickstart", "data.train.num_features=abc", cwd=tmp_path,
+             timeout=120)
+    assert r.returncode == 2, r.output
+    assert "every rank stopped on bad input" in r.stderr and "data.train: building" in r.stderr
+    doctor = mgpu("doctor", "runs/quickstart", "--json", cwd=tmp_path, timeout=60)
+    report = json.loads(doctor.stdout)
+    assert report["first_failure"]["signature"] == "recipe_problem", report
+    assert report["first_failure"]["title"].startswith("a problem in the recipe, not a crash: data.train: building")
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+@pytest.mark.parametrize("override, fragments", [
+    ("trainer.clip_grad_norm=-1", ["trainer.clip_grad_norm: must be > 0", "got -1.0"]),
+    ("trainer.best_metric=acc", ["trainer.best_metric: 'acc' is not a metric the task reports (loss, accuracy) "
+                                 "(did you mean 'accuracy'?)"]),
+])
+def test_values_that_type_check_but_make_no_sense_are_refused(tmp_path, command, override, fragments):
+    r = mgpu(*command, "quickstart", override, cwd=tmp_path, timeout=90)
+    assert_usage_error(r, *fragments)
+    assert not list(tmp_path.glob("runs/quickstart/checkpoints/*.pt"))
+
+
+@pytest.mark.parametrize("command", [["train", "quickstart"], ["launch", "--cpu", "--nproc", "2", "quickstart"]])
+def test_an_omp_num_threads_torch_would_ignore_is_refused(tmp_path, command):
+    r = mgpu(*command, cwd=tmp_path, env={"OMP_NUM_THREADS": "four"}, timeout=60)
+    assert_usage_error(r, "OMP_NUM_THREADS='four' is not a positive integer", "unset OMP_NUM_THREADS")
+    assert not (tmp_path / "runs").exists()

@@ -84,7 +84,18 @@ def wheel(tmp_path_factory) -> Path:
     assert packed == {f"mgpucli/_recipes/{n}" for n in SHIPPED}
     missing = [p for p in PACKAGES if p.replace(".", "/") + "/__init__.py" not in files]
     assert not missing, f"packages missing from the wheel: {missing}"
+    extra = sorted(n for n in files if n.startswith("mgpucli/") and not n.endswith(".py") and n not in packed)
+    assert not extra, f"files in the wheel that are neither modules nor recipes: {extra}"
     return whl
+
+
+def test_package_data_names_only_files_that_exist():
+    """pyproject's package-data (if any) matches real files: the wheel ships modules and recipes (setup.py)."""
+    tomllib = pytest.importorskip("tomllib")
+    setuptools_cfg = tomllib.loads((REPO / "pyproject.toml").read_text()).get("tool", {}).get("setuptools", {})
+    for package, patterns in setuptools_cfg.get("package-data", {}).items():
+        for pattern in patterns:
+            assert list((REPO / package.replace(".", "/")).glob(pattern)), f"{package}: {pattern} matches no file"
 
 
 @pytest.fixture(scope="module")
@@ -142,11 +153,13 @@ def test_recipes_lists_shows_and_copies(venv, outside):
     assert all(Path(x["path"]).is_relative_to(venv) and x["description"] for x in found)
     r = in_venv(venv, "mgpu", "recipes", cwd=outside)
     _check(r, "mgpu recipes")
-    assert "quickstart" in r.stderr and "Synthetic 4-class classification" in r.stderr
+    assert "quickstart" in r.stdout and "Synthetic 4-class classification" in r.stdout  # the list: stdout
     r = in_venv(venv, "mgpu", "recipes", "show", "digits", cwd=outside)
     assert r.returncode == 0 and r.stdout == (RECIPES / "digits.yaml").read_text(), r.output
     r = in_venv(venv, "mgpu", "recipes", "copy", "quickstart", "mine.yaml", cwd=outside)
-    assert r.returncode == 0 and (outside / "mine.yaml").read_bytes() == (RECIPES / "quickstart.yaml").read_bytes()
+    shipped = (RECIPES / "quickstart.yaml").read_text()
+    assert r.returncode == 0, r.output
+    assert (outside / "mine.yaml").read_text() == shipped.replace("\nname: quickstart\n", "\nname: mine\n", 1)
     r = in_venv(venv, "mgpu", "recipes", "copy", "quickstart", "mine.yaml", cwd=outside)
     assert r.returncode == 2 and "already exists" in r.stderr and "Traceback" not in r.output
 

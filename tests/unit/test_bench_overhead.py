@@ -1,105 +1,103 @@
-"""benchmarks/overhead.py's pure parts: the commands both sides run, start-up phases, the hot-path audit summary."""
+"""benchmarks/overhead.py's logic without jobs: the commands both sides run, step times read from metrics.jsonl,
+the per-round ratios, intervals and verdicts, the table, the bitwise weight check and the recipes' constants."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from benchmarks.overhead import Run, command, environment, parse_args, startup_phases, summarise_audit
+import pytest
+
+from benchmarks.overhead import (
+    Job,
+    command,
+    first_step_s,
+    parse_args,
+    recipe_drift,
+    same_weights,
+    step_time,
+    summarise,
+    table,
+)
 
 
-def test_cpu_commands_run_the_same_workload_on_both_sides():
+def test_both_sides_run_the_same_workload_processes_and_epochs():
     args = parse_args(["--nproc", "2"])
     a, b = command("A", "mlp", args, Path("/o")), command("B", "mlp", args, Path("/o"))
-    assert a[1:4] == ["--standalone", "--nproc-per-node", "2"] and a[-4:] == ["--workload", "mlp", "--epochs", "10"]
-    assert b[1:5] == ["launch", "--cpu", "--nproc", "2"] and b[-2:] == ["run_dir=/o/run", "trainer.epochs=10"]
-    env_a, env_b = environment("A", args, Path("/o")), environment("B", args, Path("/o"))
-    assert env_a["OMP_NUM_THREADS"] == env_b["OMP_NUM_THREADS"]  # the same intra-op threads on both sides
-    assert env_b["PYTHONPATH"].split(":")[0].endswith("probe") and "probe" not in env_a["PYTHONPATH"]
+    assert a[1:4] == ["--standalone", "--nproc-per-node", "2"] and a[4].endswith("benchmarks/handwritten.py")
+    assert a[-8:] == ["--workload", "mlp", "--epochs", "10", "--device", "cpu", "--out", "/o"]
+    assert b[1:5] == ["launch", "--cpu", "--nproc", "2"] and b[5].endswith("recipes/quickstart.yaml")
+    assert b[-2:] == ["run_dir=/o/run", "trainer.epochs=10"]
+    assert command("B", "charlm", parse_args(["--epochs", "3"]), Path("/o"))[-1] == "trainer.epochs=3"
 
 
-def test_gpu_commands_run_one_process_per_gpu_on_both_sides():
+def test_gpus_run_one_process_per_gpu_on_both_sides():
     args = parse_args(["--gpus", "4"])
     a, b = command("A", "charlm", args, Path("/o")), command("B", "charlm", args, Path("/o"))
-    assert a[1:4] == ["--standalone", "--nproc-per-node", "4"] and b[1:4] == ["launch", "--gpus", "4"]
-    assert environment("A", args, Path("/o"))["MGPU_BENCH_DEVICE"] == "cuda"
+    assert a[3] == "4" and a[a.index("--device") + 1] == "cuda"
+    assert b[1:4] == ["launch", "--gpus", "4"]
 
 
-def test_startup_phases_between_milestones():
-    info = {"started_at": 10.5, "first_step_at": 14.0,
-            "marks": {"imports done": 12.0, "process group": 12.5, "model wrapped": 13.5}}
-    late = dict(info, started_at=10.7)
-    phases = startup_phases(10.0, [info, late])
-    assert [round(v, 2) for v in phases.values()] == [0.7, 1.3, 0.5, 1.0, 0.5]
-    assert startup_phases(10.0, [{"started_at": None}]) == {}
+def _train(step: int, epoch: int, t: float) -> dict:
+    return {"split": "train", "step": step, "epoch": epoch, "loss": 1.0, "time": t}
 
 
-def test_audit_counts_only_what_happens_outside_the_log_interval():
-    # the all-reduce starts at each log step (5, 10, ...) and is read, one host sync, at the step after
-    rows = [(s, 1 if s % 5 == 1 and s > 1 else 0, 1 if s % 5 == 0 else 0, 100 if s % 5 == 0 else -1)
-            for s in range(1, 31)]
-    run = Run("B", "mlp", 0, 0, 1.0, 0.0, audit=[{"per_step": rows, "cuda_sync_warnings": 0}])
-    facts = summarise_audit(run, log_every=5, warmup=0)
-    assert facts["host_syncs_outside_log_interval"] == [] and facts["collectives_per_log_interval"] == [1]
-    assert facts["collectives_outside_log_interval"] == [] and facts["live_objects_growth_per_step"] == [0.0]
-    rows[2] = (3, 1, 0, -1)  # a sync at step 3: neither a log step nor the one after
-    rows[4] = (5, 1, 1, 100)  # nor at the log step itself: the all-reduce is not waited for there
-    assert summarise_audit(run, log_every=5, warmup=0)["host_syncs_outside_log_interval"] == [3, 5]
+def test_step_time_counts_the_steps_between_records_of_one_epoch():
+    # epoch 1: steps 20, 40, 50 (its end); epoch 2: 70, 90 after a 10 s validation and checkpoint
+    records = [_train(20, 1, 100.0), _train(40, 1, 102.0), _train(50, 1, 103.5),
+               {"split": "val", "step": 50, "epoch": 1, "loss": 1.0, "time": 108.0},
+               _train(70, 2, 113.5), _train(90, 2, 115.5)]
+    assert step_time(records) == (50, pytest.approx(5.5))  # 20 + 10 + 20 steps; the first 20 and 50->70 left out
+    assert first_step_s(records, t0=90.0, step_s=0.11) == pytest.approx(100.0 - 90.0 - 19 * 0.11)
+    assert step_time(records[:1]) == (0, 0.0)
 
 
-def test_time_sliced_diagnostic_carries_no_verdict():
-    """--interleaved is a diagnostic: even a ratio far over the target must not read as MISSED (main() exits 1
-    on any MISSED verdict in the results)."""
-    from benchmarks.overhead import report_interleaved
-    from benchmarks.stats import median_interval, spread
-
-    ratios = [1.20, 1.25, 1.30, 1.22, 1.28]
-    sliced = {"sessions": 1, "epochs": 10, "slice_s": 0.25, "A_ms": 1.0, "B_ms": 1.25, "errors": [],
-              "ratio": spread(ratios), "ci95": median_interval(ratios)}
-    lines, data = report_interleaved("mlp", sliced)
-    assert "verdict" not in data and data["target"] == 1.03
-    text = "\n".join(lines)
-    assert "MISSED" not in text and "no verdict" in text and "1.250" in text
+def _job(side: str, step_ms: float, first: float = 4.0, rss: float = 300.0, error: str | None = None) -> Job:
+    return Job(side, 0, 10.0, step_s=step_ms / 1e3, steps=400, first_step_s=first, rss_mib={0: rss, 1: rss - 5},
+               error=error)
 
 
-def _same_process_summary(ratios: list[float]) -> dict:
-    """inprocess.py's summary of single-step pairs, one block each: A steps in 1 ms, B in ``ratio`` ms; the
-    training thread's CPU 900 us against 914 us a step."""
-    from benchmarks.inprocess import summarise_blocks
+def test_rounds_give_paired_ratios_with_an_interval_and_verdicts():
+    ratios = [1.00, 1.01, 1.02, 1.01, 1.00, 1.02, 1.01, 0.99]
+    rounds = [{"A": _job("A", 2.0), "B": _job("B", 2.0 * r, first=4.2, rss=309.0)} for r in ratios]
+    s = summarise(rounds, [True] * 8, target=1.03)
+    assert s["step_ratio"] == pytest.approx(ratios) and s["step_verdict"] == "ok"
+    assert s["first_step_diff_s"] == pytest.approx([0.2] * 8) and s["first_step_verdict"] == "ok"
+    assert s["rss_ratio"] == pytest.approx([1.03] * 8) and s["rss_verdict"] == "ok"
+    assert s["B"]["rss_mib"] == {0: 309.0, 1: 304.0} and s["A"]["step_ms"] == pytest.approx(2.0)
+    assert s["weights_verdict"] == "ok" and s["errors"] == []
+    text = "\n".join(table("mlp", s, 10))
+    assert "| step time | 2.000 ms | 2.020 ms | 1.010 (0.990 to 1.020) | <= 1.03 | ok |" in text
+    assert "| peak RSS per rank (MiB, rank 0 / 1 / ...) | 300 / 295 | 309 / 304 | 1.030 (1.030 to 1.030)" in text
+    assert "| final weights bitwise equal | | | 8 of 8 rounds | all | ok |" in text
 
-    wall = {"A": [1e-3] * len(ratios), "B": [1e-3 * r for r in ratios]}
-    cpu = {"A": [900e-6] * len(ratios), "B": [914e-6] * len(ratios)}
-    return {"processes": 2, "chunk": 1, "rounds": len(ratios), "blocks": summarise_blocks(wall, cpu, 1, 1)}
-
-
-def test_the_same_process_comparison_judges_the_step_target_by_the_ratio_of_its_totals():
-    """The ratio of all of mgpu's step time to all of the hand-written loop's (every log interval counted)
-    carries the verdict, with its bootstrap interval; the median per block is shown without one; a MISSED there
-    fails the benchmark like a MISSED row of the separate runs."""
-    from benchmarks.overhead import missed_targets, report_same_process
-
-    ok_ratios = [1.00, 1.01, 1.02, 1.01, 1.00, 1.02, 1.01, 1.00, 1.01, 1.02, 1.01]
-    lines, data = report_same_process("mlp", _same_process_summary(ok_ratios))
-    assert data["blocks"]["verdict"] == "ok" and data["blocks"]["target"] == 1.03
-    text = "\n".join(lines)
-    assert "| step time, mean of all steps (ratio of totals; bootstrap over 11 blocks) | 1000 us | 1010 us | 1.010 |" \
-        in text and "<= 1.03 | ok |" in text
-    assert "| training-thread CPU per step (B-A, us) | 900 us | 914 us | +14.0 | 14.0-14.0 (95%) |" in text
-    assert "1 step(s), 11 pairs; blocks of 1 steps per side" in text
-    assert missed_targets({"workloads": {"mlp": {"same_process": data}}}) == []
-
-    high = [r + 0.1 for r in ok_ratios]
-    _, data = report_same_process("mlp", _same_process_summary(high))
-    assert data["blocks"]["verdict"] == "MISSED"
-    assert missed_targets({"workloads": {"mlp": {"same_process": data}}}) == ["mlp"]
-
-    straddling = [0.98, 1.00, 1.02, 1.03, 1.04, 1.05, 1.01, 1.03, 0.99, 1.06, 1.02]
-    _, data = report_same_process("charlm", _same_process_summary(straddling))
-    assert data["blocks"]["verdict"] == "not resolved" and data["blocks"]["target"] == 1.01
+    slow = summarise([{"A": _job("A", 2.0), "B": _job("B", 2.2 * r)} for r in ratios], [True] * 8, target=1.03)
+    assert slow["step_verdict"] == "MISSED"
+    wide = [0.95, 1.10, 1.00, 1.06, 0.97, 1.08, 1.01, 1.05]
+    s = summarise([{"A": _job("A", 2.0), "B": _job("B", 2.0 * r)} for r in wide], [True] * 8, target=1.03)
+    assert s["step_verdict"] == "not resolved"
 
 
-def test_a_failed_same_process_comparison_is_reported_not_judged():
-    from benchmarks.overhead import missed_targets, report_same_process
+def test_few_rounds_a_failed_job_and_different_weights_are_reported():
+    rounds = [{"A": _job("A", 2.0), "B": _job("B", 2.1)}, {"A": _job("A", 2.0), "B": _job("B", 9.9, error="exit 1")}]
+    s = summarise(rounds, [False], target=1.03)
+    assert s["complete"] == 1 and s["step_ratio"] == pytest.approx([1.05])
+    assert s["step_verdict"] == "too few rounds" and s["weights_verdict"] == "MISSED"
+    assert s["errors"] == ["round 2 mgpu: exit 1"]
+    text = "\n".join(table("charlm", s, 1))
+    assert "1.050 (1 rounds: no interval)" in text and "round 2 mgpu: exit 1" in text
 
-    lines, data = report_same_process("mlp", {"error": "inprocess.py exited 1: boom"})
-    assert "failed: inprocess.py exited 1: boom" in "\n".join(lines)
-    assert missed_targets({"workloads": {"mlp": {"same_process": data}}}) == []
+
+def test_weights_must_be_equal_to_the_bit(tmp_path):
+    import torch
+
+    w = {"a": torch.tensor([1.0, 0.0]), "b": torch.ones(2, 2)}
+    torch.save(w, tmp_path / "hand.pt")
+    torch.save({"model": w, "step": 3}, tmp_path / "mgpu.pt")
+    torch.save({"model": {"a": torch.tensor([1.0, -0.0]), "b": w["b"]}}, tmp_path / "signed_zero.pt")
+    assert same_weights(str(tmp_path / "hand.pt"), str(tmp_path / "mgpu.pt"))
+    assert not same_weights(str(tmp_path / "hand.pt"), str(tmp_path / "signed_zero.pt"))  # torch.equal would say equal
+    assert not same_weights(str(tmp_path / "hand.pt"), None)
+
+
+def test_the_hand_written_loop_trains_what_the_shipped_recipes_say():
+    assert recipe_drift("mlp") == [] and recipe_drift("charlm") == []

@@ -23,8 +23,8 @@ USER_MODULE = textwrap.dedent('''
     class Net(torch.nn.Module):
         def __init__(self, width: int = 4):
             super().__init__()
-            BUILT.append("model")
             self.lin = torch.nn.Linear(width, 2)
+            BUILT.append(self.lin.weight.device.type)
 
 
     class Data(Dataset):
@@ -79,11 +79,11 @@ def test_a_path_is_not_reported_as_shipped():
     assert not check_deep(QUICK, []).shipped
 
 
-def test_user_dataset_built_and_model_not(user_recipe):
+def test_user_dataset_built_and_model_only_on_the_meta_device(user_recipe):
     result = check_deep(write(user_recipe, "{_target_: checkmod_user.Data, size: 5}"), [])
     assert [(d.target, d.size, d.sample) for d in result.datasets] == [
         ("checkmod_user.Data", 5, "{x: float32[3, 2], y: int}")]
-    assert sys.modules["checkmod_user"].BUILT == []  # the model's signature is checked, the model not built
+    assert sys.modules["checkmod_user"].BUILT == ["meta"]  # built once, with no memory for its weights
 
 
 def test_every_dataset_failure_is_reported_with_where_it_was_raised(user_recipe):

@@ -124,7 +124,7 @@ def test_a_launched_worker_parses_what_launch_passes_and_refuses_anything_else()
 
 
 class _Seen:
-    """A Progress whose heartbeats are given: rank 0 at step 30 in the all-reduce, rank 1 left at step 20."""
+    """A Heartbeat whose beats are given: rank 0 at step 30 in the all-reduce, rank 1 left at step 20."""
 
     rank, world_size = 0, 2
 

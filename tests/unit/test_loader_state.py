@@ -30,15 +30,15 @@ def _targets(batches) -> list[list[int]]:
 
 @pytest.mark.parametrize("rank, world, taken", [(0, 1, 5), (1, 2, 3), (0, 2, 6)])
 def test_a_loaded_state_continues_where_the_saved_loader_stopped(rank, world, taken):
-    whole = build_loaders(DATA, None, CFG, seed=3, rt=_rt(rank, world))
+    whole = build_loaders(DATA, None, CFG, seed=3, runtime=_rt(rank, world))
     whole.sampler.set_epoch(2)
     expected = _targets(iter(whole.train))
-    first = build_loaders(DATA, None, CFG, seed=3, rt=_rt(rank, world))
+    first = build_loaders(DATA, None, CFG, seed=3, runtime=_rt(rank, world))
     first.sampler.set_epoch(2)
     it = iter(first.train)
     seen = [next(it)[1].tolist() for _ in range(taken)]
     state = first.train.state_dict()
-    fresh = build_loaders(DATA, None, CFG, seed=3, rt=_rt(rank, world))
+    fresh = build_loaders(DATA, None, CFG, seed=3, runtime=_rt(rank, world))
     fresh.sampler.set_epoch(2)
     fresh.train.load_state_dict(state)
     assert seen + _targets(iter(fresh.train)) == expected and len(expected) == len(first.train)
@@ -53,7 +53,7 @@ def test_a_state_saved_by_torchdata_s_batch_sampler_still_resumes():
     seen = [next(it)[1].tolist() for _ in range(4)]
     state = old.state_dict()
     rest_old = _targets(it)
-    fresh = build_loaders(DATA, None, CFG, seed=3, rt=_rt(1, 2))
+    fresh = build_loaders(DATA, None, CFG, seed=3, runtime=_rt(1, 2))
     fresh.sampler.set_epoch(1)
     fresh.train.load_state_dict(state)
     assert _targets(iter(fresh.train)) == rest_old and len(seen + rest_old) == len(fresh.train)

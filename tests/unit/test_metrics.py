@@ -84,7 +84,6 @@ def test_summing_rows_in_batch_order_is_identical_for_any_split():
 
 
 def test_stats_vector_is_float64_and_exact_like_converting_each_value():
-    """_vec stacks with dtype promotion (one op on the step path): the values must be those of converting each."""
     from mgpucli.engine.tasks import _vec
 
     loss_sum, count = torch.tensor(1.2345678, dtype=torch.float32), torch.tensor(2**40 + 1)
@@ -92,50 +91,5 @@ def test_stats_vector_is_float64_and_exact_like_converting_each_value():
     expected = torch.stack([loss_sum.to(torch.float64), count.to(torch.float64),
                             torch.tensor(32.0, dtype=torch.float64)])
     assert vec.dtype == torch.float64 and torch.equal(vec, expected)
-    # without a float64 part, promotion alone would round the count through float32: each value is converted first
-    vec = _vec(torch.device("cpu"), loss_sum, torch.tensor(2**25 + 1))
+    vec = _vec(torch.device("cpu"), loss_sum, torch.tensor(2**25 + 1))  # a count float32 could not hold exactly
     assert vec.dtype == torch.float64 and vec[1].item() == 2**25 + 1
-
-
-@pytest.mark.parametrize("task, shape, classes", [(Classification(), (16, 5), 5), (LanguageModel(), (4, 8, 7), 7)])
-def test_step_pieces_add_up_to_the_same_sums_as_stats(task, shape, classes):
-    """Training adds Task.step_stats pieces at the log interval; the sums must be stats()' sums, batch by batch."""
-    from mgpucli.engine.interval import sum_step_rows
-
-    gen = torch.Generator().manual_seed(1)
-    acc, rows = torch.zeros(len(task.stat_names), dtype=torch.float64), []
-    for size in (shape[0], shape[0], 3):  # a smaller last batch, as at the end of an epoch
-        outputs = torch.randn(size, *shape[1:], generator=gen)
-        targets = torch.randint(classes, (size, *shape[1:-1]), generator=gen)
-        loss = task.loss(outputs, targets)
-        acc += task.stats(outputs, targets, loss)
-        rows.append(task.step_stats(outputs, targets, loss.detach()))
-    summed = sum_step_rows(rows, torch.device("cpu"))
-    assert summed.dtype == torch.float64 and torch.equal(summed, acc)
-
-
-def test_later_pieces_fall_back_to_one_call_per_step_when_shapes_differ():
-    from mgpucli.engine.interval import sum_step_rows
-    from mgpucli.engine.tasks import Later, _correct
-
-    a = (torch.tensor([[1.0, 0.0], [0.0, 1.0]]), torch.tensor([0, 0]))  # 1 correct
-    b = (torch.tensor([[1.0, 0.0, 0.0]]), torch.tensor([0]))  # 1 correct, 3 classes: no cat along dim 0
-    rows = [(Later(_correct, *a), torch.tensor(2)), (_correct(*b), torch.tensor(1))]
-    assert sum_step_rows(rows, torch.device("cpu")).tolist() == [2.0, 3.0]  # a Later and a tensor in one column
-    rows = [(Later(_correct, *a),), (Later(_correct, *b),)]
-    assert sum_step_rows(rows, torch.device("cpu")).tolist() == [2.0]
-
-
-def test_a_stack_is_reused_only_for_the_very_same_tensors():
-    from mgpucli.engine.interval import Stacked, column_sums
-
-    losses = [torch.tensor(1.5), torch.tensor(2.5)]
-    stacked = Stacked(losses, torch.stack(losses))
-    assert stacked.of(list(losses)) is stacked.stacked
-    others = [torch.tensor(1.5), torch.tensor(2.5)]  # equal values, other tensors: stacked afresh
-    assert stacked.of(others) is not stacked.stacked and torch.equal(stacked.of(others), stacked.stacked)
-    assert stacked.of(losses[:1]).tolist() == [1.5]
-    rows = [((loss, 4), 4) for loss in losses]
-    cpu = torch.device("cpu")
-    reused = [t.item() for t in column_sums(rows, cpu, stacked)]
-    assert reused == [t.item() for t in column_sums(rows, cpu)] == [16.0, 8.0]

@@ -103,14 +103,14 @@ def test_gloo_timeout_finds_the_collective_from_the_traceback():
 
 
 def test_gloo_timeout_in_the_log_interval_all_reduce_is_named():
-    """The interval's all-reduce starts at one step and is waited for at the next (Trainer._finish_reduction,
-    also reached through a save's _check_finite): both frames name it."""
+    """The interval's all-reduce starts at one step and is waited for at the next (LogInterval.read_reduction,
+    also reached through a save's flush): the frames name it."""
     base = lines("gloo_timeout.log", rank=0)
     text = [line.text for line in base]
     cut = next(i for i, t in enumerate(text) if "Traceback" in t)
-    frames = ["  File \"/work/main/mgpucli/engine/trainer.py\", line 470, in _check_finite",
-              "    self._finish_reduction()",
-              "  File \"/work/main/mgpucli/engine/trainer.py\", line 531, in _finish_reduction",
+    frames = ["  File \"/work/main/mgpucli/engine/log_interval.py\", line 93, in flush",
+              "    self.read_reduction()",
+              "  File \"/work/main/mgpucli/engine/log_interval.py\", line 101, in read_reduction",
               "    done.work.wait()",
               "RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:78] "
               "Timed out waiting 5000ms for recv operation to complete"]

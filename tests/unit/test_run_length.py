@@ -11,8 +11,8 @@ from omegaconf import OmegaConf
 
 from mgpucli.config import check_recipe, handoff, load_recipe, run_length
 from mgpucli.config.targets import build
-from mgpucli.distributed import runtime
 from mgpucli.distributed.env import RankEnv
+from mgpucli.distributed.runtime import Runtime, setup_process_group
 from mgpucli.engine.data import build_loaders
 from mgpucli.engine.reporter import NullReporter
 from mgpucli.engine.trainer import Trainer
@@ -84,10 +84,10 @@ def test_the_trainer_resolves_it_from_its_loader_before_the_scheduler(tmp_path, 
     """One process, 4096 samples, batch 32: 128 steps an epoch; the built scheduler, the recipe the trainer
     keeps and RUN_DIR/recipe.yaml all hold the number."""
     cfg = load_recipe(QUICK, [f"run_dir={tmp_path / 'run'}", "trainer.device=cpu", f"trainer.epochs={epochs}"])
-    tr = Trainer(cfg, runtime.setup(RankEnv(), "cpu", 60, 1), NullReporter())
+    tr = Trainer(cfg, setup_process_group(RankEnv(), "cpu", 60, 1), NullReporter())
     try:
         tr.setup()
-        assert tr.scheduler.T_max == 128 * epochs
+        assert tr.trained.scheduler.T_max == 128 * epochs
         assert tr.cfg.scheduler.T_max == 128 * epochs
         assert f"T_max: {128 * epochs}\n" in (tmp_path / "run" / "recipe.yaml").read_text()
     finally:
@@ -100,7 +100,7 @@ def test_each_rank_counts_its_own_shard(world_size, per_rank):
     cfg = load_recipe(QUICK, ["trainer.device=cpu", "trainer.epochs=6"])
     train_set = build(cfg.data.train)
     for rank in range(world_size):
-        rt = runtime.Runtime(env=RankEnv(rank=rank, world_size=world_size), device=torch.device("cpu"),
+        rt = Runtime(env=RankEnv(rank=rank, world_size=world_size), device=torch.device("cpu"),
                              backend=None)
         loaders = build_loaders(train_set, None, cfg.data, cfg.seed, rt)
         length = run_length.of(len(loaders.train), cfg.trainer.grad_accum, cfg.trainer.epochs, cfg.trainer.max_steps)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from mgpucli.distributed import runtime
+from mgpucli.distributed import collectives, runtime
 from mgpucli.distributed.env import RankEnv
 from mgpucli.engine import run as run_module
 from mgpucli.engine import trainer as trainer_module
@@ -16,7 +16,7 @@ from tests.procs import RECIPES
 @pytest.fixture
 def calls(monkeypatch):
     seen: list[str] = []
-    monkeypatch.setattr(runtime, "barrier", lambda rt: seen.append("barrier"))
+    monkeypatch.setattr(collectives, "barrier", lambda runtime: seen.append("barrier"))
     original = runtime.teardown
     monkeypatch.setattr(runtime, "teardown", lambda: (seen.append("teardown"), original())[1])
     return seen

@@ -66,5 +66,5 @@ def test_fsdp_wrap_targets():
     model = CharTransformer(d_model=16, n_head=2, n_layer=3)
     assert len(_fsdp_targets(model, None)) == 3  # default: the blocks of the ModuleList
     assert [type(m).__name__ for m in _fsdp_targets(model, ["LayerNorm"])].count("LayerNorm") == 7
-    with pytest.raises(UsageError, match="names Blok, which the model doesn't contain"):
+    with pytest.raises(UsageError, match=r"names 'Blok' \(did you mean 'Block'\?\), which the model doesn't contain"):
         _fsdp_targets(model, ["Blok"])

@@ -26,13 +26,14 @@ from mgpucli.postmortem.matchers.resources import (
     address_in_use,
     cuda_oom,
     dataloader_worker,
+    disk_full,
     killed_by_signal,
     signal_fix,
 )
 
 MATCHERS: tuple[Matcher, ...] = (
-    cuda_oom, nan_loss, address_in_use, ddp_unused_parameters, ddp_ready_twice, dataloader_worker, ranks_disagree,
-    collective_timeout, killed_by_signal, mgpu_error, python_exception, peer_lost,
+    cuda_oom, disk_full, nan_loss, address_in_use, ddp_unused_parameters, ddp_ready_twice, dataloader_worker,
+    ranks_disagree, collective_timeout, killed_by_signal, mgpu_error, python_exception, peer_lost,
 )
 
 
@@ -46,5 +47,5 @@ def explain(lines: Sequence[LogLine]) -> Match | None:
 
 
 __all__ = ["MATCHERS", "Match", "Matcher", "address_in_use", "collective_timeout", "cuda_oom", "dataloader_worker",
-           "ddp_ready_twice", "ddp_unused_parameters", "explain", "killed_by_signal", "mgpu_error", "nan_loss",
-           "peer_lost", "python_exception", "ranks_disagree", "signal_fix"]
+           "ddp_ready_twice", "ddp_unused_parameters", "disk_full", "explain", "killed_by_signal", "mgpu_error",
+           "nan_loss", "peer_lost", "python_exception", "ranks_disagree", "signal_fix"]

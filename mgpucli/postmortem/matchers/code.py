@@ -37,23 +37,41 @@ def nan_loss(lines: Sequence[LogLine]) -> Match | None:
 
 # ------------------------------------------------------------------------------------ mgpu's own errors
 _MGPU_ERROR = re.compile(r"^error:\s+(?:\[rank (?P<rank>\d+)\]\s*)?(?P<msg>\S.*)$")
+_RECIPE = re.compile(r"\bproblem\(s\) in recipe\b")
 _NOT_A_CAUSE = re.compile(r"failed with an unexpected error|lost its connection to another rank|"
                           r"a collective timed out")
 
 
 def mgpu_error(lines: Sequence[LogLine]) -> Match | None:
-    """An error mgpu itself reported (``error: [rank N] message`` then its hint): it already says what to do."""
+    """An error mgpu itself reported (``error: [rank N] message``, its indented detail lines, then its hint): it
+    already says what to do. A problem in the recipe (a component that failed to build, a bad value) is named as
+    such: bad input every rank refused, not a crash."""
     for line in lines:
         found = _MGPU_ERROR.match(line.text)
         if not found or _NOT_A_CAUSE.search(found["msg"]):
             continue
-        hint = following(lines, line, 1)
-        fix = hint[0].text.strip() if hint and not _MGPU_ERROR.match(hint[0].text) and not hint[0].text.startswith(
-            ("Traceback", "[")) else "See the message: mgpu names the problem and the setting to change."
+        after = following(lines, line, 40)
+        details = []
+        for nxt in after:
+            if not nxt.text.startswith((" ", "\t")) or _MGPU_ERROR.match(nxt.text):
+                break
+            details.append(nxt)
+        rest = after[len(details):len(details) + 1]
+        hint = rest if rest and not _MGPU_ERROR.match(rest[0].text) and not rest[0].text.startswith(
+            ("Traceback", "[")) else []
+        fix = hint[0].text.strip() if hint else "See the message: mgpu names the problem and the setting to change."
         message = found["msg"].strip()
         stopped = re.match(r"stopped by (SIG\w+)", message)
-        return Match("stopped" if stopped else "mgpu_error", message, line.rank,
-                     [line, *hint[:1]], fix, cause=not stopped, details={"message": message})
+        if stopped:
+            return Match("stopped", message, line.rank, [line], fix, cause=False, details={"message": message})
+        problems = [d.text.strip().removeprefix("- ") for d in details]
+        if _RECIPE.search(message) and problems:
+            title = f"a problem in the recipe, not a crash: {problems[0]}" + (
+                f" (and {len(problems) - 1} more)" if len(problems) > 1 else "")
+            return Match("recipe_problem", title, line.rank, [line, *details[:3], *hint], fix,
+                         details={"message": message, "problems": problems})
+        return Match("mgpu_error", message, line.rank, [line, *details[:3], *hint], fix,
+                     details={"message": message, "lines": problems})
     return None
 
 

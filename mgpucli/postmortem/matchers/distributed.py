@@ -24,10 +24,9 @@ _STORE_TIMEOUT = re.compile(r"wait timeout after (?P<tmo>\d+)ms, keys: (?P<keys>
 _HEARTBEAT = re.compile(r"watchdog got stuck for (?P<tmo_s>\d+) seconds without making progress")
 _TIMEOUTS = (_MGPU_TIMEOUT, _NCCL_TIMEOUT, _BARRIER, _GLOO_TIMEOUT, _HEARTBEAT, _STORE_TIMEOUT)
 # Where in mgpu's (or DDP's) code a traceback's frames say the collective was called.
-_CALLERS = (("_finish_reduction", "the log-interval all-reduce of metrics and flags"),  # waited for here
-            ("_start_reduction", "the log-interval all-reduce of metrics and flags"),  # started here
-            ("_reduce_and_log", "the log-interval all-reduce of metrics and flags"),  # mgpu before 2026-11-30
-            ("_check_finite", "the NaN check before a checkpoint"),
+_CALLERS = (("read_reduction", "the log-interval all-reduce of metrics and flags"),  # waited for here
+            ("close_and_reduce", "the log-interval all-reduce of metrics and flags"),  # started here
+            ("_raise_nonfinite", "the ranks' agreement on the first non-finite loss"),
             ("all_gather_object", "the state gather for a checkpoint"),
             ("broadcast_object", "a setup broadcast from rank 0"),
             ("evaluate", "validation"),

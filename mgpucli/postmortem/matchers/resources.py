@@ -167,3 +167,26 @@ def address_in_use(lines: Sequence[LogLine]) -> Match | None:
            "for the workers itself, another program took it in the moment before rank 0 bound it: run again.")
     return Match("address_in_use", f"rank {anchor.rank} could not listen on {which}: address already in use",
                  anchor.rank, [anchor], fix, details={"port": port, "ranks": hit_ranks(hits)})
+
+
+# -------------------------------------------------------------------------------------- disk full
+# mgpu's own message, the OS's, and torch's zip writer's (which reports a full disk as a RuntimeError).
+_DISK = re.compile(r"could not write checkpoint (?P<path>\S+?): (?:not written: )?the disk is (?:too )?full|"
+                   r"No space left on device|Disk quota exceeded|errno: 28\b|unexpected pos \d+ vs \d+|"
+                   r"PytorchStreamWriter failed writing file|Read-only file system")
+
+
+def disk_full(lines: Sequence[LogLine]) -> Match | None:
+    hits = find_all(lines, _DISK)
+    if not hits:
+        return None
+    anchor, found = hits[0]
+    read_only = "Read-only" in anchor.text
+    what = "the disk is read-only" if read_only else "the disk is full"
+    path = found["path"]
+    fix = ("Point run_dir (and --log-dir) at a writable disk." if read_only else
+           "Free space on that disk (old numbered checkpoints, other runs) or point run_dir at a larger disk, then "
+           "continue with --resume auto: the previous checkpoint is kept (writes are atomic).")
+    where = f" writing {path}" if path else ""
+    return Match("disk_full", f"rank {anchor.rank}: {what}{where}", anchor.rank, [anchor], fix,
+                 details={"path": path, "read_only": read_only, "ranks": hit_ranks(hits)})

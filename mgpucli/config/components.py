@@ -1,0 +1,131 @@
+"""Building a recipe's components, with any failure reported as a problem in the recipe (exit 2), not a crash.
+
+A component is a ``_target_`` node: ``model``, ``data.train``, ``data.val``, ``optim``, ``scheduler``, a custom
+``task``, or anything nested in them. Whatever its constructor raises (a wrong type from an override typo, a file
+a dataset can't find, a bug in the user's module) is reported with the recipe key, the ``_target_``, the exception
+and where it was raised; ``MGPU_DEBUG=1`` adds the whole traceback. mgpu's own errors pass through unchanged.
+
+:func:`check_builds` is what the launcher (before any worker starts) and ``--check`` run: the optimizer and the
+scheduler on a stand-in parameter, the task, and the model on the ``meta`` device (no memory for its weights).
+Datasets may be large or need a device: the launcher leaves them to the workers (``--check`` builds them).
+"""
+
+from __future__ import annotations
+
+import os
+import traceback
+from typing import Any
+
+from omegaconf import DictConfig
+
+from mgpucli.config.targets import build
+from mgpucli.errors import MgpuError, RecipeError
+
+DEBUG_ENV = "MGPU_DEBUG"
+
+
+def original(err: BaseException) -> BaseException:
+    """The user's exception, not Hydra's wrapper around it ("Error in call to target ...")."""
+    from hydra.errors import InstantiationException
+
+    while isinstance(err, InstantiationException) and err.__cause__ is not None:
+        err = err.__cause__
+    return err
+
+
+def problem(path: str, target: str, what: str, err: BaseException) -> str:
+    """``data.train: building pkg.Set failed: OSError: no such file (raised at pkg.py:12)``."""
+    err = original(err)
+    reason = " ".join(str(err).split()) or type(err).__name__
+    frames = traceback.extract_tb(err.__traceback__)
+    where = f" (raised at {frames[-1].filename}:{frames[-1].lineno})" if frames else ""
+    text = f"{path}: {what} {target} failed: {type(err).__name__}: {reason}{where}"
+    if os.environ.get(DEBUG_ENV) == "1":
+        text += "\n" + "".join(traceback.format_exception(err)).rstrip()
+    return text
+
+
+def build_component(path: str, node: DictConfig | dict, *args: Any, source: str) -> Any:
+    """``build(node, *args)``, a failure turned into a RecipeError naming ``path`` in recipe ``source``."""
+    try:
+        return build(node, *args)
+    except MgpuError:
+        raise
+    except Exception as err:
+        raise RecipeError(source, [problem(path, str(node.get("_target_")), "building", err)],
+                          f"Fix {path} in the recipe (or override it); {DEBUG_ENV}=1 shows the whole traceback.",
+                          ) from err
+
+
+def check_builds(cfg: DictConfig, source: str) -> None:
+    """Build the cheap components once, as a worker will, and raise one RecipeError listing every failure.
+    ``${total_steps:}`` and ``${steps_per_epoch:}`` stand for plausible numbers here (the loaders don't exist)."""
+    import torch
+
+    from mgpucli.config import run_length
+
+    cfg = run_length.resolve(cfg, run_length.RunLength(steps_per_epoch=100, total_steps=1000))
+    problems: list[str] = []
+
+    def attempt(path: str, make) -> Any:
+        try:
+            return make()
+        except RecipeError as err:
+            problems.extend(err.problems)
+            return None
+
+    stand_in = [torch.nn.Parameter(torch.zeros(1))]
+    optimizer = attempt("optim", lambda: build_component("optim", cfg.optim, stand_in, source=source))
+    if optimizer is not None and cfg.get("scheduler") is not None:
+        attempt("scheduler", lambda: build_component("scheduler", cfg.scheduler, optimizer, source=source))
+    task = (attempt("task", lambda: build_component("task", cfg.task, source=source))
+            if isinstance(cfg.get("task"), DictConfig) else _builtin_task(cfg.get("task")))
+    if task is not None:
+        problems.extend(metric_problems(cfg, task))
+    _check_model(cfg, source, problems)
+    if problems:
+        raise RecipeError(source, problems, f"Fix the keys above (in the recipe or with overrides); {DEBUG_ENV}=1 "
+                          "shows the tracebacks.")
+
+
+def _builtin_task(name: Any) -> Any:
+    from mgpucli.engine.tasks import BUILTIN
+
+    return BUILTIN[name]() if name in BUILTIN else None
+
+
+def metric_problems(cfg: DictConfig, task: Any) -> list[str]:
+    """``trainer.best_metric`` (and the like) must name a metric the task reports, or best.pt never comes."""
+    import difflib
+
+    from mgpucli.engine.tasks import metric_names
+
+    try:
+        names = metric_names(task)
+    except Exception:  # a custom task whose metrics() can't take unit sums: nothing to check against
+        return []
+    wanted = cfg.trainer.get("best_metric")
+    if not wanted or wanted in names:
+        return []
+    close = difflib.get_close_matches(wanted, names, n=1, cutoff=0.5)
+    hint = f" (did you mean '{close[0]}'?)" if close else ""
+    return [f"trainer.best_metric: '{wanted}' is not a metric the task reports ({', '.join(names)}){hint}"]
+
+
+def _check_model(cfg: DictConfig, source: str, problems: list[str]) -> None:
+    """The model built on the meta device; a failure there is confirmed on the CPU before it is reported (a model
+    whose code can't run on meta tensors is not the user's mistake)."""
+    import torch
+
+    try:
+        with torch.device("meta"):
+            build(cfg.model)
+        return
+    except MgpuError:
+        raise
+    except Exception:
+        pass
+    try:
+        build_component("model", cfg.model, source=source)
+    except RecipeError as err:
+        problems.extend(err.problems)

@@ -1,0 +1,170 @@
+"""A run's checkpoints: taking the run dir, saving everything a run needs to continue bitwise, restoring it.
+
+Only rank 0 writes files; every rank joins the collectives (state dicts are collective under FSDP, and every rank
+hands in its loader position and RNG state). The file layout and the atomic writes are :mod:`.checkpoint`'s;
+the sharded (FSDP, ``torch.distributed.checkpoint``) variant is :mod:`.sharded`'s.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from mgpucli.distributed import collectives
+from mgpucli.distributed.heartbeat import Heartbeat
+from mgpucli.distributed.runtime import Runtime
+from mgpucli.engine import state as engine_state
+from mgpucli.engine.checkpoint import copy_atomic, save_atomic
+from mgpucli.engine.reporter import Reporter
+from mgpucli.engine.rundir import prepare_run_dir
+from mgpucli.engine.sharded import load_sharded, save_sharded
+from mgpucli.engine.strategy import Wrapped
+from mgpucli.errors import UsageError
+from mgpucli.run_files import checkpoint_dir
+
+_LOWER_IS_BETTER = ("loss", "perplexity", "mse", "mae", "error")
+
+
+@dataclass
+class Trained:
+    """What a checkpoint holds the state of (built by the trainer, read and restored here)."""
+
+    model: Wrapped
+    optimizer: torch.optim.Optimizer
+    scheduler: Any  # an LR scheduler, or None
+    scaler: torch.amp.GradScaler | None
+    train_loader: Any  # a StatefulDataLoader: its position is saved mid-epoch
+
+
+@dataclass
+class Position:
+    """Where the run is: its counters and the last validation."""
+
+    step: int = 0
+    epoch: int = 0  # epochs completed (the epoch in progress is epoch + 1 in everything a user reads)
+    last_val: dict[str, Any] | None = None
+
+
+@dataclass
+class Resumed:
+    """What a rank applies once its loader exists: its loader position and the epoch's metric sums so far
+    (mid-epoch), and its RNG state."""
+
+    loader: Any = None
+    rng: dict[str, Any] | None = None
+    epoch_sums: list[float] | None = None
+
+
+class Checkpoints:
+    """The run dir and its checkpoints for one rank of the job."""
+
+    def __init__(self, cfg: DictConfig, runtime: Runtime, heartbeat: Heartbeat, reporter: Reporter):
+        self.runtime, self.heartbeat, self.reporter = runtime, heartbeat, reporter
+        self.run_dir = Path(cfg.run_dir)
+        self.recipe_yaml = OmegaConf.to_yaml(cfg, resolve=True)
+        trainer = cfg.trainer
+        self.sharded_format = trainer.checkpoint_format == "sharded"
+        self.keep = int(trainer.keep_checkpoints)
+        self.best_metric, self.best_mode = trainer.best_metric, trainer.best_mode
+        self.best: float | None = None
+
+    def take_run_dir(self, resume: str | None, overwrite: bool) -> Path | None:
+        """Rank 0 takes (and creates) the run dir; every rank gets the same verdict and the same checkpoint to
+        resume from (None: a fresh start), so all fail or resume together."""
+        verdict: tuple = (None, None)  # (problem, checkpoint)
+        if self.runtime.is_main:
+            try:
+                found = prepare_run_dir(self.run_dir, resume, overwrite, self.recipe_yaml, sharded=self.sharded_format)
+                verdict = (None, str(found) if found is not None else None)
+            except UsageError as err:
+                verdict = ((err.message, err.hint), None)
+        with self.heartbeat.in_phase("setup: run-dir check (broadcast from rank 0)"):
+            problem, found = collectives.broadcast_object(verdict, self.runtime)
+        if problem:
+            raise UsageError(*problem)
+        return Path(found) if found is not None else None
+
+    def save(self, trained: Trained, position: Position, epoch_sums: list[float], mid_epoch: bool,
+             best: bool = False) -> None:
+        """Every rank joins; rank 0 writes ``last.pt`` atomically (and ``best.pt``, numbered copies)."""
+        sharded = self.sharded_format and trained.model.is_fsdp
+        with self.heartbeat.in_phase("checkpoint: gathering state from every rank"):
+            if not sharded:
+                model = engine_state.model_state(trained.model.raw)
+                optim = engine_state.optimizer_state(trained.model.raw, trained.optimizer)
+            mine = {"rng": engine_state.capture_rng(self.runtime.device),
+                    "loader": trained.train_loader.state_dict() if mid_epoch else None}
+            per_rank = collectives.all_gather_objects(mine, self.runtime)
+        meta = engine_state.build_payload(
+            scheduler=trained.scheduler.state_dict() if trained.scheduler is not None else None,
+            scaler=trained.scaler.state_dict() if trained.scaler is not None else None,
+            epoch=position.epoch, step=position.step, mid_epoch=mid_epoch, per_rank=per_rank,
+            world_size=self.runtime.world_size, recipe=self.recipe_yaml, metrics=position.last_val,
+            best=self.best, best_metric=self.best_metric,
+            epoch_sums=list(epoch_sums) if mid_epoch else None,
+        )
+        ckpts = checkpoint_dir(self.run_dir)
+        if sharded:
+            with self.heartbeat.in_phase("checkpoint: writing shards"):
+                save_sharded(trained.model.raw, trained.optimizer, meta, ckpts, position.step, self.runtime,
+                             self.keep, best)
+            return
+        if not self.runtime.is_main:
+            return
+        save_atomic({**meta, "model": model, "optimizer": optim}, ckpts / "last.pt", step=position.step)
+        if best:
+            copy_atomic(ckpts / "last.pt", ckpts / "best.pt")
+        if self.keep > 0:
+            copy_atomic(ckpts / "last.pt", ckpts / f"step-{position.step:08d}.pt")
+            for old in sorted(ckpts.glob("step-*.pt"))[: -self.keep]:
+                old.unlink(missing_ok=True)
+
+    def load(self, path: Path, trained: Trained, position: Position) -> Resumed:
+        """Restore the weights, the optimizer, the schedules and ``position`` from ``path``; returns this rank's
+        loader position and RNG state, which the trainer applies once the epoch's loader iterator exists."""
+        if path.is_dir():
+            ckpt = load_sharded(trained.model.raw, trained.optimizer, path)
+        else:
+            ckpt = engine_state.read_mgpu_checkpoint(path)
+            engine_state.load_model_state(trained.model.raw, ckpt["model"], str(path))
+            engine_state.load_optimizer_state(trained.model.raw, trained.optimizer, ckpt["optimizer"])
+        if trained.scheduler is not None and ckpt.get("scheduler") is not None:
+            trained.scheduler.load_state_dict(ckpt["scheduler"])
+        if trained.scaler is not None and ckpt.get("scaler"):
+            trained.scaler.load_state_dict(ckpt["scaler"])
+        mid_epoch = bool(ckpt.get("mid_epoch"))
+        position.step, position.epoch, self.best = ckpt["step"], ckpt["epoch"], ckpt.get("best")
+        changed = engine_state.recipe_changes(ckpt.get("recipe", ""), self.recipe_yaml)
+        if changed:
+            self.reporter.warn(f"the recipe changed since {path} was saved: {', '.join(changed)}")
+        world, rank = self.runtime.world_size, self.runtime.rank
+        same_world = ckpt.get("world_size") == world
+        per_rank = ckpt.get("per_rank") or []
+        mine = per_rank[rank] if same_world and rank < len(per_rank) else None
+        if mid_epoch and not same_world:
+            self.reporter.warn(f"{path} was saved mid-epoch by {ckpt.get('world_size')} process(es); with {world} "
+                               f"the loader position cannot carry over, so epoch {position.epoch + 1} restarts from "
+                               "its beginning.")
+        self.reporter.message(f"resumed from {path} at step {position.step} "
+                              f"({engine_state.epoch_label(position.epoch, mid_epoch)})")
+        sums = ckpt.get("epoch_sums") if mid_epoch else None  # the epoch's means go on from where they were
+        return Resumed(loader=mine["loader"] if mine and mid_epoch else None, rng=mine["rng"] if mine else None,
+                       epoch_sums=[float(v) for v in sums] if isinstance(sums, list) else None)
+
+    def improves_best(self, val: dict[str, Any] | None) -> bool:
+        """Whether ``val`` beats the best so far on ``trainer.best_metric`` (and records it if so)."""
+        name = self.best_metric
+        if not name or not val or name not in val:
+            return False
+        mode = self.best_mode
+        if mode == "auto":
+            mode = "min" if any(word in name for word in _LOWER_IS_BETTER) else "max"
+        value = float(val[name])
+        better = self.best is None or (value < self.best if mode == "min" else value > self.best)
+        if better:
+            self.best = value
+        return better

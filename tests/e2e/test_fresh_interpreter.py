@@ -1,0 +1,40 @@
+"""What a module pulls in, seen from a fresh interpreter: stdlib-only helpers stay light.
+
+Each test runs a small script in a child Python, since the test process itself has torch & co. loaded.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from mgpucli.engine.checkpoint import save_atomic
+from tests.procs import REPO
+from tests.unit.test_postmortem_checkpoint import real_payload
+
+
+def test_cpus_imports_no_torch():
+    code = "import sys, mgpucli.cpus; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "False"
+
+
+def test_writing_events_imports_no_tensorboard(tmp_path):
+    code = ("import sys; from mgpucli.engine.rundir import MetricsWriter; from pathlib import Path; "
+            "w = MetricsWriter(Path(sys.argv[1])); w.write({'split': 'train', 'step': 1, 'loss': 1.0}); w.close(); "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('tensorboard', 'google')))")
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+    assert list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
+
+
+def test_reading_a_checkpoints_step_does_not_import_torch(tmp_path: Path):
+    path = tmp_path / "last.pt"
+    save_atomic(real_payload(step=12, epoch=1), path)
+    code = ("import sys; from mgpucli.postmortem.checkpoint_peek import read_checkpoint_info as r; "
+            f"i = r({str(path)!r}); print(i.step, 'torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["12", "False"]
