@@ -125,11 +125,17 @@ def collect(attempt: Attempt, exitcodes: Mapping[int, int] | None = None) -> lis
 
 
 def all_refused(failures: list[RankFailure]) -> bool:
-    """Bad input (a recipe, a checkpoint) that no worker could use: every failed rank exited with EXIT_USAGE, but
-    for ranks the agent's teardown signal stopped (once one rank has exited, torch's agent SIGTERMs the others,
-    which may still be on their way out with the same error)."""
-    return any(f.exitcode == EXIT_USAGE for f in failures) and all(
-        f.exitcode == EXIT_USAGE or f.category == TEARDOWN_CATEGORY for f in failures)
+    """Bad input (a recipe, a checkpoint) that no worker could use: every failed rank exited with EXIT_USAGE.
+
+    A rank that the agent's teardown signal killed counts too when its own record says it was exiting with
+    EXIT_USAGE: once one rank has exited, torch's agent SIGTERMs the others, which may still be on their way out
+    with the same error. A rank killed before it recorded anything was not refused: the input may be bad for one
+    rank only (a dataset only rank 0 builds)."""
+    def refused(f: RankFailure) -> bool:
+        recorded = f.record is not None and f.record.exit_code == EXIT_USAGE
+        return f.exitcode == EXIT_USAGE or (f.category == TEARDOWN_CATEGORY and recorded)
+
+    return bool(failures) and all(refused(f) for f in failures)
 
 
 def preempted(attempt: Attempt) -> list[FailureRecord]:

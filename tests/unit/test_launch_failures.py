@@ -98,12 +98,22 @@ def test_without_exit_codes_only_ranks_that_left_an_error_count(tmp_path: Path):
     assert found[0].message == "RuntimeError: boom"
 
 
-@pytest.mark.parametrize(("codes", "refused"), [({0: 2, 1: 2}, True), ({0: 2, 1: -signal.SIGTERM}, True),
-                                               ({0: -signal.SIGTERM, 1: 2}, True), ({0: 2, 1: 1}, False),
-                                               ({0: 2, 1: -signal.SIGKILL}, False), ({0: -signal.SIGTERM}, False)])
-def test_bad_input_stays_bad_input_when_the_agent_stopped_a_rank_on_its_way_out(tmp_path: Path, codes, refused):
+@pytest.mark.parametrize(("codes", "recorded", "refused"), [
+    ({0: 2, 1: 2}, {}, True),
+    ({0: 2, 1: -signal.SIGTERM}, {1: 2}, True),  # rank 1 was exiting 2 too when the agent's SIGTERM came
+    ({0: -signal.SIGTERM, 1: 2}, {0: 2}, True),
+    ({0: 2, 1: -signal.SIGTERM}, {}, False),  # rank 1 had not failed: the input was bad for rank 0 only
+    ({0: 2, 1: -signal.SIGTERM}, {1: 1}, False),
+    ({0: 2, 1: 1}, {}, False),
+    ({0: 2, 1: -signal.SIGKILL}, {1: 2}, False),
+])
+def test_bad_input_stays_bad_input_when_the_agent_stopped_a_rank_on_its_way_out(tmp_path: Path, codes, recorded,
+                                                                                   refused):
     """Once one rank exited with exit code 2, torch's agent SIGTERMs the others, which may not have exited yet."""
     attempt = make_attempt(tmp_path)
+    for rank, code in recorded.items():
+        write_record(record_path(attempt.ranks[rank].error_file),
+                     FailureRecord(rank, rank, 0, 1.0, "CheckpointError", "does not fit", None, code, False))
     found = collect(attempt, codes)
     assert all_refused(found) is refused
     text = summarize(found, attempt, 1, "launch.json")
