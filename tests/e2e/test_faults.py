@@ -53,7 +53,7 @@ def test_disk_full_at_save_is_a_clear_error_and_keeps_the_previous_checkpoint(tm
     r = mgpu("train", QUICK, *SMALL, "trainer.checkpoint_every_steps=10", cwd=tmp_path,
              env={"MGPU_FAULT": "disk_full_in_save@step=20"})
     assert r.returncode == 1
-    assert "could not write checkpoint" in r.stderr and "No space left on device" in r.stderr
+    assert "could not write checkpoint" in r.stderr and "the disk is full" in r.stderr
     assert "previous checkpoint is kept" in r.stderr and "Traceback" not in r.stderr
     ckpts = tmp_path / "runs/quickstart/checkpoints"
     assert load_ckpt(ckpts / "last.pt")["step"] == 10
