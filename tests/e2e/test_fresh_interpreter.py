@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 from mgpucli.engine.checkpoint import save_atomic
@@ -38,3 +39,24 @@ def test_reading_a_checkpoints_step_does_not_import_torch(tmp_path: Path):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=REPO)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["12", "False"]
+
+
+def test_saving_a_plain_model_never_imports_dcp():
+    code = textwrap.dedent("""
+        import sys, torch
+        from torch import nn
+        from mgpucli.engine import state as st
+        m = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4), nn.Linear(4, 2))
+        opt = torch.optim.AdamW(m.parameters(), lr=0.01)
+        m(torch.randn(8, 4)).sum().backward()
+        opt.step()
+        model, optim = st.model_state(m), st.optimizer_state(m, opt)
+        def loaded():
+            return sorted(k for k in sys.modules if k.startswith("torch.distributed.checkpoint"))
+        print(len(model), len(optim["state"]), loaded())
+        st._dcp()
+        print(bool(loaded()))
+    """)
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split("\n")[:2] == ["9 6 []", "True"], out.stdout
