@@ -6,6 +6,8 @@ The job (:func:`parse_job`):
   ``mgpu train`` does (:func:`mgpucli.engine.train_entry.train_recipe`), but without mgpu's CLI (no typer, no
   rich). Rank 0 reports in plain lines, and keeps the progress file a launcher on a terminal draws its bar from
   (:mod:`mgpucli.launch.progress_file`).
+- ``script [--local-rank-flag FLAG] (PATH | -m MODULE) [ARGS...]``: run the user's own script as ``python``
+  would (:mod:`mgpucli.launch.script_job`).
 
 Around any job, the worker adds what only a launched worker needs:
 
@@ -15,8 +17,7 @@ Around any job, the worker adds what only a launched worker needs:
 3. on failure, ``mgpu_failure.json`` next to torch's ``@record`` error file: the exception type, message, step
    and whether a retry can help, so the launcher can stop retrying a failure that repeats.
 
-A job is an object with ``for_restart()`` and ``run()``: another kind of job (a user's own script) is one more
-class and one more entry in :data:`JOBS`.
+A job is an object with ``for_restart()`` and ``run()``, registered in :data:`JOBS`.
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ from typing import Protocol
 
 from mgpucli.errors import EXIT_PREEMPTED, Preempted, UsageError
 from mgpucli.launch import parent_watch, progress_file, restart
+from mgpucli.launch.script_job import USAGE as SCRIPT_USAGE
+from mgpucli.launch.script_job import ScriptJob
 from mgpucli.run_records.worker_records import (
     ERROR_FILE_ENV,
     FailureRecord,
@@ -93,8 +96,8 @@ class RecipeJob:
                      rank0_reporter=rank0_reporter)
 
 
-JOBS: dict[str, Callable[[Sequence[str]], Job]] = {"train": RecipeJob.parse}
-USAGE = "train RECIPE [overrides] [--resume PATH|auto] [--overwrite]"
+JOBS: dict[str, Callable[[Sequence[str]], Job]] = {"train": RecipeJob.parse, "script": ScriptJob.parse}
+USAGE = f"train RECIPE [overrides] [--resume PATH|auto] [--overwrite], or {SCRIPT_USAGE}"
 
 
 def _usage(problem: str) -> UsageError:
