@@ -69,6 +69,11 @@ class RunRecord:
     def result(self) -> dict[str, Any]:
         return self.launch.get("result") or {}
 
+    @property
+    def is_script(self) -> bool:
+        """The run was the user's own script (``mgpu launch SCRIPT.py``), not a recipe."""
+        return self.launch.get("job") == "script"
+
     def last_metrics(self, split: str) -> dict[str, Any] | None:
         return next((m for m in reversed(self.metrics) if m.get("split") == split), None)
 
