@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.e2e import test_launch
+from tests.e2e.test_first_hour import _on_a_terminal
 from tests.e2e.test_launch import Launch, run_launch, tagged, wait_until
 
 tag = test_launch.tag  # the fixture: a fresh tag, and no tagged process left after the test
@@ -192,6 +193,27 @@ def test_sigkill_of_launch_leaves_no_process_of_the_job(work: Path, tag: str):
         assert wait_until(lambda: not tagged(tag), timeout=5, every=0.05), f"left 5 s later: {tagged(tag)}"
     finally:
         launch.cleanup()
+
+
+def test_ctrl_c_stops_a_script_with_130_and_no_resume_advice(work: Path, tag: str):
+    launch = Launch([*CPU2, "loader_forever.py"], work, tag)
+    try:
+        assert wait_until(lambda: "loader running" in launch.output or launch.proc.poll() is not None, 90), \
+            launch.output
+        os.killpg(launch.pid, signal.SIGINT)  # what a terminal's Ctrl-C does
+        code = launch.wait(timeout=60)
+        assert code == 128 + signal.SIGINT, launch.output
+        assert "stopped by SIGINT" in launch.output and "--resume" not in launch.output
+        assert launch_json(only_run_dir(work, "loader_forever"))["result"]["status"] == "stopped"
+    finally:
+        launch.cleanup()
+
+
+def test_on_a_terminal_a_script_shows_its_lines_and_show_rank_all_every_ranks(work: Path, tag: str):
+    code, shown = _on_a_terminal([*CPU2, "--show-rank", "all", "torchrun_style.py", "--x"], work, tag)
+    assert code == 0, shown
+    assert "[rank0]:epoch 1 done" in shown and '[rank1]:{"rank": 1' in shown, shown
+    assert "samples/s" not in shown  # no progress bar: a script keeps no progress file
 
 
 def test_a_second_launch_into_a_run_dir_keeps_the_first_launchs_records(work: Path, tag: str):

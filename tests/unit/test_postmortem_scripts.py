@@ -103,3 +103,12 @@ def test_a_timeout_note_names_each_ranks_step_and_the_late_ones(monkeypatch):
     match = collective_timeout(parse(f"{error}\n{note}\n", rank=0))
     assert match.details["rank_steps"] == {"0": 7, "1": 4, "2": 7} and match.details["late_ranks"] == [1]
     assert match.step == 7 and match.evidence[1].text == note
+
+
+def test_an_abort_at_teardown_suggests_a_barrier_before_destroy():
+    log = ("[rank0]:terminate called without an active exception\n[rank0]:Fatal Python error: Aborted\n"
+           "[rank0]:\n[rank0]:Thread 0x00007f29e95c3b80 (most recent call first):\n[rank0]:  <no Python frame>\n")
+    match = explain(parse(log))
+    assert match.signature == "killed_by_signal" and match.details["signal"] == "SIGABRT"
+    assert match.evidence[0].text == "terminate called without an active exception"
+    assert "dist.barrier() before dist.destroy_process_group()" in match.fix

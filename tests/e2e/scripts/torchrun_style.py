@@ -30,4 +30,5 @@ for epoch in range(2):
         optimizer.step()
     if rank == 0:
         print(f"epoch {epoch} done", flush=True)
+dist.barrier()  # torch 2.13's gloo can abort a rank that tears down while another still uses the group
 dist.destroy_process_group()
