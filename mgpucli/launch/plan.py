@@ -387,6 +387,9 @@ def build_plan(
     if selection.kind == "cpu" and opts.script is not None:
         # A recipe's workers are told trainer.device=cpu; a script decides for itself, so CPU workers see no GPU.
         env["CUDA_VISIBLE_DEVICES"] = ""
+    if opts.script is not None and "PYTHONUNBUFFERED" not in machine.environ:
+        # torch starts the workers with `python -u`; this also reaches the Python processes a script starts itself.
+        env["PYTHONUNBUFFERED"] = "1"
     if selection.kind == "cpu" and not machine.environ.get("OMP_NUM_THREADS"):
         # torchrun alone pins every worker to 1 thread; share the cores instead (or use the recipe's count).
         threads = facts.cpu_threads or max(1, machine.cpu_count // nproc)

@@ -142,11 +142,12 @@ def local_rank_flag(source_path: str) -> tuple[str, str]:
         source = ""
     name = os.path.basename(source_path)
     flag = declared_local_rank_flag(source)
+    unshown = " (torchrun cannot pass it: the torchrun equivalent leaves it out)"
     if flag is not None:
-        return flag, f"--local-rank-arg: {name} declares {flag}; each worker gets {flag}=LOCAL_RANK first."
+        return flag, f"--local-rank-arg: {name} declares {flag}; each worker gets {flag}=LOCAL_RANK first{unshown}."
     return LOCAL_RANK_FLAGS[0], (f"--local-rank-arg: {name} spells out neither --local_rank nor --local-rank; each "
-                                 f"worker gets {LOCAL_RANK_FLAGS[0]}=LOCAL_RANK first (torch.distributed.launch's "
-                                 "spelling).")
+                                 f"worker gets {LOCAL_RANK_FLAGS[0]}=LOCAL_RANK first, torch.distributed.launch's "
+                                 f"spelling{unshown}.")
 
 
 # ------------------------------------------------------------------------------------------ its run dir

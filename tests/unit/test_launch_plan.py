@@ -311,6 +311,7 @@ def test_a_script_runs_in_the_script_job_and_shows_as_plain_torchrun():
     assert words[words.index("torchrun") + 1:] == [*plan.torchrun_args[:plan.torchrun_args.index("-m")],
                                                    "main.py", "--epochs", "10", "--nproc", "9"]
     assert plan.env["CUDA_VISIBLE_DEVICES"] == "" and plan.env["OMP_NUM_THREADS"] == "4"  # 8 cores / 2
+    assert plan.env["PYTHONUNBUFFERED"] == "1"
     assert plan.env["MGPU_RUN_DIR"] == os.path.abspath("runs/exp1") and plan.run_dir == "runs/exp1"
     assert plan.log_dir == os.path.abspath("runs/exp1/logs")
 
