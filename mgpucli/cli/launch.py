@@ -131,7 +131,9 @@ def launch(
         if check:  # the recipe as every worker gets it (with --cpu's override); no devices or processes needed
             from mgpucli.cli.check import check_and_print
             from mgpucli.launch.main import check_run_dir
-            from mgpucli.launch.plan import worker_overrides
+            from mgpucli.launch.plan import check_job_options, worker_overrides
+
+            check_job_options(opts)
 
             check_and_print(recipe, worker_overrides(opts),
                             check_run_dir=lambda run_dir, sharded: check_run_dir(run_dir, opts, sharded))
