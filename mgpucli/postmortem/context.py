@@ -83,7 +83,8 @@ def _for_a_script(match: Match, run: RunRecord) -> None:
             argv if "--local-rank-arg" in argv else [*argv[:2], "--local-rank-arg", *argv[2:]]
         if fixed != argv:
             match.fix += " Run: " + shlex.join(fixed)
-    if match.signature == "nccl_without_gpus" and (run.launch.get("devices") or {}).get("kind") == "cpu":
+    if match.signature in ("nccl_without_gpus", "cuda_without_gpus") and \
+            (run.launch.get("devices") or {}).get("kind") == "cpu":
         match.fix = ("This launch ran CPU workers (--cpu), which see no GPU (their CUDA_VISIBLE_DEVICES is empty). "
                      + match.fix)
 

@@ -168,6 +168,25 @@ def test_the_legacy_script_without_the_option_is_diagnosed_naming_it(work: Path,
     assert "mgpu launch --local-rank-arg --cpu --nproc 2 tutorial_main.py" in first["fix"]
 
 
+def test_a_gpu_script_on_cpu_workers_is_told_why_it_fails(work: Path, tag: str):
+    code, launch = run_launch([*CPU2, "gpu_style.py"], work, tag)
+    assert code == 1, launch.output
+    _, report = doctor_json(only_run_dir(work, "gpu_style"), work)
+    first = report["first_failure"]
+    assert first["signature"] in ("cuda_without_gpus", "nccl_without_gpus"), first
+    assert first["fix"].startswith("This launch ran CPU workers (--cpu), which see no GPU"), first
+
+
+@pytest.mark.gpu
+def test_a_gpu_script_runs_on_the_selected_gpu(work: Path, tag: str):
+    code, launch = run_launch(["--gpus", "1", "gpu_style.py"], work, tag)  # the first visible GPU
+    assert code == 0, launch.output
+    said = json.loads(next(line for line in launch.output.splitlines() if line.startswith("[rank0]:{")).split(
+        ":", 1)[1])
+    assert said == {"rank": 0, "sum": 1.0, "visible": 1}
+    assert launch_json(only_run_dir(work, "gpu_style"))["devices"]["cuda_visible_devices"] is not None
+
+
 def test_a_collective_timeout_names_the_step_each_rank_reached(work: Path, tag: str):
     code, launch = run_launch([*CPU2, "hang_at_step.py"], work, tag, timeout=90)
     assert code == 1, launch.output

@@ -112,3 +112,20 @@ def test_an_abort_at_teardown_suggests_a_barrier_before_destroy():
     assert match.signature == "killed_by_signal" and match.details["signal"] == "SIGABRT"
     assert match.evidence[0].text == "terminate called without an active exception"
     assert "dist.barrier() before dist.destroy_process_group()" in match.fix
+
+
+@pytest.mark.parametrize("said", [
+    "AttributeError: module 'torch._C' has no attribute '_cuda_setDevice'",  # a CPU build of torch
+    "RuntimeError: No CUDA GPUs are available",
+    "AssertionError: Torch not compiled with CUDA enabled",
+])
+def test_cuda_on_cpu_workers_is_named_and_under_cpu_explained(said: str):
+    log = ('Traceback (most recent call last):\n  File "main.py", line 4, in <module>\n'
+           f"    torch.cuda.set_device(local_rank)\n{said}\n")
+    match = explain(parse(log, rank=0))
+    assert match.signature == "cuda_without_gpus" and "torch.cuda.is_available()" in match.fix
+    tailor(match, script_run(LAUNCH))
+    assert match.fix.startswith("This launch ran CPU workers (--cpu)")
+    gpu_match = explain(parse(log, rank=0))
+    tailor(gpu_match, script_run(LAUNCH, kind="cuda"))
+    assert "--cpu" not in gpu_match.fix

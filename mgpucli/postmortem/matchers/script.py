@@ -1,5 +1,6 @@
 """Failures particular to users' own scripts (``mgpu launch SCRIPT.py``): a script written for the legacy
-``python -m torch.distributed.launch`` (its ``--local_rank`` argument), and the nccl backend on CPU workers."""
+``python -m torch.distributed.launch`` (its ``--local_rank`` argument), and GPU code (the nccl backend, CUDA calls)
+where no GPU is visible, as on ``--cpu`` workers."""
 
 from __future__ import annotations
 
@@ -108,4 +109,25 @@ def nccl_without_gpus(lines: Sequence[LogLine]) -> Match | None:
                  "nccl runs on NVIDIA GPUs only. On CPUs use gloo: dist.init_process_group('gloo'), or let torch pick "
                  "per device: dist.init_process_group(backend='cuda:nccl,cpu:gloo') (with no backend at all it does "
                  "the same); on GPUs, launch with --gpus N and a CUDA build of torch.",
+                 details={"ranks": hit_ranks(hits)})
+
+
+# ------------------------------------------------------------------------------ CUDA calls without a GPU
+_CUDA_NO_GPU = re.compile(r"No CUDA GPUs are available|Torch not compiled with CUDA enabled|"
+                          r"Found no NVIDIA driver on your system|no CUDA-capable device is detected|"
+                          r"CUDA driver initialization failed|module 'torch\._C' has no attribute '_cuda_\w+'")
+
+
+def cuda_without_gpus(lines: Sequence[LogLine]) -> Match | None:
+    """CUDA used (``set_device``, ``.cuda()``, ``device="cuda"``) where the process sees no GPU, or torch is a CPU
+    build."""
+    hits = find_all(lines, _CUDA_NO_GPU)
+    if not hits:
+        return None
+    anchor = hits[0][0]
+    return Match("cuda_without_gpus", f"rank {anchor.rank} used CUDA, and it sees no GPU", anchor.rank, [anchor],
+                 "The code calls CUDA (torch.cuda.set_device, .cuda(), device='cuda') where no GPU is visible or torch "
+                 "is a CPU build. On a GPU machine, check nvidia-smi, CUDA_VISIBLE_DEVICES and that torch is a CUDA "
+                 "build (mgpu doctor); to run on CPUs too, pick the device in the script: "
+                 "torch.device('cuda', local_rank) if torch.cuda.is_available() else torch.device('cpu'), with gloo.",
                  details={"ranks": hit_ranks(hits)})
