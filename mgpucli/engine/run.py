@@ -38,7 +38,9 @@ def run_training(recipe: str, overrides: list[str], *, resume: str | None = None
     cfg = handoff.read(recipe, overrides)  # launched by `mgpu launch`: the recipe it checked, as is
     if cfg is None:
         cfg = load_recipe(recipe, overrides)
-        check_recipe(cfg, recipe)
+        # Trackers: a job's ranks only look them up (rank 1 must not import one, and every rank must reach the same
+        # verdict before the process group exists); a single process imports them, as the launcher does.
+        check_recipe(cfg, recipe, trackers="find" if env.distributed else "import")
     reporter = reporter if reporter is not None and env.rank == 0 else NullReporter()
     trainer = None
     try:

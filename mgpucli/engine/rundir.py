@@ -43,7 +43,7 @@ def prepare_run_dir(run_dir: str | Path, resume: str | None, overwrite: bool, re
 class MetricsWriter:
     """Appends one JSON object per log interval / validation to metrics.jsonl (flushed at once), and the same
     scalars to a TensorBoard event file (:mod:`mgpucli.engine.tbevents`, which needs no TensorBoard import and
-    writes train intervals in batches) unless ``trainer.tensorboard`` is false."""
+    writes train intervals in batches) unless TensorBoard is off (``trainer.loggers``, ``trainer.tensorboard``)."""
 
     def __init__(self, run_dir: Path, tensorboard: bool = True):
         self.path = run_dir / "metrics.jsonl"

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from mgpucli import faults
+from mgpucli import faults, trackers
 from mgpucli.config import run_length
 from mgpucli.config.targets import build
 from mgpucli.distributed.heartbeat import Heartbeat
@@ -115,8 +115,9 @@ class Trainer:
                                 and wrapped.strategy in ("ddp", "fsdp") else "backward")
         self._faults = faults.enabled()
         found = self.checkpoints.take_run_dir(self.resume, self.overwrite)
+        sinks = trackers.enabled(list(cfg.trainer.loggers), cfg.trainer.tensorboard)
         if runtime.is_main:
-            self.writer = MetricsWriter(self.checkpoints.run_dir, tensorboard=cfg.trainer.tensorboard)
+            self.writer = MetricsWriter(self.checkpoints.run_dir, tensorboard="tensorboard" in sinks)
         if found is not None:
             self._resumed = self.checkpoints.load(found, self.trained, self.position)
             sums = self._resumed.epoch_sums

@@ -33,7 +33,7 @@ def _check_recipe(opts: LaunchOptions):
     cfg = _compose_while_torch_loads(opts.recipe, overrides)
     if cfg is None:
         cfg = load_recipe(opts.recipe, overrides)
-    check_recipe(cfg, opts.recipe)
+    check_recipe(cfg, opts.recipe, trackers="import")  # imports the trackers it names: exit 2 here
     threads = OmegaConf.select(cfg, "trainer.cpu_threads", default=None)
     facts = RecipeFacts(
         run_dir=str(OmegaConf.select(cfg, "run_dir", default=f"runs/{cfg.name}")),
