@@ -2,9 +2,9 @@
 
 ``mgpu launch`` writes ``RUN_DIR/launch.json`` (node K of a multi-node job: ``launch.nodeK.json``) with an
 index from global rank to its stdout/stderr/error files for every restart attempt; the workers leave torch's
-``error.json`` and mgpu's ``mgpu_failure.json`` beside them; rank 0 writes ``metrics.jsonl``, ``recipe.yaml``
-and ``checkpoints/``. A run dir copied elsewhere (from a cluster to a laptop) still reads: recorded paths
-that no longer exist are looked up again under the directory actually given.
+``error.json`` and mgpu's ``mgpu_failure.json`` beside them; rank 0 writes ``metrics.jsonl``, ``recipe.yaml``,
+``checkpoints/`` and, with experiment trackers, ``trackers.json``. A run dir copied elsewhere (from a cluster to a
+laptop) still reads: recorded paths that no longer exist are looked up again under the directory actually given.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from mgpucli.launch.index import Attempt, RankFiles
 from mgpucli.launch.records import RECORD_NAME, FailureRecord, read_error_file, read_record
 from mgpucli.postmortem.checkpoint_peek import SHARDED_META
 from mgpucli.postmortem.lines import LogLine, parse, read_log
+from mgpucli.trackers import read_state
 
 LAUNCH_JSON = "launch.json"
 _SPE = re.compile(r"\b(\d+) steps per epoch\b")
@@ -63,6 +64,7 @@ class RunRecord:
     metrics: list[dict[str, Any]] = field(default_factory=list)  # the last records of metrics.jsonl
     recipe: dict[str, Any] | None = None
     checkpoint: str | None = None
+    trackers: dict[str, dict[str, Any]] = field(default_factory=dict)  # trackers.json: W&B/MLflow runs, failures
 
     @property
     def result(self) -> dict[str, Any]:
@@ -114,6 +116,7 @@ def read_run(path: str) -> RunRecord:
     run.metrics = _read_metrics(os.path.join(run_dir, "metrics.jsonl"))
     run.recipe = _read_recipe(os.path.join(run_dir, "recipe.yaml"))
     run.checkpoint = _last_checkpoint(os.path.join(run_dir, "checkpoints"))
+    run.trackers = read_state(run_dir)
     return run
 
 

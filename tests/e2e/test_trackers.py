@@ -245,5 +245,10 @@ def test_a_tracker_that_fails_mid_run_warns_once_and_training_finishes(
     assert event["tracker"] == "wandb" and event["step"] == 40 and "injected fault" in event["error"]
     (part,) = wandb_parts(run_dir, offline_env(tmp_path))
     assert sorted(part["rows"]) == [20]  # what it got before it failed
-    failure = json.loads((run_dir / "trackers.json").read_text())["wandb"]["failures"][0]
-    assert failure["step"] == 40 and failure["while"] == "logging step 40"
+
+    done = subprocess.run([sys.executable, "-m", "mgpucli", "doctor", str(run_dir)], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=60, stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, done.stderr  # the run finished
+    assert "W&B run" in done.stderr and "failed while logging step 40" in done.stderr, done.stderr
+    report = json.loads((run_dir / "postmortem.json").read_text())
+    assert report["trackers"]["wandb"]["failures"][0]["step"] == 40

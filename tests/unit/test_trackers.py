@@ -1,6 +1,6 @@
 """Experiment trackers without a tracker: the recipe keys and checks, the mode and store rules, the tracking thread
-with stand-in sinks (failures, resume, a hung tracker). The real W&B and MLflow runs are in
-tests/e2e/test_trackers.py."""
+with stand-in sinks (failures, resume, a hung tracker), and what mgpu doctor shows. The real W&B and MLflow runs
+are in tests/e2e/test_trackers.py."""
 
 from __future__ import annotations
 
@@ -14,10 +14,14 @@ from omegaconf import OmegaConf
 from mgpucli import trackers
 from mgpucli.config import check_recipe, load_recipe
 from mgpucli.config.tracker_check import tracker_problems
+from mgpucli.doctor import checks_software as sw
+from mgpucli.doctor.gather import observe_trackers
+from mgpucli.doctor.observation import Observation, TrackerInfo
 from mgpucli.engine import tracking as tracking_mod
 from mgpucli.engine.rundir import MetricsWriter
 from mgpucli.engine.tracking import Started, Tracking, backlog, metrics_of
 from mgpucli.errors import RecipeError
+from mgpucli.postmortem.render import tracker_lines
 from tests.procs import RECIPES
 
 QUICK = str(RECIPES / "quickstart.yaml")
@@ -275,3 +279,38 @@ def test_a_fresh_start_in_a_used_run_dir_starts_new_tracker_runs(tmp_path, monke
     t.close("finished", {})
     assert sinks["wandb"].ctx.run_id != "old" and not sinks["wandb"].ctx.continuing
     assert [s for s, _ in sinks["wandb"].logged] == [10]
+
+
+# ------------------------------------------------------------------------------------- doctor and post-mortem
+def test_doctor_shows_each_tracker_installed_and_its_mode():
+    assert sw.check_wandb(Observation()).status == "skipped" and "mgpu[wandb]" in sw.check_wandb(Observation()).detail
+    offline = Observation(trackers=(TrackerInfo("wandb", "0.31.0", "offline", "no W&B credentials"),))
+    r = sw.check_wandb(offline)
+    assert r.status == "ok" and "runs log offline" in r.detail and "wandb sync" in r.detail
+    stuck = Observation(trackers=(TrackerInfo("wandb", "0.31.0", "offline", "x", problem="WANDB_MODE=online asks"),))
+    assert sw.check_wandb(stuck).status == "warn" and "wandb login" in sw.check_wandb(stuck).hint
+    served = Observation(trackers=(TrackerInfo("mlflow", "3.1.0", "http://m:5000", "MLFLOW_TRACKING_URI"),))
+    assert sw.check_mlflow(served).detail == "mlflow 3.1.0; runs go to http://m:5000 (MLFLOW_TRACKING_URI)"
+    no_sql = Observation(trackers=(TrackerInfo("mlflow", "3.1.0", "sqlite:///x", "y", problem="needs sqlalchemy"),))
+    assert sw.check_mlflow(no_sql).status == "warn" and "mgpu[mlflow]" in sw.check_mlflow(no_sql).hint
+
+
+def test_doctor_observes_the_trackers_of_this_environment(tmp_path):
+    seen = {t.name: t for t in observe_trackers(no_credentials(tmp_path, MLFLOW_TRACKING_URI="http://m:5000"))}
+    assert set(seen) == {"wandb", "mlflow"}
+    if seen["mlflow"].version is not None:
+        assert (seen["mlflow"].mode, seen["mlflow"].why) == ("http://m:5000", "MLFLOW_TRACKING_URI")
+    if seen["wandb"].version is not None:
+        assert seen["wandb"].mode == "offline" and not seen["wandb"].problem
+
+
+def test_post_mortem_lines_say_where_each_run_is_and_which_failed():
+    lines = tracker_lines({
+        "wandb": {"id": "w1", "status": "finished", "mode": "offline", "sync": "wandb sync RUN/wandb/offline-run-*-w1"},
+        "mlflow": {"id": "m1", "status": "running", "failures": [{"while": "logging step 40", "error": "OSError: x"}]},
+    })
+    assert lines == [
+        ("MLflow run m1: failed while logging step 40 (OSError: x); training went on without it, and metrics.jsonl has "
+         "every record", True),
+        ("W&B run w1 (finished, offline): wandb sync RUN/wandb/offline-run-*-w1", False),
+    ]
