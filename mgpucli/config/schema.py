@@ -19,6 +19,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "trainer.precision": ("fp32", "bf16", "fp16"),
     "trainer.scheduler_interval": ("step", "epoch"),
     "trainer.best_mode": ("auto", "min", "max"),
+    "trainer.wandb.mode": ("auto", "online", "offline"),
 }
 BUILTIN_TASKS = ("classification", "regression", "language_model")
 
@@ -37,6 +38,22 @@ class FSDPOptions:
     reshard_after_forward: bool = True
     activation_checkpointing: bool = False  # recompute each wrapped block's activations in backward
     cpu_offload: bool = False  # parameters and optimizer state in CPU memory (needs CUDA GPUs)
+
+
+@dataclass
+class WandbOptions:
+    project: Optional[str] = None  # default: the recipe's name
+    entity: Optional[str] = None  # default: your W&B default entity
+    name: Optional[str] = None  # the run's display name; default: the run dir's name
+    tags: list[str] = field(default_factory=list)  # added to mgpu's own (world size, device, versions)
+    mode: str = "auto"  # auto: WANDB_MODE if set, else online with credentials and offline without
+
+
+@dataclass
+class MLflowOptions:
+    tracking_uri: Optional[str] = None  # default: MLFLOW_TRACKING_URI, else sqlite:///RUN_DIR/mlflow.db
+    experiment: Optional[str] = None  # default: the recipe's name
+    run_name: Optional[str] = None  # default: the run dir's name
 
 
 @dataclass
@@ -66,7 +83,12 @@ class TrainerSchema:
     best_mode: str = "auto"  # auto: min for loss-like names, max otherwise
     timeout_s: int = 600  # collective timeout
     progress: bool = True
-    tensorboard: bool = True  # RUN_DIR/tensorboard scalar events (rank 0; engine/tbevents.py, no tensorboard import)
+    # Where rank 0 sends every record besides metrics.jsonl (always written): tensorboard (RUN_DIR/tensorboard
+    # scalar events, written without importing TensorBoard), wandb, mlflow (their options below).
+    loggers: list[str] = field(default_factory=lambda: ["tensorboard"])
+    tensorboard: Optional[bool] = None  # true/false: TensorBoard on/off whatever loggers says; null: as it says
+    wandb: WandbOptions = field(default_factory=WandbOptions)
+    mlflow: MLflowOptions = field(default_factory=MLflowOptions)
 
 
 @dataclass

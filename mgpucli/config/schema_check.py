@@ -5,12 +5,13 @@ from __future__ import annotations
 import difflib
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from mgpucli.config import run_length
 from mgpucli.config.schema import BUILTIN_TASKS, CHOICES, COMPONENT_PATHS, RecipeSchema
 from mgpucli.errors import RecipeError
+from mgpucli.trackers import LOGGERS
 
 REQUIRED_COMPONENTS = ("model", "optim", "data.train")
 
@@ -45,7 +46,10 @@ def _merge_section(user: dict, target: DictConfig, prefix: str, problems: list[s
         try:
             target[key] = value
         except OmegaConfBaseException as err:
-            problems.append(f"{path}: {_first_line(err)}")
+            if isinstance(child, ListConfig) and isinstance(value, str):  # `key=wandb` where a list is due
+                problems.append(f"{path}: expected a list, e.g. '{path}=[{value}]', got {value!r}")
+            else:
+                problems.append(f"{path}: {_first_line(err)}")
 
 
 def _resolve_leaves(node: DictConfig, prefix: str, problems: list[str]) -> None:
@@ -84,15 +88,38 @@ def _missing(merged: DictConfig, user: dict) -> list[str]:
     return problems
 
 
+def _at(cfg: dict[str, Any], path: str) -> Any:
+    node: Any = cfg
+    for key in path.split("."):
+        node = node.get(key) if isinstance(node, dict) else None
+    return node
+
+
+def _logger_problems(loggers: list[str]) -> list[str]:
+    """Each entry of ``trainer.loggers`` is a sink mgpu knows (whether it is installed: mgpucli.config.trackers)."""
+    problems = []
+    for name in loggers:
+        if name in LOGGERS:
+            continue
+        if name in ("jsonl", "metrics", "metrics.jsonl"):
+            problems.append(f"trainer.loggers: {name!r} need not be listed: metrics.jsonl is always written "
+                            f"(the list takes {', '.join(LOGGERS)})")
+            continue
+        close = difflib.get_close_matches(str(name), LOGGERS, n=1, cutoff=0.6)
+        guess = f"did you mean '{close[0]}'? " if close else ""
+        problems.append(f"trainer.loggers: {name!r} is not a logger mgpu knows ({guess}it knows {', '.join(LOGGERS)})")
+    return problems
+
+
 def _value_problems(cfg: dict[str, Any]) -> list[str]:
     """Constraints the types alone don't express."""
     problems = []
     trainer, data = cfg.get("trainer", {}), cfg.get("data", {})
     for path, choices in CHOICES.items():
-        section, _, key = path.partition(".")
-        value = cfg.get(section, {}).get(key)
+        value = _at(cfg, path)
         if value not in choices:
             problems.append(f"{path}: {value!r} is not one of {', '.join(choices)}")
+    problems += _logger_problems(trainer.get("loggers") or [])
 
     def at_least(section: dict, name: str, path: str, low: int, optional: bool = False) -> None:
         value = section.get(name)

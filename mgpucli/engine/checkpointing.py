@@ -7,6 +7,7 @@ the sharded (FSDP, ``torch.distributed.checkpoint``) variant is :mod:`.sharded`'
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -52,11 +53,12 @@ class Position:
 @dataclass
 class Resumed:
     """What a rank applies once its loader exists: its loader position and the epoch's metric sums so far
-    (mid-epoch), and its RNG state."""
+    (mid-epoch), and its RNG state; and the experiment trackers' run ids the checkpoint was saved with."""
 
     loader: Any = None
     rng: dict[str, Any] | None = None
     epoch_sums: list[float] | None = None
+    trackers: dict[str, str] | None = None
 
 
 class Checkpoints:
@@ -71,6 +73,7 @@ class Checkpoints:
         self.keep = int(trainer.keep_checkpoints)
         self.best_metric, self.best_mode = trainer.best_metric, trainer.best_mode
         self.best: float | None = None
+        self.tracker_ids: Callable[[], dict[str, str]] | None = None  # rank 0's experiment trackers' run ids
 
     def take_run_dir(self, resume: str | None, overwrite: bool) -> Path | None:
         """Rank 0 takes (and creates) the run dir; every rank gets the same verdict and the same checkpoint to
@@ -106,6 +109,7 @@ class Checkpoints:
             world_size=self.runtime.world_size, recipe=self.recipe_yaml, metrics=position.last_val,
             best=self.best, best_metric=self.best_metric,
             epoch_sums=list(epoch_sums) if mid_epoch else None,
+            trackers=self.tracker_ids() if self.tracker_ids is not None else None,
         )
         ckpts = checkpoint_dir(self.run_dir)
         if sharded:
@@ -152,8 +156,10 @@ class Checkpoints:
         self.reporter.message(f"resumed from {path} at step {position.step} "
                               f"({engine_state.epoch_label(position.epoch, mid_epoch)})")
         sums = ckpt.get("epoch_sums") if mid_epoch else None  # the epoch's means go on from where they were
+        ids = ckpt.get("trackers")
         return Resumed(loader=mine["loader"] if mine and mid_epoch else None, rng=mine["rng"] if mine else None,
-                       epoch_sums=[float(v) for v in sums] if isinstance(sums, list) else None)
+                       epoch_sums=[float(v) for v in sums] if isinstance(sums, list) else None,
+                       trackers={str(k): str(v) for k, v in ids.items()} if isinstance(ids, dict) else None)
 
     def improves_best(self, val: dict[str, Any] | None) -> bool:
         """Whether ``val`` beats the best so far on ``trainer.best_metric`` (and records it if so)."""

@@ -38,9 +38,12 @@ def run_training(recipe: str, overrides: list[str], *, resume: str | None = None
     cfg = handoff.read(recipe, overrides)  # launched by `mgpu launch`: the recipe it checked, as is
     if cfg is None:
         cfg = load_recipe(recipe, overrides)
-        check_recipe(cfg, recipe)
+        # Trackers: a job's ranks only look them up (rank 1 must not import one, and every rank must reach the same
+        # verdict before the process group exists); a single process imports them, as the launcher does.
+        check_recipe(cfg, recipe, trackers="find" if env.distributed else "import")
     reporter = reporter if reporter is not None and env.rank == 0 else NullReporter()
     trainer = None
+    status = "failed"  # how the run ended, for its experiment trackers
     try:
         runtime = setup_process_group(env, cfg.trainer.device, cfg.trainer.timeout_s, cfg.trainer.cpu_threads)
         trainer = Trainer(cfg, runtime, reporter, resume=resume, overwrite=overwrite, source=recipe)
@@ -49,12 +52,14 @@ def run_training(recipe: str, overrides: list[str], *, resume: str | None = None
             started()
         settle_gc()  # the start-up's objects are frozen: no collection walks them again (mgpucli/heap.py)
         result = trainer.fit()
+        status = "finished"
         # Every rank is done with the group before any rank destroys it: a rank that tore gloo down while another
         # still finished its last save could abort at exit ("terminate called without an active exception",
         # SIGABRT), and a finished run was reported as failed.
         collectives.barrier(runtime)
         return result
     except Preempted:
+        status = "preempted"
         collectives.barrier(runtime)  # every rank agreed on the stop and saved: the same meeting before teardown
         raise
     except (RuntimeError, torch.OutOfMemoryError) as err:
@@ -66,7 +71,7 @@ def run_training(recipe: str, overrides: list[str], *, resume: str | None = None
         raise clearer from err
     finally:
         if trainer is not None:
-            trainer.close()  # also drops the DDP module, whose reducer holds the process group
+            trainer.close(status)  # also drops the DDP module, whose reducer holds the process group
         trainer = None
         reporter.close()
         # The process group must die in destroy_process_group (which releases the GIL while gloo's threads

@@ -255,16 +255,17 @@ def read_mgpu_checkpoint(path: str | Path) -> dict[str, Any]:
     return ckpt
 
 
-def _flatten(node: Any, prefix: str = "") -> dict[str, Any]:
+def flatten(node: Any, prefix: str = "") -> dict[str, Any]:
+    """``{"optim": {"lr": 0.1}}`` as ``{"optim.lr": 0.1}`` (lists stay values)."""
     if isinstance(node, dict):
         out: dict[str, Any] = {}
         for k, v in node.items():
-            out.update(_flatten(v, f"{prefix}{k}."))
+            out.update(flatten(v, f"{prefix}{k}."))
         return out
     return {prefix[:-1]: node}
 
 
 def recipe_changes(saved_yaml: str, current_yaml: str) -> list[str]:
     """Keys whose values differ between the checkpoint's recipe and the current one."""
-    old, new = _flatten(yaml.safe_load(saved_yaml) or {}), _flatten(yaml.safe_load(current_yaml) or {})
+    old, new = flatten(yaml.safe_load(saved_yaml) or {}), flatten(yaml.safe_load(current_yaml) or {})
     return sorted(k for k in set(old) | set(new) if old.get(k, "<absent>") != new.get(k, "<absent>"))

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from omegaconf import DictConfig
 
-from mgpucli import faults
+from mgpucli import faults, trackers
 from mgpucli.config import run_length
 from mgpucli.config.components import build_component, metric_problems
 from mgpucli.distributed.heartbeat import Heartbeat
@@ -78,6 +78,7 @@ class Trainer:
         self.position = Position()
         self.stop = StopRequests()
         self.writer: MetricsWriter | None = None
+        self.tracking = None  # rank 0's experiment trackers (engine/tracking), when trainer.loggers names any
         self.heartbeat: Heartbeat | None = None
         self._resumed: Resumed | None = None  # applied when the epoch's loader iterator exists
         self._mid_epoch = False
@@ -122,13 +123,16 @@ class Trainer:
                                 and wrapped.strategy in ("ddp", "fsdp") else "backward")
         self._faults = faults.enabled()
         found = self.checkpoints.take_run_dir(self.resume, self.overwrite)
+        sinks = trackers.enabled(list(cfg.trainer.loggers), cfg.trainer.tensorboard)
         if runtime.is_main:
-            self.writer = MetricsWriter(self.checkpoints.run_dir, tensorboard=cfg.trainer.tensorboard)
+            self.writer = MetricsWriter(self.checkpoints.run_dir, tensorboard="tensorboard" in sinks)
         if found is not None:
             self._resumed = self.checkpoints.load(found, self.trained, self.position)
             sums = self._resumed.epoch_sums
             if sums is not None and len(sums) == len(self.task.stat_names):
                 self.intervals.epoch_sums = sums
+        if runtime.is_main and trackers.trackers_in(sinks):
+            self._open_tracking(resumed=found is not None)
         engine_state.seed_everything(cfg.seed + 1000 * runtime.rank + self.step)  # per-rank randomness
 
     # ------------------------------------------------------------------------------------------ loop
@@ -281,6 +285,9 @@ class Trainer:
     def _preempt(self, mid_epoch: bool, saved: bool = False) -> None:
         if not saved:
             self.save(mid_epoch=mid_epoch)
+        # Before the ranks meet to leave (engine/run.py): a rank that exited 75 first would have torch's agent
+        # SIGTERM rank 0 while its trackers finish.
+        self.finish_tracking("preempted")
         epoch = self.position.epoch + 1 if mid_epoch else self.position.epoch
         raise Preempted(
             f"stopped by {self.stop.received or 'a signal on another rank'} at step {self.step} (epoch {epoch}); "
@@ -319,7 +326,30 @@ class Trainer:
     def _emit(self, record: dict[str, Any]) -> None:
         if self.writer is not None:
             self.writer.write(record)
+        if self.tracking is not None:
+            self.tracking.log(record)  # queued for the tracking thread
         self.reporter.log(record)
+
+    def _open_tracking(self, resumed: bool) -> None:
+        """Rank 0: start W&B/MLflow runs (or continue the checkpoint's); their ids go into every checkpoint."""
+        from mgpucli.engine.tracking import Tracking
+
+        runtime = self.runtime
+        tags = {"world_size": str(runtime.world_size), "device": runtime.device.type,
+                "strategy": self.trained.model.strategy,
+                **{f"{name}_version": value for name, value in engine_state.versions().items()}}
+        self.tracking = Tracking.open(self.cfg, self.checkpoints.run_dir, tags, self.step if resumed else None,
+                                      self._resumed.trackers if self._resumed is not None else None,
+                                      self.writer.write, self.reporter)
+        self.checkpoints.tracker_ids = self.tracking.ids
+
+    def _checkpoint_paths(self) -> dict[str, str]:
+        """The run's last and best checkpoints that exist (full files or sharded directories)."""
+        if "checkpoints" not in self.__dict__:
+            return {}
+        folder = checkpoint_dir(self.checkpoints.run_dir).resolve()
+        return {what: str(path) for what in ("last", "best") for path in (folder / f"{what}.pt", folder / f"{what}.dcp")
+                if path.exists()}
 
     def _info(self, steps_per_epoch: int) -> dict[str, Any]:
         data, runtime, trainer = self.cfg.data, self.runtime, self.cfg.trainer
@@ -335,8 +365,16 @@ class Trainer:
             "precision": trainer.precision,
         }
 
-    def close(self) -> None:
-        """Close files and drop the model, optimizer and loaders (tracebacks may keep this object alive)."""
+    def finish_tracking(self, status: str) -> None:
+        """Finish the experiment trackers' runs (rank 0; once) with ``status``: finished, failed or preempted."""
+        if self.tracking is not None:
+            tracking, self.tracking = self.tracking, None
+            tracking.close(status, self._checkpoint_paths())
+
+    def close(self, status: str = "failed") -> None:
+        """Finish the trackers' runs with ``status`` (unless done), close files, and drop the model, optimizer and
+        loaders (tracebacks may keep this object alive)."""
+        self.finish_tracking(status)
         if self.writer is not None:
             self.writer.close()
             self.writer = None

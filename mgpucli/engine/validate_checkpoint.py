@@ -57,7 +57,7 @@ def resolve_recipe(info: dict[str, Any], path: str, overrides: list[str], recipe
     must pass the allowlist before anything is imported from outside it or called."""
     if recipe is not None:
         cfg = load_recipe(recipe, overrides)
-        check_recipe(cfg, recipe)
+        check_recipe(cfg, recipe, trackers=None)
         return cfg
     if not info.get("recipe_text"):
         raise UsageError(
@@ -70,7 +70,7 @@ def resolve_recipe(info: dict[str, Any], path: str, overrides: list[str], recipe
         cfg = load_recipe(stored, overrides)
     if not trust_recipe:
         require_trusted(cfg, list(TOP_COMPONENTS), path)
-    check_recipe(cfg, f"the recipe stored in {path}")
+    check_recipe(cfg, f"the recipe stored in {path}", trackers=None)
     return cfg
 
 
