@@ -54,6 +54,9 @@ class TrainerSchema:
     sync_batchnorm: bool = False
     ddp: DDPOptions = field(default_factory=DDPOptions)
     fsdp: FSDPOptions = field(default_factory=FSDPOptions)
+    # recompute blocks' activations in backward: true (the blocks of any nn.ModuleList; fsdp.wrap's under fsdp) or
+    # a list of module class names; any strategy
+    activation_checkpointing: Any = False
     # full: one file any strategy reads; sharded: a torch.distributed.checkpoint directory
     checkpoint_format: str = "full"
     scheduler_interval: str = "step"

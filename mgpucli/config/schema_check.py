@@ -125,6 +125,18 @@ def _value_problems(cfg: dict[str, Any]) -> list[str]:
         if not (isinstance(node, dict) and "_target_" in node):
             problems.append(f"{path}: expected a component with a _target_ (e.g. _target_: torch.optim.SGD), "
                             f"got {node!r}")
+    return problems + _feature_problems(cfg)
+
+
+def _feature_problems(cfg: dict[str, Any]) -> list[str]:
+    """The optional trainer features' values."""
+    problems = []
+    trainer = cfg.get("trainer", {})
+    checkpointing = trainer.get("activation_checkpointing")
+    if not (isinstance(checkpointing, bool) or (isinstance(checkpointing, list) and checkpointing
+                                                and all(isinstance(n, str) and n for n in checkpointing))):
+        problems.append("trainer.activation_checkpointing: expected true, false or a list of module class names "
+                        f"(e.g. [Block]), got {checkpointing!r}")
     return problems
 
 

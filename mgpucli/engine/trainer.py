@@ -107,6 +107,9 @@ class Trainer:
         self.heartbeat.start()
         with self.heartbeat.in_phase("setup: DDP parameter broadcast"):
             wrapped = wrap_model(model, cfg.trainer, runtime)
+        if wrapped.checkpointed:
+            self.reporter.message(f"activation checkpointing: {wrapped.checkpointed} block(s) recompute their "
+                                  "activations in backward")
         optimizer = build_component("optim", cfg.optim, wrapped.raw.parameters(), source=source)
         scheduler = (build_component("scheduler", cfg.scheduler, optimizer, source=source)
                      if cfg.scheduler is not None else None)
