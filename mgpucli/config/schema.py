@@ -40,6 +40,16 @@ class FSDPOptions:
 
 
 @dataclass
+class EMAOptions:
+    """``trainer.ema``: an exponential moving average of the weights, kept on every rank (off when absent)."""
+
+    decay: float = 0.999  # ema = decay * ema + (1 - decay) * weights, after an optimizer step
+    every: int = 1  # optimizer steps between updates
+    start_step: int = 0  # until this step the EMA weights are the model's; the average starts after it
+    validate: bool = False  # validate the EMA weights instead of the model's (best.pt, early stopping follow)
+
+
+@dataclass
 class TrainerSchema:
     epochs: int = 1
     max_steps: Optional[int] = None  # stop after this many optimizer steps (overrides epochs when reached)
@@ -57,6 +67,7 @@ class TrainerSchema:
     # recompute blocks' activations in backward: true (the blocks of any nn.ModuleList; fsdp.wrap's under fsdp) or
     # a list of module class names; any strategy
     activation_checkpointing: Any = False
+    ema: Optional[EMAOptions] = None
     # full: one file any strategy reads; sharded: a torch.distributed.checkpoint directory
     checkpoint_format: str = "full"
     scheduler_interval: str = "step"

@@ -36,8 +36,11 @@ def _merge_section(user: dict, target: DictConfig, prefix: str, problems: list[s
             problems.append(f"{path}: unknown key{_did_you_mean(path, known)}")
             continue
         child = target._get_node(key)
-        if isinstance(child, DictConfig) and not child._is_none():
+        if isinstance(child, DictConfig) and (value is not None or not child._is_none()):
             if isinstance(value, dict):
+                if child._is_none():  # an optional section (trainer.ema...), now given: its defaults, then the keys
+                    target[key] = child._metadata.ref_type()
+                    child = target._get_node(key)
                 _merge_section(value, child, path + ".", problems)
             else:
                 problems.append(f"{path}: expected a section (mapping), got {value!r}")
@@ -132,6 +135,14 @@ def _feature_problems(cfg: dict[str, Any]) -> list[str]:
     """The optional trainer features' values."""
     problems = []
     trainer = cfg.get("trainer", {})
+    ema = trainer.get("ema")
+    if ema is not None:
+        if not 0.0 < ema["decay"] < 1.0:
+            problems.append(f"trainer.ema.decay: must be between 0 and 1 (e.g. 0.999), got {ema['decay']}")
+        if ema["every"] < 1:
+            problems.append(f"trainer.ema.every: must be >= 1, got {ema['every']}")
+        if ema["start_step"] < 0:
+            problems.append(f"trainer.ema.start_step: must be >= 0, got {ema['start_step']}")
     checkpointing = trainer.get("activation_checkpointing")
     if not (isinstance(checkpointing, bool) or (isinstance(checkpointing, list) and checkpointing
                                                 and all(isinstance(n, str) and n for n in checkpointing))):

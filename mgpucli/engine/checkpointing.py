@@ -19,6 +19,7 @@ from mgpucli.distributed.heartbeat import Heartbeat
 from mgpucli.distributed.runtime import Runtime
 from mgpucli.engine import state as engine_state
 from mgpucli.engine.checkpoint import copy_atomic, save_atomic
+from mgpucli.engine.ema import EMA
 from mgpucli.engine.reporter import Reporter
 from mgpucli.engine.rundir import prepare_run_dir
 from mgpucli.engine.sharded import load_sharded, save_sharded
@@ -38,6 +39,7 @@ class Trained:
     scheduler: Any  # an LR scheduler, or None
     scaler: torch.amp.GradScaler | None
     train_loader: Any  # a StatefulDataLoader: its position is saved mid-epoch
+    ema: EMA | None = None  # the weights' moving average (trainer.ema)
 
 
 @dataclass
@@ -96,6 +98,7 @@ class Checkpoints:
             if not sharded:
                 model = engine_state.model_state(trained.model.raw)
                 optim = engine_state.optimizer_state(trained.model.raw, trained.optimizer)
+                ema = trained.ema.full_state(model) if trained.ema is not None else None
             mine = {"rng": engine_state.capture_rng(self.runtime.device),
                     "loader": trained.train_loader.state_dict() if mid_epoch else None}
             per_rank = collectives.all_gather_objects(mine, self.runtime)
@@ -111,11 +114,12 @@ class Checkpoints:
         if sharded:
             with self.heartbeat.in_phase("checkpoint: writing shards"):
                 save_sharded(trained.model.raw, trained.optimizer, meta, ckpts, position.step, self.runtime,
-                             self.keep, best)
+                             self.keep, best, extra=self._sharded_extra(trained))
             return
         if not self.runtime.is_main:
             return
-        save_atomic({**meta, "model": model, "optimizer": optim}, ckpts / "last.pt", step=position.step)
+        tensors = {"model": model, "optimizer": optim, **({"ema": ema} if ema is not None else {})}
+        save_atomic({**meta, **tensors}, ckpts / "last.pt", step=position.step)
         if best:
             copy_atomic(ckpts / "last.pt", ckpts / "best.pt")
         if self.keep > 0:
@@ -127,11 +131,19 @@ class Checkpoints:
         """Restore the weights, the optimizer, the schedules and ``position`` from ``path``; returns this rank's
         loader position and RNG state, which the trainer applies once the epoch's loader iterator exists."""
         if path.is_dir():
-            ckpt = load_sharded(trained.model.raw, trained.optimizer, path)
+            ckpt = load_sharded(trained.model.raw, trained.optimizer, path, extra=self._sharded_extra(trained))
+            has_ema = "ema" in ckpt.get("extra", ())
         else:
             ckpt = engine_state.read_mgpu_checkpoint(path)
             engine_state.load_model_state(trained.model.raw, ckpt["model"], str(path))
             engine_state.load_optimizer_state(trained.model.raw, trained.optimizer, ckpt["optimizer"])
+            has_ema = ckpt.get("ema") is not None
+            if trained.ema is not None and has_ema:
+                trained.ema.load_full_state(ckpt["ema"])
+        if trained.ema is not None and not has_ema:
+            trained.ema.restart()
+            self.reporter.warn(f"{path} holds no EMA weights (saved without trainer.ema): the average starts from "
+                               "its weights.")
         if trained.scheduler is not None and ckpt.get("scheduler") is not None:
             trained.scheduler.load_state_dict(ckpt["scheduler"])
         if trained.scaler is not None and ckpt.get("scaler"):
@@ -154,6 +166,11 @@ class Checkpoints:
         sums = ckpt.get("epoch_sums") if mid_epoch else None  # the epoch's means go on from where they were
         return Resumed(loader=mine["loader"] if mine and mid_epoch else None, rng=mine["rng"] if mine else None,
                        epoch_sums=[float(v) for v in sums] if isinstance(sums, list) else None)
+
+    @staticmethod
+    def _sharded_extra(trained: Trained) -> dict[str, dict[str, torch.Tensor]]:
+        """What sharded checkpoints hold beside the model and the optimizer: the EMA's shards."""
+        return {"ema": trained.ema.sharded_state()} if trained.ema is not None else {}
 
     def improves_best(self, val: dict[str, Any] | None) -> bool:
         """Whether ``val`` beats the best so far on ``trainer.best_metric`` (and records it if so)."""

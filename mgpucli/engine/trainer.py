@@ -30,6 +30,7 @@ from mgpucli.distributed.runtime import Runtime
 from mgpucli.engine import state as engine_state
 from mgpucli.engine.checkpointing import Checkpoints, Position, Resumed, Trained
 from mgpucli.engine.data import build_loaders, to_device
+from mgpucli.engine.ema import EMA
 from mgpucli.engine.evaluate import evaluate_exact
 from mgpucli.engine.log_interval import LogInterval
 from mgpucli.engine.reporter import Reporter
@@ -115,7 +116,8 @@ class Trainer:
                      if cfg.scheduler is not None else None)
         self.autocast_dtype = _AUTOCAST.get(cfg.trainer.precision)
         scaler = torch.amp.GradScaler(runtime.device.type) if cfg.trainer.precision == "fp16" else None
-        self.trained = Trained(wrapped, optimizer, scheduler, scaler, self.loaders.train)
+        ema = EMA(wrapped.raw, **cfg.trainer.ema) if cfg.trainer.ema is not None else None
+        self.trained = Trained(wrapped, optimizer, scheduler, scaler, self.loaders.train, ema)
         self.intervals = LogInterval(self.task, runtime, self.heartbeat, self._emit)
         self.checkpoints = Checkpoints(cfg, runtime, self.heartbeat, self.reporter)
         self._backward_phase = ("backward (gradient all-reduce)" if runtime.distributed
@@ -242,6 +244,8 @@ class Trainer:
         if trained.scheduler is not None and settings.scheduler_interval == "step":
             trained.scheduler.step()
         position.step += 1
+        if trained.ema is not None:
+            trained.ema.update(position.step)
         self.intervals.steps += 1
         self.reporter.step(position.step)
         self.intervals.read_reduction()  # the all-reduce started a step ago
@@ -309,12 +313,16 @@ class Trainer:
     def evaluate(self, epoch: int) -> dict[str, Any]:
         """Exact validation (see engine.evaluate) after ``epoch`` (numbered from 1); recorded in metrics.jsonl and
         kept for the checkpoint."""
-        model = self.trained.model
-        with self.heartbeat.in_phase("validation"):
-            self.position.last_val = evaluate_exact(model.eval, self.loaders.val, self.loaders.val_batches, self.task,
-                                                    self.runtime, self.autocast_dtype, lockstep=model.is_fsdp)
-        self._emit({"split": "val", "step": self.step, "epoch": epoch, **self.position.last_val, "time": time.time()})
-        return self.position.last_val
+        model, ema = self.trained.model, self.trained.ema
+        on_ema = ema is not None and ema.validate
+        with self.heartbeat.in_phase("validation"), ema.swapped_in() if on_ema else contextlib.nullcontext():
+            val = evaluate_exact(model.eval, self.loaders.val, self.loaders.val_batches, self.task, self.runtime,
+                                 self.autocast_dtype, lockstep=model.is_fsdp)
+        if ema is not None:  # which weights were validated, where a run has both
+            val["weights"] = "ema" if on_ema else "model"
+        self.position.last_val = val
+        self._emit({"split": "val", "step": self.step, "epoch": epoch, **val, "time": time.time()})
+        return val
 
     def _emit(self, record: dict[str, Any]) -> None:
         if self.writer is not None:

@@ -6,10 +6,13 @@ Real ``mgpu train`` processes (alone or under torchrun, gloo on CPU), real files
 from __future__ import annotations
 
 import json
+import os
+import signal
 
 import torch
 
-from tests.procs import RECIPES, load_ckpt, torchrun
+from tests.e2e.test_launch import Launch, rank0_log, run_launch, tag, wait_until  # noqa: F401 - tag is a fixture
+from tests.procs import RECIPES, load_ckpt, mgpu, torchrun
 
 CHARLM = str(RECIPES / "charlm.yaml")
 # charlm small enough for seconds per run on 2 cores; dropout makes the RNG matter; 1 thread per rank on both sides
@@ -35,3 +38,69 @@ def test_activation_checkpointing_under_ddp_keeps_the_loss_curve(tmp_path):
     a, b = load_ckpt(tmp_path / "plain/checkpoints/last.pt"), load_ckpt(tmp_path / "ac/checkpoints/last.pt")
     assert a["model"].keys() == b["model"].keys()  # the same parameter names: checkpoints interchange
     assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
+
+
+# 2 epochs of 64 steps at 2 x 32; the average moves visibly (decay 0.9) and is what validation sees
+EMA_RUN = ["--cpu", "--nproc", "2", "quickstart", "trainer.epochs=2", "trainer.log_every=5", "trainer.cpu_threads=1",
+           "trainer.ema.decay=0.9", "trainer.ema.validate=true"]
+
+
+def test_ema_resumes_bitwise_after_sigterm_and_validates_as_logged(tmp_path, tag):  # noqa: F811
+    code, straight = run_launch([*EMA_RUN, f"run_dir={tmp_path / 'straight'}"], tmp_path, tag, name="straight")
+    assert code == 0, straight.output
+    run_dir = tmp_path / "stopped"
+    # rank 1 dawdles in step 30, so the SIGTERM lands mid-epoch, long before the end
+    launch = Launch([*EMA_RUN, f"run_dir={run_dir}"], tmp_path, tag, name="stopped",
+                    env={"MGPU_FAULT": "sleep@rank=1@step=30", "MGPU_FAULT_SLEEP": "4"})
+    try:
+        assert wait_until(lambda: (log := rank0_log(run_dir)) and "step 25 epoch" in log.read_text(), 60), \
+            launch.output
+        os.kill(launch.pid, signal.SIGTERM)
+        assert launch.wait(timeout=60) == 75, launch.output
+    finally:
+        launch.cleanup()
+    stopped = load_ckpt(run_dir / "checkpoints/last.pt")
+    assert stopped["mid_epoch"] and 30 <= stopped["step"] < 64 and set(stopped["ema"]) == set(stopped["model"])
+    code, resumed = run_launch([*EMA_RUN, f"run_dir={run_dir}", "--resume", "auto"], tmp_path, tag, name="resumed")
+    assert code == 0, resumed.output
+    a, b = load_ckpt(tmp_path / "straight/checkpoints/last.pt"), load_ckpt(run_dir / "checkpoints/last.pt")
+    assert a["step"] == b["step"] == 128
+    for part in ("model", "ema"):
+        assert all(torch.equal(a[part][k], b[part][k]) for k in a[part]), part
+    assert not all(torch.equal(a["model"][k], a["ema"][k]) for k in a["model"])
+
+    logged = [m for m in metrics(tmp_path / "straight") if m["split"] == "val"][-1]
+    assert logged["weights"] == "ema" and logged["step"] == 128
+    checked = {}
+    for weights in ("ema", "model"):  # one process, the run's thread count: exact validation gives its numbers
+        r = mgpu("validate", "straight/checkpoints/last.pt", "--weights", weights, "--json", "trainer.cpu_threads=1",
+                 cwd=tmp_path)
+        assert r.returncode == 0, r.output
+        checked[weights] = json.loads(r.stdout)
+        assert checked[weights]["checkpoint"]["weights"] == weights
+    assert checked["ema"]["metrics"] == {k: logged[k] for k in ("loss", "accuracy")}
+    assert checked["model"]["metrics"]["loss"] != checked["ema"]["metrics"]["loss"]
+    import mgpucli
+
+    loaded = mgpucli.load_checkpoint(tmp_path / "straight/checkpoints/last.pt", weights="ema")
+    assert loaded.info["weights"] == "ema"
+    assert all(torch.equal(v, a["ema"][k]) for k, v in loaded.model.state_dict().items())
+
+
+def test_ema_under_fsdp_round_trips_a_sharded_checkpoint_bitwise(tmp_path):
+    args = [*CHARLM_SMALL, "trainer.strategy=fsdp", "trainer.ema.decay=0.9", "trainer.ema.validate=true"]
+    straight = torchrun(2, "train", CHARLM, *args, "run_dir=straight", cwd=tmp_path)
+    assert straight.returncode == 0, straight.output
+    half = torchrun(2, "train", CHARLM, *args, "trainer.max_steps=6", "trainer.checkpoint_format=sharded",
+                    "run_dir=split", cwd=tmp_path)
+    assert half.returncode == 0, half.output
+    # the rest from the shards (each rank's share of the average), then saved whole, to compare
+    rest = torchrun(2, "train", CHARLM, *args, "run_dir=split", "--resume", "split/checkpoints/last.dcp",
+                    cwd=tmp_path)
+    assert rest.returncode == 0, rest.output
+    a, b = load_ckpt(tmp_path / "straight/checkpoints/last.pt"), load_ckpt(tmp_path / "split/checkpoints/last.pt")
+    assert a["step"] == b["step"] == 12
+    for part in ("model", "ema"):
+        assert all(torch.equal(a[part][k], b[part][k]) for k in a[part]), part
+    vals = [m for m in metrics(tmp_path / "straight") if m["split"] == "val"]
+    assert vals and all(m["weights"] == "ema" for m in vals)

@@ -31,3 +31,19 @@ def test_activation_checkpointing_refuses_other_values(value):
     assert problems([f"trainer.activation_checkpointing={value}"]) == [
         "trainer.activation_checkpointing: expected true, false or a list of module class names (e.g. [Block]), "
         f"got {value if value != 'blocks' else repr(value)}"]
+
+
+def test_ema_is_on_when_its_section_is_given_with_defaults_for_the_rest():
+    assert load_recipe("quickstart", ["trainer.ema={}"]).trainer.ema == {
+        "decay": 0.999, "every": 1, "start_step": 0, "validate": False}
+    assert load_recipe("quickstart", ["trainer.ema.decay=0.9"]).trainer.ema.decay == 0.9  # a plain key=value
+    assert load_recipe("quickstart", ["trainer.ema.decay=0.9", "trainer.ema=null"]).trainer.ema is None
+
+
+def test_ema_values_typos_and_shape_are_reported_together():
+    found = problems(["trainer.ema={decay: 1.5, every: 0, start_step: -1, validat: true}"])
+    assert found == ["trainer.ema.validat: unknown key (did you mean 'trainer.ema.validate'?)",
+                     "trainer.ema.decay: must be between 0 and 1 (e.g. 0.999), got 1.5",
+                     "trainer.ema.every: must be >= 1, got 0",
+                     "trainer.ema.start_step: must be >= 0, got -1"]
+    assert problems(["trainer.ema=0.999"]) == ["trainer.ema: expected a section (mapping), got 0.999"]
