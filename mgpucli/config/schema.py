@@ -21,6 +21,13 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "trainer.best_mode": ("auto", "min", "max"),
 }
 BUILTIN_TASKS = ("classification", "regression", "language_model")
+# The validation metrics each built-in task reports (mgpucli.engine.tasks; a unit test keeps the two in step), for
+# checking names such as trainer.early_stopping.metric before anything is built.
+TASK_METRICS: dict[str, tuple[str, ...]] = {
+    "classification": ("loss", "accuracy"),
+    "regression": ("loss", "mse", "mae"),
+    "language_model": ("loss", "perplexity"),
+}
 
 
 @dataclass
@@ -50,6 +57,16 @@ class EMAOptions:
 
 
 @dataclass
+class EarlyStoppingOptions:
+    """``trainer.early_stopping``: stop when a validation metric stops improving (off when absent)."""
+
+    metric: str = "loss"  # a validation metric of the task
+    mode: str = "auto"  # auto: min for loss-like names, max otherwise
+    patience: int = 3  # validations in a row without improvement before the run stops
+    min_delta: float = 0.0  # an improvement must exceed this
+
+
+@dataclass
 class TrainerSchema:
     epochs: int = 1
     max_steps: Optional[int] = None  # stop after this many optimizer steps (overrides epochs when reached)
@@ -68,6 +85,7 @@ class TrainerSchema:
     # a list of module class names; any strategy
     activation_checkpointing: Any = False
     ema: Optional[EMAOptions] = None
+    early_stopping: Optional[EarlyStoppingOptions] = None
     # full: one file any strategy reads; sharded: a torch.distributed.checkpoint directory
     checkpoint_format: str = "full"
     scheduler_interval: str = "step"

@@ -9,7 +9,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from mgpucli.config import run_length
-from mgpucli.config.schema import BUILTIN_TASKS, CHOICES, COMPONENT_PATHS, RecipeSchema
+from mgpucli.config.schema import BUILTIN_TASKS, CHOICES, COMPONENT_PATHS, TASK_METRICS, RecipeSchema
 from mgpucli.errors import RecipeError
 
 REQUIRED_COMPONENTS = ("model", "optim", "data.train")
@@ -135,7 +135,7 @@ def _feature_problems(cfg: dict[str, Any]) -> list[str]:
     """The optional trainer features' values."""
     problems = []
     trainer = cfg.get("trainer", {})
-    ema = trainer.get("ema")
+    ema, stopping = trainer.get("ema"), trainer.get("early_stopping")
     if ema is not None:
         if not 0.0 < ema["decay"] < 1.0:
             problems.append(f"trainer.ema.decay: must be between 0 and 1 (e.g. 0.999), got {ema['decay']}")
@@ -143,11 +143,36 @@ def _feature_problems(cfg: dict[str, Any]) -> list[str]:
             problems.append(f"trainer.ema.every: must be >= 1, got {ema['every']}")
         if ema["start_step"] < 0:
             problems.append(f"trainer.ema.start_step: must be >= 0, got {ema['start_step']}")
+    if stopping is not None:
+        problems += _early_stopping_problems(stopping, cfg)
     checkpointing = trainer.get("activation_checkpointing")
     if not (isinstance(checkpointing, bool) or (isinstance(checkpointing, list) and checkpointing
                                                 and all(isinstance(n, str) and n for n in checkpointing))):
         problems.append("trainer.activation_checkpointing: expected true, false or a list of module class names "
                         f"(e.g. [Block]), got {checkpointing!r}")
+    return problems
+
+
+def _early_stopping_problems(stopping: dict[str, Any], cfg: dict[str, Any]) -> list[str]:
+    problems = []
+    if stopping["mode"] not in ("auto", "min", "max"):
+        problems.append(f"trainer.early_stopping.mode: {stopping['mode']!r} is not one of auto, min, max")
+    if stopping["patience"] < 1:
+        problems.append(f"trainer.early_stopping.patience: must be >= 1, got {stopping['patience']}")
+    if stopping["min_delta"] < 0:
+        problems.append(f"trainer.early_stopping.min_delta: must be >= 0, got {stopping['min_delta']}")
+    names = TASK_METRICS.get(cfg.get("task")) if isinstance(cfg.get("task"), str) else None
+    metric = stopping["metric"]
+    if names is not None and metric not in names:  # a custom task's names are checked when it is built
+        close = difflib.get_close_matches(metric, names, n=1, cutoff=0.5)
+        mean = f"; did you mean '{close[0]}'?" if close else ""
+        problems.append(f"trainer.early_stopping.metric: {metric!r} is not a validation metric (the {cfg['task']} "
+                        f"task reports {', '.join(names)}{mean})")
+    if cfg.get("data", {}).get("val") is None:
+        problems.append("trainer.early_stopping: decides on validation metrics, but the recipe has no data.val")
+    elif cfg.get("trainer", {}).get("val_every") == 0:
+        problems.append("trainer.early_stopping: decides on validation metrics, but trainer.val_every=0 never "
+                        "validates")
     return problems
 
 

@@ -19,6 +19,7 @@ from mgpucli.distributed.heartbeat import Heartbeat
 from mgpucli.distributed.runtime import Runtime
 from mgpucli.engine import state as engine_state
 from mgpucli.engine.checkpoint import copy_atomic, save_atomic
+from mgpucli.engine.early_stopping import EarlyStopping, resolve_mode
 from mgpucli.engine.ema import EMA
 from mgpucli.engine.reporter import Reporter
 from mgpucli.engine.rundir import prepare_run_dir
@@ -26,8 +27,6 @@ from mgpucli.engine.sharded import load_sharded, save_sharded
 from mgpucli.engine.strategy import Wrapped
 from mgpucli.errors import UsageError
 from mgpucli.run_files import checkpoint_dir
-
-_LOWER_IS_BETTER = ("loss", "perplexity", "mse", "mae", "error")
 
 
 @dataclass
@@ -40,6 +39,7 @@ class Trained:
     scaler: torch.amp.GradScaler | None
     train_loader: Any  # a StatefulDataLoader: its position is saved mid-epoch
     ema: EMA | None = None  # the weights' moving average (trainer.ema)
+    early_stopping: EarlyStopping | None = None  # its count of validations without improvement
 
 
 @dataclass
@@ -109,6 +109,7 @@ class Checkpoints:
             world_size=self.runtime.world_size, recipe=self.recipe_yaml, metrics=position.last_val,
             best=self.best, best_metric=self.best_metric,
             epoch_sums=list(epoch_sums) if mid_epoch else None,
+            early_stopping=trained.early_stopping.state_dict() if trained.early_stopping is not None else None,
         )
         ckpts = checkpoint_dir(self.run_dir)
         if sharded:
@@ -148,6 +149,8 @@ class Checkpoints:
             trained.scheduler.load_state_dict(ckpt["scheduler"])
         if trained.scaler is not None and ckpt.get("scaler"):
             trained.scaler.load_state_dict(ckpt["scaler"])
+        if trained.early_stopping is not None and ckpt.get("early_stopping"):
+            trained.early_stopping.load_state_dict(ckpt["early_stopping"])
         mid_epoch = bool(ckpt.get("mid_epoch"))
         position.step, position.epoch, self.best = ckpt["step"], ckpt["epoch"], ckpt.get("best")
         changed = engine_state.recipe_changes(ckpt.get("recipe", ""), self.recipe_yaml)
@@ -177,9 +180,7 @@ class Checkpoints:
         name = self.best_metric
         if not name or not val or name not in val:
             return False
-        mode = self.best_mode
-        if mode == "auto":
-            mode = "min" if any(word in name for word in _LOWER_IS_BETTER) else "max"
+        mode = resolve_mode(name, self.best_mode)
         value = float(val[name])
         better = self.best is None or (value < self.best if mode == "min" else value > self.best)
         if better:

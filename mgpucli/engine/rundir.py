@@ -53,8 +53,9 @@ class MetricsWriter:
     def write(self, record: dict[str, Any]) -> None:
         self._fh.write(json.dumps(record) + "\n")
         self._fh.flush()
-        if self._tb is not None:
-            split, step = record.get("split", "train"), record.get("step", 0)
+        split = record.get("split", "train")
+        if self._tb is not None and split in ("train", "val"):  # scalars; a closing record has none to plot
+            step = record.get("step", 0)
             self._tb.add_scalars(step, {f"{split}/{key}": float(value) for key, value in record.items()
                                         if key not in ("split", "step", "epoch", "time")
                                         and isinstance(value, (int, float))}, wall_time=record.get("time"))

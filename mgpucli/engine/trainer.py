@@ -30,6 +30,7 @@ from mgpucli.distributed.runtime import Runtime
 from mgpucli.engine import state as engine_state
 from mgpucli.engine.checkpointing import Checkpoints, Position, Resumed, Trained
 from mgpucli.engine.data import build_loaders, to_device
+from mgpucli.engine.early_stopping import EarlyStopping
 from mgpucli.engine.ema import EMA
 from mgpucli.engine.evaluate import evaluate_exact
 from mgpucli.engine.log_interval import LogInterval
@@ -98,6 +99,9 @@ class Trainer:
         model = build_component("model", cfg.model, source=source)
         self.task = (build_component("task", cfg.task, source=source) if isinstance(cfg.task, DictConfig)
                      else build_task(cfg.task))
+        stopping = EarlyStopping(**cfg.trainer.early_stopping) if cfg.trainer.early_stopping is not None else None
+        if stopping is not None:
+            stopping.check_metric(self.task)
         self.loaders = build_loaders(train_set, val_set, cfg.data, cfg.seed, runtime)
         # ${total_steps:}/${steps_per_epoch:} become numbers now, before the optimizer and scheduler are built
         length = run_length.of(len(self.loaders.train), cfg.trainer.grad_accum, cfg.trainer.epochs,
@@ -117,7 +121,7 @@ class Trainer:
         self.autocast_dtype = _AUTOCAST.get(cfg.trainer.precision)
         scaler = torch.amp.GradScaler(runtime.device.type) if cfg.trainer.precision == "fp16" else None
         ema = EMA(wrapped.raw, **cfg.trainer.ema) if cfg.trainer.ema is not None else None
-        self.trained = Trained(wrapped, optimizer, scheduler, scaler, self.loaders.train, ema)
+        self.trained = Trained(wrapped, optimizer, scheduler, scaler, self.loaders.train, ema, stopping)
         self.intervals = LogInterval(self.task, runtime, self.heartbeat, self._emit)
         self.checkpoints = Checkpoints(cfg, runtime, self.heartbeat, self.reporter)
         self._backward_phase = ("backward (gradient all-reduce)" if runtime.distributed
@@ -146,18 +150,24 @@ class Trainer:
             settings.epochs, math.ceil(settings.max_steps / steps_per_epoch))
         self.reporter.start({**self._info(steps_per_epoch), "total_epochs": total_epochs})
         train_metrics = None
+        stopping = self.trained.early_stopping
+        if stopping is not None and stopping.should_stop:  # resumed from a run that had stopped early
+            self.reporter.message(f"{stopping.reason()}: the run stopped at step {self.step}; nothing left to train.")
         with self.stop.listening(), self._tag_failures():
-            while self.position.epoch < total_epochs and not self._done():
+            while self.position.epoch < total_epochs and not self._done() and not self._stopped_early():
                 number = self.position.epoch + 1  # epochs are numbered from 1 in everything a user reads
                 train_metrics = self.train_epoch(steps_per_epoch)
                 if self.intervals.stop_agreed and self._mid_epoch:
                     self._preempt(mid_epoch=True)
                 val, saved = self._end_epoch(total_epochs)
                 self.reporter.epoch_end(number, train_metrics, val)
-                if self.intervals.stop_agreed:
+                if self._stopped_early():  # every rank validated alike: all stop here, after saving
+                    self._record_early_stop()
+                elif self.intervals.stop_agreed:
                     self._preempt(mid_epoch=False, saved=saved)
         return {"step": self.step, "epoch": self.position.epoch, "train": train_metrics,
-                "val": self.position.last_val, "run_dir": str(self.checkpoints.run_dir)}
+                "val": self.position.last_val, "run_dir": str(self.checkpoints.run_dir),
+                "stopped_early": stopping.reason() if self._stopped_early() else None}
 
     def train_epoch(self, steps_per_epoch: int) -> dict[str, Any] | None:
         """One pass over this rank's shard (from the saved position when resuming mid-epoch); returns the epoch's
@@ -268,6 +278,9 @@ class Trainer:
         val = None
         if self.loaders.val is not None and settings.val_every and (position.epoch % settings.val_every == 0 or last):
             val = self.evaluate(number)
+        stopping = self.trained.early_stopping
+        if stopping is not None and val is not None:
+            last = stopping.observe(val, position.step) or last  # a last checkpoint, with the verdict in it
         improved = self.checkpoints.improves_best(val)
         saved = last or (settings.checkpoint_every and position.epoch % settings.checkpoint_every == 0) or improved
         if saved:
@@ -293,6 +306,17 @@ class Trainer:
             "Continue the run with the same command plus --resume auto.",
             step=self.step, signal=self.stop.received,
         )
+
+    def _stopped_early(self) -> bool:
+        return self.trained.early_stopping is not None and self.trained.early_stopping.should_stop
+
+    def _record_early_stop(self) -> None:
+        """The run's closing record (metrics.jsonl) and line: why it stopped."""
+        stopping = self.trained.early_stopping
+        if self.writer is not None:
+            self.writer.write(stopping.record(self.step, self.position.epoch, time.time()))
+        self.reporter.message(f"{stopping.reason()}. Stopped after epoch {self.position.epoch}, step {self.step}; "
+                              f"the checkpoint in {checkpoint_dir(self.checkpoints.run_dir)} holds that step.")
 
     def _done(self) -> bool:
         return self.settings.max_steps is not None and self.step >= self.settings.max_steps

@@ -14,6 +14,7 @@ import torch
 from tests.e2e.test_launch import Launch, rank0_log, run_launch, tag, wait_until  # noqa: F401 - tag is a fixture
 from tests.procs import RECIPES, load_ckpt, mgpu, torchrun
 
+QUICK = str(RECIPES / "quickstart.yaml")
 CHARLM = str(RECIPES / "charlm.yaml")
 # charlm small enough for seconds per run on 2 cores; dropout makes the RNG matter; 1 thread per rank on both sides
 CHARLM_SMALL = ["+data.train.num_chars=20000", "+data.val.num_chars=8000", "trainer.max_steps=12",
@@ -104,3 +105,41 @@ def test_ema_under_fsdp_round_trips_a_sharded_checkpoint_bitwise(tmp_path):
         assert all(torch.equal(a[part][k], b[part][k]) for k in a[part]), part
     vals = [m for m in metrics(tmp_path / "straight") if m["split"] == "val"]
     assert vals and all(m["weights"] == "ema" for m in vals)
+
+
+# 16 steps per epoch on 2 x 32; accuracy can't improve by 0.5 after the first validation, so the run stops after
+# the third epoch of 20. A short collective timeout: a rank left behind would fail the run within seconds.
+STOPPING = ["data.train.num_samples=1024", "data.val.num_samples=301", "trainer.epochs=20", "trainer.log_every=8",
+            "trainer.cpu_threads=1", "~scheduler", "trainer.timeout_s=30",
+            "trainer.early_stopping={metric: accuracy, patience: 2, min_delta: 0.5}"]
+
+
+def test_early_stopping_stops_every_rank_at_one_step_and_resumes_bitwise(tmp_path):
+    r = torchrun(2, "train", QUICK, *STOPPING, "run_dir=straight", cwd=tmp_path, timeout=120)
+    assert r.returncode == 0, r.output
+    assert "early stopping: val accuracy has not improved by more than 0.5 for 2 validation(s)" in r.stderr
+    last = tmp_path / "straight/checkpoints/last.pt"
+    ckpt = load_ckpt(last)
+    assert ckpt["step"] == 48 and ckpt["epoch"] == 3 and not ckpt["mid_epoch"]
+    assert ckpt["early_stopping"]["wait"] == 2 and ckpt["early_stopping"]["best_step"] == 16
+    records = metrics(tmp_path / "straight")
+    assert [m["step"] for m in records if m["split"] == "val"] == [16, 32, 48]
+    stop = records[-1]
+    assert stop["split"] == "stop" and stop["reason"] == "early_stopping" and stop["step"] == 48
+    assert stop["metric"] == "accuracy" and "has not improved" in stop["message"]
+
+    # stopped after 2 epochs (max_steps), resumed: the patience count carried over, the same step, the same weights
+    part = torchrun(2, "train", QUICK, *STOPPING, "trainer.max_steps=32", "run_dir=split", cwd=tmp_path)
+    assert part.returncode == 0, part.output
+    assert load_ckpt(tmp_path / "split/checkpoints/last.pt")["early_stopping"]["wait"] == 1
+    rest = torchrun(2, "train", QUICK, *STOPPING, "run_dir=split", "--resume", "auto", cwd=tmp_path)
+    assert rest.returncode == 0, rest.output
+    resumed = load_ckpt(tmp_path / "split/checkpoints/last.pt")
+    assert resumed["step"] == 48 and all(torch.equal(ckpt["model"][k], resumed["model"][k]) for k in ckpt["model"])
+
+    # a run that had stopped stops again at once, and leaves its checkpoint alone
+    before = last.read_bytes()
+    again = torchrun(2, "train", QUICK, *STOPPING, "run_dir=straight", "--resume", "auto", cwd=tmp_path)
+    assert again.returncode == 0, again.output
+    assert "the run stopped at step 48; nothing left to train" in again.stderr
+    assert last.read_bytes() == before

@@ -47,3 +47,21 @@ def test_ema_values_typos_and_shape_are_reported_together():
                      "trainer.ema.every: must be >= 1, got 0",
                      "trainer.ema.start_step: must be >= 0, got -1"]
     assert problems(["trainer.ema=0.999"]) == ["trainer.ema: expected a section (mapping), got 0.999"]
+
+
+def test_early_stopping_metric_gets_a_did_you_mean_from_the_tasks_metrics():
+    assert problems(["trainer.early_stopping.metric=acuracy"]) == [
+        "trainer.early_stopping.metric: 'acuracy' is not a validation metric (the classification task reports loss, "
+        "accuracy; did you mean 'accuracy'?)"]
+    assert load_recipe("charlm", ["trainer.early_stopping.metric=perplexity"]).trainer.early_stopping == {
+        "metric": "perplexity", "mode": "auto", "patience": 3, "min_delta": 0.0}
+
+
+def test_early_stopping_needs_validations_and_sane_values():
+    found = problems(["trainer.early_stopping={patience: 0, min_delta: -1, mode: up}", "data.val=null"])
+    assert found == ["trainer.early_stopping.mode: 'up' is not one of auto, min, max",
+                     "trainer.early_stopping.patience: must be >= 1, got 0",
+                     "trainer.early_stopping.min_delta: must be >= 0, got -1.0",
+                     "trainer.early_stopping: decides on validation metrics, but the recipe has no data.val"]
+    assert problems(["trainer.early_stopping={}", "trainer.val_every=0"]) == [
+        "trainer.early_stopping: decides on validation metrics, but trainer.val_every=0 never validates"]
