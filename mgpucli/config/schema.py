@@ -67,6 +67,14 @@ class EarlyStoppingOptions:
 
 
 @dataclass
+class ProfileOptions:
+    """``trainer.profile``: a torch.profiler trace of a few steps on every rank (off when absent)."""
+
+    start_step: int = 10  # the first optimizer step traced (steps are numbered from 1, as in metrics.jsonl)
+    steps: int = 5
+
+
+@dataclass
 class TrainerSchema:
     epochs: int = 1
     max_steps: Optional[int] = None  # stop after this many optimizer steps (overrides epochs when reached)
@@ -86,6 +94,7 @@ class TrainerSchema:
     activation_checkpointing: Any = False
     ema: Optional[EMAOptions] = None
     early_stopping: Optional[EarlyStoppingOptions] = None
+    profile: Optional[ProfileOptions] = None
     # full: one file any strategy reads; sharded: a torch.distributed.checkpoint directory
     checkpoint_format: str = "full"
     scheduler_interval: str = "step"

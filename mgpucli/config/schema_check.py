@@ -145,6 +145,11 @@ def _feature_problems(cfg: dict[str, Any]) -> list[str]:
             problems.append(f"trainer.ema.start_step: must be >= 0, got {ema['start_step']}")
     if stopping is not None:
         problems += _early_stopping_problems(stopping, cfg)
+    profile = trainer.get("profile")
+    if profile is not None:
+        for key in ("start_step", "steps"):
+            if profile[key] < 1:
+                problems.append(f"trainer.profile.{key}: must be >= 1, got {profile[key]}")
     checkpointing = trainer.get("activation_checkpointing")
     if not (isinstance(checkpointing, bool) or (isinstance(checkpointing, list) and checkpointing
                                                 and all(isinstance(n, str) and n for n in checkpointing))):

@@ -34,6 +34,7 @@ from mgpucli.engine.early_stopping import EarlyStopping
 from mgpucli.engine.ema import EMA
 from mgpucli.engine.evaluate import evaluate_exact
 from mgpucli.engine.log_interval import LogInterval
+from mgpucli.engine.profiling import ProfileWindow
 from mgpucli.engine.reporter import Reporter
 from mgpucli.engine.rundir import MetricsWriter
 from mgpucli.engine.stop_requests import StopRequests
@@ -81,6 +82,7 @@ class Trainer:
         self.stop = StopRequests()
         self.writer: MetricsWriter | None = None
         self.heartbeat: Heartbeat | None = None
+        self.profile: ProfileWindow | None = None
         self._resumed: Resumed | None = None  # applied when the epoch's loader iterator exists
         self._mid_epoch = False
 
@@ -127,6 +129,7 @@ class Trainer:
         self._backward_phase = ("backward (gradient all-reduce)" if runtime.distributed
                                 and wrapped.strategy in ("ddp", "fsdp") else "backward")
         self._faults = faults.enabled()
+        self.profile = self._profile_window(length.total_steps)
         found = self.checkpoints.take_run_dir(self.resume, self.overwrite)
         if runtime.is_main:
             self.writer = MetricsWriter(self.checkpoints.run_dir, tensorboard=cfg.trainer.tensorboard)
@@ -153,7 +156,7 @@ class Trainer:
         stopping = self.trained.early_stopping
         if stopping is not None and stopping.should_stop:  # resumed from a run that had stopped early
             self.reporter.message(f"{stopping.reason()}: the run stopped at step {self.step}; nothing left to train.")
-        with self.stop.listening(), self._tag_failures():
+        with self.stop.listening(), self._tag_failures(), self._profiling():
             while self.position.epoch < total_epochs and not self._done() and not self._stopped_early():
                 number = self.position.epoch + 1  # epochs are numbered from 1 in everything a user reads
                 train_metrics = self.train_epoch(steps_per_epoch)
@@ -204,6 +207,8 @@ class Trainer:
         batch = next(batches, None)
         if batch is None:
             return False
+        if self.profile is not None:
+            self.profile.before_step(self.step + 1)
         for micro in range(1, self.settings.grad_accum + 1):
             following = next(batches, None) if micro < self.settings.grad_accum else None
             self._forward_backward(batch, sync=following is None)
@@ -211,6 +216,8 @@ class Trainer:
                 break
             batch = following
         self._optimizer_step()
+        if self.profile is not None:
+            self.profile.after_step(self.step)
         return True
 
     def _forward_backward(self, batch, sync: bool) -> None:
@@ -323,6 +330,29 @@ class Trainer:
 
     def _lr(self) -> float:
         return self.trained.optimizer.param_groups[0]["lr"]
+
+    def _profile_window(self, total_steps: int) -> ProfileWindow | None:
+        """``trainer.profile``'s window on this rank (None when not asked for)."""
+        asked = self.cfg.trainer.profile
+        if asked is None:
+            return None
+        if asked.start_step > total_steps:
+            self.reporter.warn(f"trainer.profile.start_step={asked.start_step} is after the run's last step "
+                               f"({total_steps}): nothing will be profiled.")
+        run_dir = self.checkpoints.run_dir
+        return ProfileWindow(asked.start_step, asked.steps, run_dir, self.runtime.rank, self.runtime.device,
+                             written=lambda path: self.reporter.message(
+                                 f"profiler: steps {asked.start_step}-{asked.start_step + asked.steps - 1} traced "
+                                 f"into {path.parent}/rank*.json (open in ui.perfetto.dev or chrome://tracing)"))
+
+    @contextlib.contextmanager
+    def _profiling(self):
+        """A profiler window still open when the loop ends (the run ended or stopped inside it) writes its trace."""
+        try:
+            yield
+        finally:
+            if self.profile is not None:
+                self.profile.close()
 
     @contextlib.contextmanager
     def _tag_failures(self):

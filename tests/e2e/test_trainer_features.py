@@ -143,3 +143,19 @@ def test_early_stopping_stops_every_rank_at_one_step_and_resumes_bitwise(tmp_pat
     assert again.returncode == 0, again.output
     assert "the run stopped at step 48; nothing left to train" in again.stderr
     assert last.read_bytes() == before
+
+
+def test_profiler_window_traces_the_asked_steps_on_every_rank(tmp_path):
+    r = torchrun(2, "train", QUICK, "data.train.num_samples=1024", "data.val.num_samples=101", "trainer.epochs=2",
+                 "trainer.log_every=8", "trainer.profile={start_step: 10, steps: 5}", cwd=tmp_path)
+    assert r.returncode == 0, r.output
+    run_dir = tmp_path / "runs/quickstart"
+    assert "profiler: steps 10-14 traced into" in r.stderr
+    for rank in (0, 1):
+        trace = json.loads((run_dir / f"profile/rank{rank}.json").read_text())  # Chrome trace format
+        steps = sorted({int(e["name"].split("#")[1]) for e in trace["traceEvents"]
+                        if str(e.get("name", "")).startswith("ProfilerStep#")})
+        assert steps == [10, 11, 12, 13, 14], (rank, steps)
+        assert any("aten::" in str(e.get("name")) for e in trace["traceEvents"])  # the ops inside them
+    assert sorted(p.name for p in (run_dir / "profile").iterdir()) == ["rank0.json", "rank1.json"]
+    assert load_ckpt(run_dir / "checkpoints/last.pt")["step"] == 32  # training went on to its end

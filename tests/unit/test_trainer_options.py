@@ -17,6 +17,7 @@ def problems(overrides: list[str], recipe: str = "quickstart") -> list[str]:
 def test_features_are_off_by_default():
     trainer = load_recipe("quickstart").trainer
     assert trainer.activation_checkpointing is False
+    assert trainer.ema is None and trainer.early_stopping is None and trainer.profile is None
 
 
 @pytest.mark.parametrize("value, expected", [("true", True), ("[Block]", ["Block"]), ("[Block,Attention]",
@@ -65,3 +66,9 @@ def test_early_stopping_needs_validations_and_sane_values():
                      "trainer.early_stopping: decides on validation metrics, but the recipe has no data.val"]
     assert problems(["trainer.early_stopping={}", "trainer.val_every=0"]) == [
         "trainer.early_stopping: decides on validation metrics, but trainer.val_every=0 never validates"]
+
+
+def test_profile_window_values():
+    assert load_recipe("quickstart", ["trainer.profile={}"]).trainer.profile == {"start_step": 10, "steps": 5}
+    assert problems(["trainer.profile={start_step: 0, steps: 0}"]) == [
+        "trainer.profile.start_step: must be >= 1, got 0", "trainer.profile.steps: must be >= 1, got 0"]
