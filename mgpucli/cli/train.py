@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import typer
 
+PROBE_STEPS = 20  # the fit probe's timed steps by default (mgpucli.cli.train_run.ProbeOptions)
+
 
 def train(
     recipe: str = typer.Argument(..., help="A recipe YAML file, or a shipped recipe's name (see `mgpu recipes`)."),
@@ -25,8 +27,23 @@ def train(
         False, "--check", help="Check the whole recipe (schema, every _target_, the datasets), print it resolved, "
         "exit. Trains nothing, writes nothing."
     ),
+    probe: bool = typer.Option(
+        False, "--probe", help="Will it fit? Build everything for real, time a few optimizer steps after a warm-up, "
+        "print each rank's peak memory, step time, samples/s and the epoch's estimated time. Writes nothing."
+    ),
+    probe_steps: int = typer.Option(
+        PROBE_STEPS, "--probe-steps", metavar="N", help="Optimizer steps the probe times (after its warm-up)."
+    ),
+    as_json: bool = typer.Option(False, "--json", help="With --probe: print one JSON object on stdout."),
+    probe_result: str | None = typer.Option(None, "--probe-result", hidden=True),
 ) -> None:
     """Train from a recipe on this process (one worker of a job when RANK/WORLD_SIZE are set)."""
-    from mgpucli.cli.train_run import run_train
+    from mgpucli.cli.train_run import ProbeOptions, run_train
 
-    run_train(recipe, list(overrides or []), resume, overwrite, check)
+    if as_json and not probe:
+        from mgpucli.console import print_error
+
+        print_error("--json is the probe's report format: use it with --probe (training writes metrics.jsonl).")
+        raise typer.Exit(2)
+    asked = ProbeOptions(steps=probe_steps, as_json=as_json, result_file=probe_result) if probe else None
+    run_train(recipe, list(overrides or []), resume, overwrite, check, probe=asked)

@@ -13,6 +13,7 @@ per log interval beside the gradients' own, ``no_sync`` on the micro-steps of an
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import time
 from collections.abc import Iterator
@@ -74,10 +75,11 @@ class Trainer:
     """One worker's training run. Build with a validated recipe and a Runtime, call ``setup()``, then ``fit()``."""
 
     def __init__(self, cfg: DictConfig, runtime: Runtime, reporter: Reporter, resume: str | None = None,
-                 overwrite: bool = False, source: str = "the recipe"):
+                 overwrite: bool = False, source: str = "the recipe", probe: bool = False):
         self.cfg, self.runtime, self.reporter = cfg, runtime, reporter
         self.source = source  # the recipe as the user named it, for problems found while building
         self.resume, self.overwrite = resume, overwrite
+        self.probe = probe  # only measure (engine/probe.py): no run dir, no records, no checkpoints
         self.position = Position()
         self.stop = StopRequests()
         self.writer: MetricsWriter | None = None
@@ -109,6 +111,7 @@ class Trainer:
         length = run_length.of(len(self.loaders.train), cfg.trainer.grad_accum, cfg.trainer.epochs,
                                cfg.trainer.max_steps)
         self.cfg = cfg = run_length.resolve(cfg, length)
+        self.total_steps = length.total_steps
         self.settings = LoopSettings.of(cfg.trainer)
         self.heartbeat = Heartbeat(runtime.rank, runtime.world_size)  # where each rank is, for timeout messages
         self.heartbeat.start()
@@ -129,16 +132,24 @@ class Trainer:
         self._backward_phase = ("backward (gradient all-reduce)" if runtime.distributed
                                 and wrapped.strategy in ("ddp", "fsdp") else "backward")
         self._faults = faults.enabled()
-        self.profile = self._profile_window(length.total_steps)
+        if self.probe:  # the run dir stays as it is: nothing taken, created or written, nothing loaded or saved
+            self.intervals.emit = lambda record: None
+            self.settings = dataclasses.replace(self.settings, checkpoint_every_steps=None)
+        else:
+            self._take_run_dir()
+        engine_state.seed_everything(cfg.seed + 1000 * runtime.rank + self.step)  # per-rank randomness
+
+    def _take_run_dir(self) -> None:
+        """The run dir (rank 0 takes it), its records, the profiler window, and the checkpoint to resume from."""
+        self.profile = self._profile_window(self.total_steps)
         found = self.checkpoints.take_run_dir(self.resume, self.overwrite)
-        if runtime.is_main:
-            self.writer = MetricsWriter(self.checkpoints.run_dir, tensorboard=cfg.trainer.tensorboard)
+        if self.runtime.is_main:
+            self.writer = MetricsWriter(self.checkpoints.run_dir, tensorboard=self.cfg.trainer.tensorboard)
         if found is not None:
             self._resumed = self.checkpoints.load(found, self.trained, self.position)
             sums = self._resumed.epoch_sums
             if sums is not None and len(sums) == len(self.task.stat_names):
                 self.intervals.epoch_sums = sums
-        engine_state.seed_everything(cfg.seed + 1000 * runtime.rank + self.step)  # per-rank randomness
 
     # ------------------------------------------------------------------------------------------ loop
     def fit(self) -> dict[str, Any]:
@@ -252,6 +263,7 @@ class Trainer:
             if scaler is not None:
                 scaler.unscale_(optimizer)
             torch.nn.utils.clip_grad_norm_(trained.model.raw.parameters(), settings.clip_grad_norm)
+        self.heartbeat.phase = "optimizer step"
         if scaler is not None:
             scaler.step(optimizer)
             scaler.update()

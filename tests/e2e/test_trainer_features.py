@@ -9,6 +9,7 @@ import json
 import os
 import signal
 
+import pytest
 import torch
 
 from tests.e2e.test_launch import Launch, rank0_log, run_launch, tag, wait_until  # noqa: F401 - tag is a fixture
@@ -159,3 +160,19 @@ def test_profiler_window_traces_the_asked_steps_on_every_rank(tmp_path):
         assert any("aten::" in str(e.get("name")) for e in trace["traceEvents"])  # the ops inside them
     assert sorted(p.name for p in (run_dir / "profile").iterdir()) == ["rank0.json", "rank1.json"]
     assert load_ckpt(run_dir / "checkpoints/last.pt")["step"] == 32  # training went on to its end
+
+
+@pytest.mark.gpu
+def test_gpu_run_with_every_feature(tmp_path):
+    r = mgpu("train", CHARLM, "+data.train.num_chars=20000", "+data.val.num_chars=8000", "trainer.max_steps=8",
+             "trainer.device=cuda", "trainer.precision=bf16", "trainer.activation_checkpointing=true",
+             "trainer.ema={decay: 0.9, validate: true}", "trainer.profile={start_step: 3, steps: 2}",
+             "trainer.early_stopping={patience: 5}", cwd=tmp_path)
+    assert r.returncode == 0, r.output
+    trace = json.loads((tmp_path / "runs/charlm/profile/rank0.json").read_text())
+    assert any(e.get("cat") == "kernel" for e in trace["traceEvents"])  # CUDA activity, not only the CPU's
+    ckpt = load_ckpt(tmp_path / "runs/charlm/checkpoints/last.pt")
+    assert all(t.device.type == "cpu" for t in ckpt["ema"].values())
+    v = mgpu("validate", "runs/charlm/checkpoints/last.pt", "--weights", "ema", "--gpus", "1", "--json", cwd=tmp_path)
+    assert v.returncode == 0, v.output
+    assert json.loads(v.stdout)["checkpoint"]["weights"] == "ema"
