@@ -3,8 +3,11 @@
 Its parts, each with one job: :class:`~mgpucli.engine.log_interval.LogInterval` (training metrics as device sums,
 one collective per log interval, the ranks' agreement on a stop or a non-finite loss), :class:`~mgpucli.engine.
 checkpointing.Checkpoints` (the run dir, saving and restoring), :class:`~mgpucli.engine.stop_requests.
-StopRequests` (signals), and the strategy's wrapped model (:mod:`mgpucli.engine.strategy`). What is left here is
-the loop: epochs, the step (:meth:`Trainer.train_step`), validation, and when to save.
+StopRequests` (signals), and the strategy's wrapped model (:mod:`mgpucli.engine.strategy`). The optional ones, each
+off unless its recipe section is there: :mod:`~mgpucli.engine.ema` (the weights' moving average),
+:mod:`~mgpucli.engine.early_stopping`, :mod:`~mgpucli.engine.profiling` (a profiler window). What is left here is
+the loop: epochs, the step (:meth:`Trainer.train_step`), validation, and when to save; with ``probe=True`` only the
+set-up, for :mod:`~mgpucli.engine.probe` to time steps without a run dir.
 
 The step path's rules: no host sync per step (metrics stay on the device until the log interval), one collective
 per log interval beside the gradients' own, ``no_sync`` on the micro-steps of an accumulation but its last.
