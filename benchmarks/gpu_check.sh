@@ -49,7 +49,9 @@ step "DataParallel vs DistributedDataParallel" 150 "$PY" benchmarks/dp_vs_ddp.py
   --json "$JSON_DIR/dp_vs_ddp.json"
 step "mgpu vs the hand-written DDP loop on $GPUS GPU(s)" 180 "$PY" benchmarks/overhead.py --gpus "$N" --rounds 2 \
   --cli-repeats 5 --timeout 40 --json "$JSON_DIR/overhead.json"
-step "fit probe: mgpu train charlm --probe" 60 "$PY" -m mgpucli train charlm --probe --json
+DEVICES=$([ "$GPUS" = 0 ] && echo "--cpu --nproc 1" || echo "--gpus $N")
+# shellcheck disable=SC2086  # DEVICES is two or three words on purpose
+step "fit probe: mgpu launch $DEVICES charlm --probe" 60 "$PY" -m mgpucli launch $DEVICES charlm --probe --json
 
 say ""
 say "results: $OUT (JSON in $JSON_DIR/)"

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import typer
 
-PROBE_STEPS = 20  # the fit probe's timed steps by default (mgpucli.cli.train_run.ProbeOptions)
+# the fit probe's timed steps (also mgpu launch's option)
+PROBE_STEPS_OPTION = typer.Option(20, "--probe-steps", metavar="N", help="Optimizer steps the probe times (after its "
+                                  "warm-up).")
 
 
 def train(
@@ -31,9 +33,7 @@ def train(
         False, "--probe", help="Will it fit? Build everything for real, time a few optimizer steps after a warm-up, "
         "print each rank's peak memory, step time, samples/s and the epoch's estimated time. Writes nothing."
     ),
-    probe_steps: int = typer.Option(
-        PROBE_STEPS, "--probe-steps", metavar="N", help="Optimizer steps the probe times (after its warm-up)."
-    ),
+    probe_steps: int = PROBE_STEPS_OPTION,
     as_json: bool = typer.Option(False, "--json", help="With --probe: print one JSON object on stdout."),
     probe_result: str | None = typer.Option(None, "--probe-result", hidden=True),
 ) -> None:

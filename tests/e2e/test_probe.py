@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.e2e.test_launch import run_launch, tag  # noqa: F401 - tag is a fixture
 from tests.procs import RECIPES, assert_usage_error, mgpu, torchrun
 
 CHARLM = str(RECIPES / "charlm.yaml")
@@ -53,6 +54,33 @@ def test_options_that_do_not_combine_with_the_probe(tmp_path):
     assert_usage_error(mgpu("train", QUICK, "--probe", "--probe-steps", "0", cwd=tmp_path), "at least one step")
     assert_usage_error(mgpu("train", QUICK, "--json", cwd=tmp_path), "use it with --probe")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_launch_probe_prints_every_ranks_figures_and_leaves_the_run_dir_alone(tmp_path, tag):  # noqa: F811
+    small = ["+data.train.num_chars=20000", "+data.val.num_chars=8000"]
+    first = mgpu("train", CHARLM, *small, "trainer.max_steps=2", cwd=tmp_path)
+    assert first.returncode == 0, first.output
+    before = snapshot(tmp_path / "runs")
+    code, launch = run_launch(["--cpu", "--nproc", "2", "charlm", *small, "--probe", "--probe-steps", "5", "--json"],
+                              tmp_path, tag)
+    assert code == 0, launch.output
+    report = json.loads(launch.out_path.read_text())  # stdout: the report alone
+    assert report["world_size"] == 2 and [k["rank"] for k in report["ranks"]] == [0, 1]
+    assert all(k["peak_rss_bytes"] > 0 and k["step_time_s"] > 0 and k["samples_per_s"] > 0 for k in report["ranks"])
+    assert snapshot(tmp_path / "runs") == before  # its checkpoints were no reason to refuse, and stay as they were
+    dry = mgpu("launch", "--cpu", "--nproc", "2", "charlm", "--probe", "--dry-run", cwd=tmp_path)
+    assert dry.returncode == 0 and "train charlm" in dry.stdout and "--probe --probe-steps 20" in dry.stdout
+    assert_usage_error(mgpu("launch", "--cpu", "charlm", "--probe", "--resume", "auto", cwd=tmp_path),
+                       "--probe and --resume")
+
+
+@pytest.mark.gpu
+def test_gpu_launch_probe_on_every_gpu(tmp_path):
+    r = mgpu("launch", "--gpus", "all", CHARLM, "--probe", "--probe-steps", "5", "--json", cwd=tmp_path, timeout=300)
+    assert r.returncode == 0, r.output
+    report = json.loads(r.stdout)
+    assert all(k["cuda"]["max_reserved_bytes"] > 0 for k in report["ranks"]) and report["fits"]
+    assert not (tmp_path / "runs").exists()
 
 
 @pytest.mark.gpu
