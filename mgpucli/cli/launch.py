@@ -6,6 +6,7 @@ import sys
 
 import typer
 
+from mgpucli.cli.train import PROBE_STEPS_OPTION
 from mgpucli.errors import MgpuError
 
 
@@ -65,6 +66,12 @@ def launch(
         False, "--check", help="Check the workers' recipe in full (schema, every _target_, the datasets), print it "
         "resolved, exit. No devices needed, nothing started or written."
     ),
+    probe: bool = typer.Option(
+        False, "--probe", help="Will it fit? Every worker builds everything and times a few optimizer steps "
+        "(mgpu train --probe); the report gathers every rank. No checkpoint written, the run dir left alone."
+    ),
+    probe_steps: int = PROBE_STEPS_OPTION,
+    as_json: bool = typer.Option(False, "--json", help="With --probe: print the report as one JSON object on stdout."),
 ) -> None:
     """Train a recipe on all visible GPUs (or --gpus, or --cpu --nproc N) with one worker process each."""
     from mgpucli.console import print_error
@@ -85,7 +92,11 @@ def launch(
             check_and_print(recipe, worker_overrides(opts),
                             check_run_dir=lambda run_dir, sharded: check_run_dir(run_dir, opts, sharded))
             sys.exit(0)
-        code = run_launch(opts, dry_run=dry_run)
+        if as_json and not probe:
+            from mgpucli.errors import UsageError
+
+            raise UsageError("--json is the probe's report format: use it with --probe.")
+        code = _probe(opts, probe_steps, as_json, dry_run) if probe else run_launch(opts, dry_run=dry_run)
     except MgpuError as err:
         print_error(str(err))
         sys.exit(err.exit_code)
@@ -93,3 +104,36 @@ def launch(
         print_error("interrupted before any worker started.")
         sys.exit(130)
     sys.exit(code)
+
+
+def _probe(opts, steps: int, as_json: bool, dry_run: bool) -> int:
+    """``--probe``: the workers run ``mgpu train --probe`` in a temporary run dir (the recipe's own, and any
+    checkpoints in it, stay untouched, and are no reason to refuse the launch); rank 0's report comes back through
+    a file and is rendered here."""
+    import dataclasses
+    import json
+    import tempfile
+    from pathlib import Path
+
+    from mgpucli.errors import UsageError
+    from mgpucli.launch.main import launch as run_launch
+
+    clash = "--resume" if opts.resume else "--overwrite" if opts.overwrite else \
+        "--max-restarts" if opts.max_restarts else None
+    if clash:
+        raise UsageError(f"--probe and {clash} don't combine: the probe measures a fresh start and writes nothing.",
+                         f"Drop {clash} (or --probe).")
+    if steps < 1:
+        raise UsageError(f"--probe-steps {steps}: the probe needs at least one step to time.")
+    with tempfile.TemporaryDirectory(prefix="mgpu-probe-") as tmp:
+        result = Path(tmp) / "probe.json"
+        overrides = [o for o in opts.overrides if o.lstrip("+").split("=", 1)[0].strip() != "run_dir"]
+        probing = dataclasses.replace(opts, overrides=(*overrides, f"run_dir={Path(tmp) / 'run'}"),
+                                      probe_steps=steps, probe_result=None if dry_run else str(result))
+        code = run_launch(probing, dry_run=dry_run)
+        if code != 0 or dry_run:
+            return code
+        from mgpucli.cli.probe_report import render
+
+        render(json.loads(result.read_text()), as_json)
+    return 0

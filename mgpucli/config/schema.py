@@ -22,6 +22,13 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "trainer.wandb.mode": ("auto", "online", "offline"),
 }
 BUILTIN_TASKS = ("classification", "regression", "language_model")
+# The validation metrics each built-in task reports (mgpucli.engine.tasks; a unit test keeps the two in step), for
+# checking names such as trainer.early_stopping.metric before anything is built.
+TASK_METRICS: dict[str, tuple[str, ...]] = {
+    "classification": ("loss", "accuracy"),
+    "regression": ("loss", "mse", "mae"),
+    "language_model": ("loss", "perplexity"),
+}
 
 
 @dataclass
@@ -57,6 +64,34 @@ class MLflowOptions:
 
 
 @dataclass
+class EMAOptions:
+    """``trainer.ema``: an exponential moving average of the weights, kept on every rank (off when absent)."""
+
+    decay: float = 0.999  # ema = decay * ema + (1 - decay) * weights, after an optimizer step
+    every: int = 1  # optimizer steps between updates
+    start_step: int = 0  # until this step the EMA weights are the model's; the average starts after it
+    validate: bool = False  # validate the EMA weights instead of the model's (best.pt, early stopping follow)
+
+
+@dataclass
+class EarlyStoppingOptions:
+    """``trainer.early_stopping``: stop when a validation metric stops improving (off when absent)."""
+
+    metric: str = "loss"  # a validation metric of the task
+    mode: str = "auto"  # auto: min for loss-like names, max otherwise
+    patience: int = 3  # validations in a row without improvement before the run stops
+    min_delta: float = 0.0  # an improvement must exceed this
+
+
+@dataclass
+class ProfileOptions:
+    """``trainer.profile``: a torch.profiler trace of a few steps on every rank (off when absent)."""
+
+    start_step: int = 10  # the first optimizer step traced (steps are numbered from 1, as in metrics.jsonl)
+    steps: int = 5
+
+
+@dataclass
 class TrainerSchema:
     epochs: int = 1
     max_steps: Optional[int] = None  # stop after this many optimizer steps (overrides epochs when reached)
@@ -71,6 +106,12 @@ class TrainerSchema:
     sync_batchnorm: bool = False
     ddp: DDPOptions = field(default_factory=DDPOptions)
     fsdp: FSDPOptions = field(default_factory=FSDPOptions)
+    # recompute blocks' activations in backward: true (the blocks of any nn.ModuleList; fsdp.wrap's under fsdp) or
+    # a list of module class names; any strategy
+    activation_checkpointing: Any = False
+    ema: Optional[EMAOptions] = None
+    early_stopping: Optional[EarlyStoppingOptions] = None
+    profile: Optional[ProfileOptions] = None
     # full: one file any strategy reads; sharded: a torch.distributed.checkpoint directory
     checkpoint_format: str = "full"
     scheduler_interval: str = "step"

@@ -57,7 +57,7 @@ class MetricsWriter:
         self._fh.write(json.dumps(record) + "\n")
         self._fh.flush()
         split = record.get("split", "train")
-        if self._tb is not None and split in ("train", "val"):  # not events (a tracker that failed...)
+        if self._tb is not None and split in ("train", "val"):  # scalars: events and closing records have none
             step = record.get("step", 0)
             self._tb.add_scalars(step, {f"{split}/{key}": float(value) for key, value in record.items()
                                         if key not in ("split", "step", "epoch", "time")

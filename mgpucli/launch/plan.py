@@ -57,6 +57,8 @@ class LaunchOptions:
     log_dir: str | None = None
     resume: str | None = None
     overwrite: bool = False
+    probe_steps: int | None = None  # the workers run the fit probe (mgpu train --probe) instead of training
+    probe_result: str | None = None  # where rank 0 writes the probe's report
 
 
 @dataclass(frozen=True)
@@ -130,6 +132,10 @@ def worker_args(opts: LaunchOptions) -> list[str]:
         args += ["--resume", opts.resume]
     if opts.overwrite:
         args.append("--overwrite")
+    if opts.probe_steps is not None:
+        args += ["--probe", "--probe-steps", str(opts.probe_steps)]
+        if opts.probe_result:
+            args += ["--probe-result", opts.probe_result]
     return args
 
 
