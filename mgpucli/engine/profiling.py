@@ -72,3 +72,18 @@ class ProfileWindow:
         if self._on_written is not None:
             self._on_written(self.path)
         return self.written
+
+
+def window_for(asked: Any, total_steps: int, run_dir: Path, runtime: Any, reporter: Any) -> ProfileWindow | None:
+    """``trainer.profile``'s window on this rank (None when not asked for); a window after the run's last step is
+    said at once."""
+    if asked is None:
+        return None
+    if asked.start_step > total_steps:
+        reporter.warn(f"trainer.profile.start_step={asked.start_step} is after the run's last step ({total_steps}): "
+                      "nothing will be profiled.")
+    last = asked.start_step + asked.steps - 1
+    return ProfileWindow(asked.start_step, asked.steps, run_dir, runtime.rank, runtime.device,
+                         written=lambda path: reporter.message(
+                             f"profiler: steps {asked.start_step}-{last} traced into {path.parent}/rank*.json (open "
+                             "in ui.perfetto.dev or chrome://tracing)"))

@@ -1,13 +1,14 @@
-"""The Trainer: builds a run's parts, then runs its epochs and steps. The same on 1 or N processes.
+"""The Trainer: the loop of a run, the same on 1 or N processes.
 
-Its parts, each with one job: :class:`~mgpucli.engine.log_interval.LogInterval` (training metrics as device sums,
-one collective per log interval, the ranks' agreement on a stop or a non-finite loss), :class:`~mgpucli.engine.
-checkpointing.Checkpoints` (the run dir, saving and restoring), :class:`~mgpucli.engine.stop_requests.
-StopRequests` (signals), and the strategy's wrapped model (:mod:`mgpucli.engine.strategy`). The optional ones, each
-off unless its recipe section is there: :mod:`~mgpucli.engine.ema` (the weights' moving average),
-:mod:`~mgpucli.engine.early_stopping`, :mod:`~mgpucli.engine.profiling` (a profiler window). What is left here is
-the loop: epochs, the step (:meth:`Trainer.train_step`), validation, and when to save; with ``probe=True`` only the
-set-up, for :mod:`~mgpucli.engine.probe` to time steps without a run dir.
+Its parts are built by :mod:`~mgpucli.engine.build`, and each has one job: :mod:`~mgpucli.engine.log_interval`
+(training metrics as device sums, one collective per log interval, the ranks' agreement on a stop or a non-finite
+loss), :mod:`~mgpucli.engine.checkpointing` (the run dir, saving and restoring), :mod:`~mgpucli.engine.run_outputs`
+(metrics.jsonl, TensorBoard, the experiment trackers, the reporter), :mod:`~mgpucli.engine.stop_requests`
+(signals), the strategy's wrapped model (:mod:`~mgpucli.engine.strategy`), and the optional ones, each off unless
+its recipe section is there: :mod:`~mgpucli.engine.ema`, :mod:`~mgpucli.engine.early_stopping`,
+:mod:`~mgpucli.engine.profiling`. What is left here is the loop: epochs, the step (:meth:`Trainer.train_step`),
+validation, and when to save; with ``probe=True`` only the set-up, for :mod:`~mgpucli.engine.probe` to time steps
+without a run dir.
 
 The step path's rules: no host sync per step (metrics stay on the device until the log interval), one collective
 per log interval beside the gradients' own, ``no_sync`` on the micro-steps of an accumulation but its last.
@@ -20,58 +21,26 @@ import dataclasses
 import math
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 from omegaconf import DictConfig
 
-from mgpucli import faults, trackers
-from mgpucli.config import run_length
-from mgpucli.config.components import build_component, metric_problems
+from mgpucli import faults
 from mgpucli.distributed.heartbeat import Heartbeat
 from mgpucli.distributed.runtime import Runtime
 from mgpucli.engine import state as engine_state
-from mgpucli.engine.checkpointing import Checkpoints, Position, Resumed, Trained
-from mgpucli.engine.data import build_loaders, to_device
-from mgpucli.engine.early_stopping import EarlyStopping
-from mgpucli.engine.ema import EMA
+from mgpucli.engine.build import build_run
+from mgpucli.engine.checkpointing import Checkpoints, Position, Resumed
+from mgpucli.engine.data import to_device
 from mgpucli.engine.evaluate import evaluate_exact
 from mgpucli.engine.log_interval import LogInterval
-from mgpucli.engine.profiling import ProfileWindow
+from mgpucli.engine.profiling import ProfileWindow, window_for
 from mgpucli.engine.reporter import Reporter
-from mgpucli.engine.rundir import MetricsWriter
+from mgpucli.engine.run_outputs import RunOutputs
 from mgpucli.engine.stop_requests import StopRequests
-from mgpucli.engine.strategy import wrap_model
-from mgpucli.engine.tasks import build_task
-from mgpucli.errors import Preempted, RecipeError
+from mgpucli.errors import Preempted
 from mgpucli.run_files import checkpoint_dir
-
-_AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
-
-
-@dataclass(frozen=True)
-class LoopSettings:
-    """The ``trainer`` settings the loop reads, as plain values (read once, not from the DictConfig each step)."""
-
-    epochs: int
-    max_steps: int | None
-    grad_accum: int
-    channels_last: bool
-    clip_grad_norm: float | None
-    scheduler_interval: str
-    log_every: int
-    val_every: int
-    checkpoint_every: int
-    checkpoint_every_steps: int | None
-
-    @classmethod
-    def of(cls, trainer: DictConfig) -> LoopSettings:
-        return cls(epochs=int(trainer.epochs), max_steps=trainer.max_steps, grad_accum=int(trainer.grad_accum),
-                   channels_last=bool(trainer.channels_last), clip_grad_norm=trainer.clip_grad_norm,
-                   scheduler_interval=str(trainer.scheduler_interval), log_every=int(trainer.log_every),
-                   val_every=int(trainer.val_every), checkpoint_every=int(trainer.checkpoint_every),
-                   checkpoint_every_steps=trainer.checkpoint_every_steps)
 
 
 class Trainer:
@@ -85,8 +54,7 @@ class Trainer:
         self.probe = probe  # only measure (engine/probe.py): no run dir, no records, no checkpoints
         self.position = Position()
         self.stop = StopRequests()
-        self.writer: MetricsWriter | None = None
-        self.tracking = None  # rank 0's experiment trackers (engine/tracking), when trainer.loggers names any
+        self.outputs = RunOutputs(reporter)  # metrics.jsonl, TensorBoard and trackers (rank 0), the reporter
         self.heartbeat: Heartbeat | None = None
         self.profile: ProfileWindow | None = None
         self._resumed: Resumed | None = None  # applied when the epoch's loader iterator exists
@@ -98,68 +66,41 @@ class Trainer:
 
     # ----------------------------------------------------------------------------------------- setup
     def setup(self) -> None:
-        """Build everything (in the order that makes every rank's model the same), take the run dir, resume."""
-        cfg, runtime = self.cfg, self.runtime
-        engine_state.seed_everything(cfg.seed)  # one global seed for init: every rank builds the same model
-        source = self.source
-        train_set = build_component("data.train", cfg.data.train, source=source)
-        val_set = build_component("data.val", cfg.data.val, source=source) if cfg.data.val is not None else None
-        model = build_component("model", cfg.model, source=source)
-        self.task = (build_component("task", cfg.task, source=source) if isinstance(cfg.task, DictConfig)
-                     else build_task(cfg.task))
-        wrong_metric = metric_problems(cfg, self.task)
-        if wrong_metric:
-            raise RecipeError(source, wrong_metric, "Name one of the metrics listed, or drop it.")
-        stopping = EarlyStopping(**cfg.trainer.early_stopping) if cfg.trainer.early_stopping is not None else None
-        if stopping is not None:
-            stopping.check_metric(self.task)
-        self.loaders = build_loaders(train_set, val_set, cfg.data, cfg.seed, runtime)
-        # ${total_steps:}/${steps_per_epoch:} become numbers now, before the optimizer and scheduler are built
-        length = run_length.of(len(self.loaders.train), cfg.trainer.grad_accum, cfg.trainer.epochs,
-                               cfg.trainer.max_steps)
-        self.cfg = cfg = run_length.resolve(cfg, length)
-        self.total_steps = length.total_steps
-        self.settings = LoopSettings.of(cfg.trainer)
+        """Build every part (engine/build.py), take the run dir, resume."""
+        runtime = self.runtime
         self.heartbeat = Heartbeat(runtime.rank, runtime.world_size)  # where each rank is, for timeout messages
         self.heartbeat.start()
-        with self.heartbeat.in_phase("setup: DDP parameter broadcast"):
-            wrapped = wrap_model(model, cfg.trainer, runtime)
-        if wrapped.checkpointed:
-            self.reporter.message(f"activation checkpointing: {wrapped.checkpointed} block(s) recompute their "
-                                  "activations in backward")
-        optimizer = build_component("optim", cfg.optim, wrapped.raw.parameters(), source=source)
-        scheduler = (build_component("scheduler", cfg.scheduler, optimizer, source=source)
-                     if cfg.scheduler is not None else None)
-        self.autocast_dtype = _AUTOCAST.get(cfg.trainer.precision)
-        scaler = torch.amp.GradScaler(runtime.device.type) if cfg.trainer.precision == "fp16" else None
-        ema = EMA(wrapped.raw, **cfg.trainer.ema) if cfg.trainer.ema is not None else None
-        self.trained = Trained(wrapped, optimizer, scheduler, scaler, self.loaders.train, ema, stopping)
-        self.intervals = LogInterval(self.task, runtime, self.heartbeat, self._emit)
-        self.checkpoints = Checkpoints(cfg, runtime, self.heartbeat, self.reporter)
+        built = build_run(self.cfg, runtime, self.heartbeat, self.reporter, self.source)
+        self.cfg, self.task, self.loaders, self.trained = built.cfg, built.task, built.loaders, built.trained
+        self.settings, self.total_steps, self.autocast_dtype = built.settings, built.total_steps, built.autocast_dtype
+        self.intervals = LogInterval(self.task, runtime, self.heartbeat, self.outputs.emit)
+        self.checkpoints = Checkpoints(self.cfg, runtime, self.heartbeat, self.reporter)
         self._backward_phase = ("backward (gradient all-reduce)" if runtime.distributed
-                                and wrapped.strategy in ("ddp", "fsdp") else "backward")
+                                and self.trained.model.strategy in ("ddp", "fsdp") else "backward")
         self._faults = faults.enabled()
         if self.probe:  # the run dir stays as it is: nothing taken, created or written, nothing loaded or saved
             self.intervals.emit = lambda record: None
             self.settings = dataclasses.replace(self.settings, checkpoint_every_steps=None)
         else:
             self._take_run_dir()
-        engine_state.seed_everything(cfg.seed + 1000 * runtime.rank + self.step)  # per-rank randomness
+        engine_state.seed_everything(self.cfg.seed + 1000 * runtime.rank + self.step)  # per-rank randomness
 
     def _take_run_dir(self) -> None:
         """The run dir (rank 0 takes it), its records, the profiler window, and the checkpoint to resume from."""
-        self.profile = self._profile_window(self.total_steps)
         found = self.checkpoints.take_run_dir(self.resume, self.overwrite)
-        sinks = trackers.enabled(list(self.cfg.trainer.loggers), self.cfg.trainer.tensorboard)
-        if self.runtime.is_main:
-            self.writer = MetricsWriter(self.checkpoints.run_dir, tensorboard="tensorboard" in sinks)
+        run_dir = self.checkpoints.run_dir
+        self.profile = window_for(self.cfg.trainer.profile, self.total_steps, run_dir, self.runtime, self.reporter)
         if found is not None:
             self._resumed = self.checkpoints.load(found, self.trained, self.position)
             sums = self._resumed.epoch_sums
             if sums is not None and len(sums) == len(self.task.stat_names):
                 self.intervals.epoch_sums = sums
-        if self.runtime.is_main and trackers.trackers_in(sinks):
-            self._open_tracking(resumed=found is not None)
+        runtime = self.runtime
+        tags = {"world_size": str(runtime.world_size), "device": runtime.device.type,
+                "strategy": self.trained.model.strategy}
+        self.outputs.open(self.cfg, run_dir, runtime, tags, self.step if found is not None else None,
+                          self._resumed.trackers if self._resumed is not None else None)
+        self.checkpoints.tracker_ids = self.outputs.tracker_ids  # their run ids go into every checkpoint
 
     # ------------------------------------------------------------------------------------------ loop
     def fit(self) -> dict[str, Any]:
@@ -345,8 +286,7 @@ class Trainer:
     def _record_early_stop(self) -> None:
         """The run's closing record (metrics.jsonl) and line: why it stopped."""
         stopping = self.trained.early_stopping
-        if self.writer is not None:
-            self.writer.write(stopping.record(self.step, self.position.epoch, time.time()))
+        self.outputs.write(stopping.record(self.step, self.position.epoch, time.time()))
         self.reporter.message(f"{stopping.reason()}. Stopped after epoch {self.position.epoch}, step {self.step}; "
                               f"the checkpoint in {checkpoint_dir(self.checkpoints.run_dir)} holds that step.")
 
@@ -355,20 +295,6 @@ class Trainer:
 
     def _lr(self) -> float:
         return self.trained.optimizer.param_groups[0]["lr"]
-
-    def _profile_window(self, total_steps: int) -> ProfileWindow | None:
-        """``trainer.profile``'s window on this rank (None when not asked for)."""
-        asked = self.cfg.trainer.profile
-        if asked is None:
-            return None
-        if asked.start_step > total_steps:
-            self.reporter.warn(f"trainer.profile.start_step={asked.start_step} is after the run's last step "
-                               f"({total_steps}): nothing will be profiled.")
-        run_dir = self.checkpoints.run_dir
-        return ProfileWindow(asked.start_step, asked.steps, run_dir, self.runtime.rank, self.runtime.device,
-                             written=lambda path: self.reporter.message(
-                                 f"profiler: steps {asked.start_step}-{asked.start_step + asked.steps - 1} traced "
-                                 f"into {path.parent}/rank*.json (open in ui.perfetto.dev or chrome://tracing)"))
 
     @contextlib.contextmanager
     def _profiling(self):
@@ -400,36 +326,8 @@ class Trainer:
         if ema is not None:  # which weights were validated, where a run has both
             val["weights"] = "ema" if on_ema else "model"
         self.position.last_val = val
-        self._emit({"split": "val", "step": self.step, "epoch": epoch, **val, "time": time.time()})
+        self.outputs.emit({"split": "val", "step": self.step, "epoch": epoch, **val, "time": time.time()})
         return val
-
-    def _emit(self, record: dict[str, Any]) -> None:
-        if self.writer is not None:
-            self.writer.write(record)
-        if self.tracking is not None:
-            self.tracking.log(record)  # queued for the tracking thread
-        self.reporter.log(record)
-
-    def _open_tracking(self, resumed: bool) -> None:
-        """Rank 0: start W&B/MLflow runs (or continue the checkpoint's); their ids go into every checkpoint."""
-        from mgpucli.engine.tracking import Tracking
-
-        runtime = self.runtime
-        tags = {"world_size": str(runtime.world_size), "device": runtime.device.type,
-                "strategy": self.trained.model.strategy,
-                **{f"{name}_version": value for name, value in engine_state.versions().items()}}
-        self.tracking = Tracking.open(self.cfg, self.checkpoints.run_dir, tags, self.step if resumed else None,
-                                      self._resumed.trackers if self._resumed is not None else None,
-                                      self.writer.write, self.reporter)
-        self.checkpoints.tracker_ids = self.tracking.ids
-
-    def _checkpoint_paths(self) -> dict[str, str]:
-        """The run's last and best checkpoints that exist (full files or sharded directories)."""
-        if "checkpoints" not in self.__dict__:
-            return {}
-        folder = checkpoint_dir(self.checkpoints.run_dir).resolve()
-        return {what: str(path) for what in ("last", "best") for path in (folder / f"{what}.pt", folder / f"{what}.dcp")
-                if path.exists()}
 
     def _info(self, steps_per_epoch: int) -> dict[str, Any]:
         data, runtime, trainer = self.cfg.data, self.runtime, self.cfg.trainer
@@ -447,17 +345,12 @@ class Trainer:
 
     def finish_tracking(self, status: str) -> None:
         """Finish the experiment trackers' runs (rank 0; once) with ``status``: finished, failed or preempted."""
-        if self.tracking is not None:
-            tracking, self.tracking = self.tracking, None
-            tracking.close(status, self._checkpoint_paths())
+        self.outputs.finish_tracking(status)
 
     def close(self, status: str = "failed") -> None:
         """Finish the trackers' runs with ``status`` (unless done), close files, and drop the model, optimizer and
         loaders (tracebacks may keep this object alive)."""
-        self.finish_tracking(status)
-        if self.writer is not None:
-            self.writer.close()
-            self.writer = None
+        self.outputs.close(status)
         if self.heartbeat is not None:
             self.heartbeat.stop()
         for name in ("trained", "loaders", "intervals", "checkpoints"):
