@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import typer
 
+from mgpucli.cli.train import PROBE_STEPS_OPTION
 from mgpucli.errors import MgpuError
 
 
@@ -102,6 +103,12 @@ def launch(
         help="Show local rank N's output here instead of rank 0's, or every rank's, each line prefixed with its "
         "rank (every rank's output is in the logs either way).",
     ),
+    probe: bool = typer.Option(
+        False, "--probe", help="Will it fit? Every worker builds everything and times a few optimizer steps "
+        "(mgpu train --probe); the report gathers every rank. No checkpoint written, the run dir left alone."
+    ),
+    probe_steps: int = PROBE_STEPS_OPTION,
+    as_json: bool = typer.Option(False, "--json", help="With --probe: print the report as one JSON object on stdout."),
 ) -> None:
     """Train a recipe, or run your own training script, on all visible GPUs (or --gpus, or --cpu --nproc N) with one
     worker process each.
@@ -123,22 +130,26 @@ def launch(
             rdzv_endpoint=rdzv_endpoint, rdzv_id=rdzv_id, max_restarts=max_restarts, log_dir=log_dir, resume=resume,
             overwrite=overwrite, script=script, run_dir=run_dir, local_rank_arg=local_rank_arg, show_rank=show_rank,
         )
-        if check and script is not None:
+        recipe_only = "--check" if check else "--probe" if probe else None
+        if recipe_only and script is not None:
             from mgpucli.errors import UsageError
 
-            raise UsageError("--check checks a recipe; a script is checked by running it.",
-                             "Drop --check; --dry-run shows what would run, without starting anything.")
+            raise UsageError(f"{recipe_only} is for recipes: it goes through mgpu's trainer, which a script does not.",
+                             f"Drop {recipe_only}; --dry-run shows what would run, without starting anything.")
         if check:  # the recipe as every worker gets it (with --cpu's override); no devices or processes needed
             from mgpucli.cli.check import check_and_print
             from mgpucli.launch.main import check_run_dir
             from mgpucli.launch.plan import check_job_options, worker_overrides
 
             check_job_options(opts)
-
             check_and_print(recipe, worker_overrides(opts),
                             check_run_dir=lambda run_dir, sharded: check_run_dir(run_dir, opts, sharded))
             sys.exit(0)
-        code = run_launch(opts, dry_run=dry_run)
+        if as_json and not probe:
+            from mgpucli.errors import UsageError
+
+            raise UsageError("--json is the probe's report format: use it with --probe.")
+        code = _probe(opts, probe_steps, as_json, dry_run) if probe else run_launch(opts, dry_run=dry_run)
     except MgpuError as err:
         print_error(str(err))
         sys.exit(err.exit_code)
@@ -164,3 +175,36 @@ def _script(ctx: typer.Context, target: str | None, rest: list[str] | None, modu
         raise UsageError("mgpu launch needs a recipe, a SCRIPT.py or -m MODULE.",
                          "Examples: mgpu launch --cpu --nproc 2 quickstart; mgpu launch --gpus 4 main.py --epochs 10.")
     return ScriptTarget(path=target, args=args) if is_script(target) else None
+
+
+def _probe(opts, steps: int, as_json: bool, dry_run: bool) -> int:
+    """``--probe``: the workers run ``mgpu train --probe`` in a temporary run dir (the recipe's own, and any
+    checkpoints in it, stay untouched, and are no reason to refuse the launch); rank 0's report comes back through
+    a file and is rendered here."""
+    import dataclasses
+    import json
+    import tempfile
+    from pathlib import Path
+
+    from mgpucli.errors import UsageError
+    from mgpucli.launch.main import launch as run_launch
+
+    clash = "--resume" if opts.resume else "--overwrite" if opts.overwrite else \
+        "--max-restarts" if opts.max_restarts else None
+    if clash:
+        raise UsageError(f"--probe and {clash} don't combine: the probe measures a fresh start and writes nothing.",
+                         f"Drop {clash} (or --probe).")
+    if steps < 1:
+        raise UsageError(f"--probe-steps {steps}: the probe needs at least one step to time.")
+    with tempfile.TemporaryDirectory(prefix="mgpu-probe-") as tmp:
+        result = Path(tmp) / "probe.json"
+        overrides = [o for o in opts.overrides if o.lstrip("+").split("=", 1)[0].strip() != "run_dir"]
+        probing = dataclasses.replace(opts, overrides=(*overrides, f"run_dir={Path(tmp) / 'run'}"),
+                                      probe_steps=steps, probe_result=None if dry_run else str(result))
+        code = run_launch(probing, dry_run=dry_run)
+        if code != 0 or dry_run:
+            return code
+        from mgpucli.cli.probe_report import render
+
+        render(json.loads(result.read_text()), as_json)
+    return 0

@@ -48,7 +48,7 @@ def _check_recipe(opts: LaunchOptions):
     cfg = _compose_while_torch_loads(opts.recipe, overrides)
     if cfg is None:
         cfg = load_recipe(opts.recipe, overrides)
-    check_recipe(cfg, opts.recipe)
+    check_recipe(cfg, opts.recipe, trackers="import")  # imports the trackers it names: exit 2 here
     check_builds(cfg, opts.recipe)  # the optimizer, scheduler, task and model (meta device): before any worker
     threads = OmegaConf.select(cfg, "trainer.cpu_threads", default=None)
     facts = RecipeFacts(

@@ -65,6 +65,8 @@ class LaunchOptions:
     run_dir: str | None = None  # a script's run dir (a recipe's is its run_dir value)
     local_rank_arg: bool = False  # a script: pass it --local_rank=N (the spelling is script.local_rank_flag)
     show_rank: str | None = None  # the local rank whose output is shown ("all": every rank's); default 0
+    probe_steps: int | None = None  # the workers run the fit probe (mgpu train --probe) instead of training
+    probe_result: str | None = None  # where rank 0 writes the probe's report
 
 
 @dataclass(frozen=True)
@@ -158,6 +160,10 @@ def worker_args(opts: LaunchOptions) -> list[str]:
         args += ["--resume", opts.resume]
     if opts.overwrite:
         args.append("--overwrite")
+    if opts.probe_steps is not None:
+        args += ["--probe", "--probe-steps", str(opts.probe_steps)]
+        if opts.probe_result:
+            args += ["--probe-result", opts.probe_result]
     return args
 
 

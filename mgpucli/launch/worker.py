@@ -61,6 +61,8 @@ class RecipeJob:
     overrides: tuple[str, ...] = ()
     resume: str | None = None
     overwrite: bool = False
+    probe_steps: int | None = None  # the fit probe instead of training (mgpu launch --probe)
+    probe_result: str | None = None  # where rank 0 writes the probe's report
 
     @classmethod
     def parse(cls, args: Sequence[str]) -> RecipeJob:
@@ -69,6 +71,7 @@ class RecipeJob:
             raise _usage("train needs a recipe first")
         overrides: list[str] = []
         resume, overwrite = None, False
+        probe: dict[str, str | int] = {}
         rest = iter(args[1:])
         for token in rest:
             if token == "--resume":
@@ -79,25 +82,40 @@ class RecipeJob:
                 resume = token.split("=", 1)[1]
             elif token == "--overwrite":
                 overwrite = True
+            elif token == "--probe":
+                probe["steps"] = probe.get("steps", 20)
+            elif token in ("--probe-steps", "--probe-result"):
+                value = next(rest, None)
+                if value is None:
+                    raise _usage(f"{token} needs a value")
+                probe["steps" if token == "--probe-steps" else "result"] = value
             elif token.startswith("-"):
                 raise _usage(f"unknown option {token}")
             else:
                 overrides.append(token)
-        return cls(args[0], tuple(overrides), resume, overwrite)
+        if probe and "steps" not in probe:
+            raise _usage("--probe-result needs --probe")
+        steps = int(probe["steps"]) if probe else None
+        return cls(args[0], tuple(overrides), resume, overwrite, steps, probe.get("result"))
 
     def for_restart(self, environ: Mapping[str, str] | None = None) -> RecipeJob:
         return replace(self, resume=restart.resume_arg_for_restart(self.resume, environ=environ),
                        overwrite=restart.overwrite_for_restart(self.overwrite, environ))
 
     def run(self) -> None:
-        from mgpucli.engine.train_entry import train_recipe
+        from mgpucli.engine import train_entry
 
-        train_recipe(self.recipe, list(self.overrides), resume=self.resume, overwrite=self.overwrite,
-                     rank0_reporter=rank0_reporter)
+        if self.probe_steps is not None:
+            train_entry.probe_recipe(self.recipe, list(self.overrides), steps=self.probe_steps,
+                                     result_file=self.probe_result, rank0_reporter=rank0_reporter)
+            return
+        train_entry.train_recipe(self.recipe, list(self.overrides), resume=self.resume, overwrite=self.overwrite,
+                                 rank0_reporter=rank0_reporter)
 
 
 JOBS: dict[str, Callable[[Sequence[str]], Job]] = {"train": RecipeJob.parse, "script": ScriptJob.parse}
-USAGE = f"train RECIPE [overrides] [--resume PATH|auto] [--overwrite], or {SCRIPT_USAGE}"
+USAGE = ("train RECIPE [overrides] [--resume PATH|auto] [--overwrite] [--probe [--probe-steps N] [--probe-result "
+         f"FILE]], or {SCRIPT_USAGE}")
 
 
 def _usage(problem: str) -> UsageError:

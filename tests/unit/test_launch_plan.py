@@ -93,6 +93,8 @@ def test_train_options_pass_through_to_every_worker():
     opts = LaunchOptions(recipe="r.yaml", overrides=("optim.lr=0.1",), cpu=True, resume="auto", overwrite=True)
     assert worker_args(opts) == ["train", "r.yaml", "optim.lr=0.1", "trainer.device=cpu", "--resume", "auto",
                                  "--overwrite"]
+    probe = LaunchOptions(recipe="r.yaml", probe_steps=5, probe_result="/tmp/x.json")
+    assert worker_args(probe) == ["train", "r.yaml", "--probe", "--probe-steps", "5", "--probe-result", "/tmp/x.json"]
 
 
 # ---------------------------------------------------------------------------------------------- GPUs
