@@ -1,0 +1,126 @@
+"""``DistributedSampler``: ``set_epoch`` never called (the same shuffle every epoch), and padded evaluation.
+
+``DistributedSampler.__init__`` records where each sampler was created, ``set_epoch`` that it was called; its
+``__iter__`` (once per epoch, when a loader starts going through it) compares the epoch it shuffles for with the one it shuffled for last time, and
+looks at its padding: without ``drop_last`` a dataset whose length is not a multiple of the world size is padded
+with repeated samples, which is harmless in training and skews a metric in evaluation. Evaluation means
+``shuffle=False`` or iteration under ``torch.no_grad()``/``inference_mode`` (the issue's rule). Local checks: no
+store, nothing sent.
+"""
+
+from __future__ import annotations
+
+import functools
+import weakref
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.utils.data import DistributedSampler
+
+from mgpucli.audit.session import Session
+from mgpucli.audit.where import user_where
+
+
+@dataclass
+class _State:
+    where: Any
+    iterations: int = 0
+    last_epoch: int | None = None
+    set_epoch_calls: int = 0
+
+
+def padding(sampler: DistributedSampler) -> int:
+    """How many samples the sampler repeats to give every rank as many (0 with ``drop_last``)."""
+    if sampler.drop_last:
+        return 0
+    return max(0, sampler.total_size - len(sampler.dataset))  # type: ignore[arg-type]
+
+
+def same_shuffle(sampler: DistributedSampler, state: _State) -> bool:
+    """This iteration shuffles exactly as the previous one did: ``set_epoch`` not called, or called with the same
+    value (a sampler without shuffle has the same order on purpose)."""
+    return bool(sampler.shuffle) and state.iterations > 0 and state.last_epoch == sampler.epoch
+
+
+class Samplers:
+    def __init__(self, session: Session):
+        self.s = session
+        self._states: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+    def install(self) -> None:
+        original_init, original_iter = DistributedSampler.__init__, DistributedSampler.__iter__
+        original_set_epoch = DistributedSampler.set_epoch
+        states = self._states
+        checks = self
+
+        @functools.wraps(original_init)
+        def __init__(sampler, *args, **kwargs):
+            original_init(sampler, *args, **kwargs)
+            states[sampler] = _State(user_where())
+
+        @functools.wraps(original_iter)
+        def __iter__(sampler):
+            checks.iterating(sampler)
+            return original_iter(sampler)
+
+        @functools.wraps(original_set_epoch)
+        def set_epoch(sampler, epoch):
+            original_set_epoch(sampler, epoch)
+            state = states.get(sampler)
+            if state is not None:
+                state.set_epoch_calls += 1
+
+        DistributedSampler.__init__ = __init__
+        DistributedSampler.__iter__ = __iter__
+        DistributedSampler.set_epoch = set_epoch
+
+    def iterating(self, sampler: DistributedSampler) -> None:
+        state = self._states.get(sampler)
+        if state is None:
+            state = self._states[sampler] = _State(None)
+        try:
+            if state.iterations == 0:
+                self.s.count("distributed samplers")
+            if same_shuffle(sampler, state):
+                self._report_epoch(sampler, state)
+            extra = padding(sampler)
+            if extra and (not sampler.shuffle or not torch.is_grad_enabled()):
+                self._report_padding(sampler, state, extra)
+        finally:
+            state.iterations += 1
+            state.last_epoch = sampler.epoch
+
+    def _report_epoch(self, sampler: DistributedSampler, state: _State) -> None:
+        how = "never called" if not state.set_epoch_calls else f"called with the same value ({sampler.epoch})"
+        self.s.report(
+            "set_epoch_missing",
+            f"DistributedSampler.set_epoch {how}: epoch {state.iterations + 1} is shuffled exactly like epoch "
+            f"{state.iterations}",
+            "The sampler's shuffle is seeded by seed + epoch: without set_epoch every epoch visits the samples in the "
+            "same order, and each rank sees the same part of the dataset every epoch.",
+            "for epoch in range(epochs):\n"
+            "    sampler.set_epoch(epoch)  # before iterating the loader, every epoch\n"
+            "    for batch in loader:\n"
+            "        ...",
+            state.where, {"epoch": sampler.epoch, "iterations": state.iterations + 1})
+
+    def _report_padding(self, sampler: DistributedSampler, state: _State, extra: int) -> None:
+        n = len(sampler.dataset)  # type: ignore[arg-type]
+        why = "shuffle=False" if not sampler.shuffle else "iterated under torch.no_grad()"
+        self.s.report(
+            "padded_evaluation",
+            f"padded evaluation: DistributedSampler over {n} samples on {sampler.num_replicas} ranks ({why}) repeats "
+            f"{extra} sample{'s' if extra > 1 else ''} to make {sampler.total_size}: {extra} counted twice",
+            f"Without drop_last, DistributedSampler pads the dataset to a multiple of the world size with repeated "
+            f"samples: a metric averaged over the ranks counts {extra} of them twice, so it is computed over "
+            f"{sampler.total_size} samples instead of {n} and differs from one process's. (drop_last=True would "
+            f"leave {n % sampler.num_replicas} out instead.)",
+            "# every sample exactly once: a strided slice per rank, no padding\n"
+            "from torch.utils.data import Subset\n"
+            "part = Subset(val_set, range(rank, len(val_set), world_size))\n"
+            "val_loader = DataLoader(part, batch_size=batch_size)\n"
+            "# add up the metric's sums and counts per rank, then dist.all_reduce both and divide;\n"
+            "# or evaluate on rank 0 alone with a plain DataLoader(val_set)",
+            state.where, {"samples": n, "world_size": sampler.num_replicas, "padded": extra,
+                          "total": sampler.total_size, "shuffle": bool(sampler.shuffle)})

@@ -1,0 +1,76 @@
+"""Every rank writing the same file through ``torch.save`` (checkpoints that clobber each other).
+
+``torch.save`` is wrapped: the first time this rank saves to a path (a file name or a file object with one), the
+path, with this machine's name, joins a set in the rendezvous store; a rank that finds other ranks in the set writes
+a file they write too. Rank 0 alone saving, or every rank saving to a name with its rank in it, is no finding. The
+save itself is untouched and never waits for the store.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import socket
+from typing import Any
+
+import torch
+
+from mgpucli.audit.session import Session
+from mgpucli.audit.where import user_where
+
+
+def saved_path(f: Any) -> str | None:
+    """The absolute path ``torch.save`` writes to (None for an in-memory buffer)."""
+    if isinstance(f, (str, os.PathLike)):
+        return os.path.abspath(os.fspath(f))
+    name = getattr(f, "name", None)
+    return os.path.abspath(name) if isinstance(name, str) and name and not name.startswith("<") else None
+
+
+class Saves:
+    def __init__(self, session: Session):
+        self.s = session
+        self._seen: set[str] = set()
+        self._host = socket.gethostname()
+
+    def install(self) -> None:
+        if not self.s.distributed:
+            return
+        original = torch.save
+        checks = self
+
+        @functools.wraps(original)
+        def save(obj, f, *args, **kwargs):
+            try:
+                checks.saving(f)
+            except Exception as err:  # noqa: BLE001 - never stand between the script and its file
+                checks.s.note(f"torch.save not checked ({type(err).__name__}: {err})")
+            return original(obj, f, *args, **kwargs)
+
+        torch.save = save
+
+    def saving(self, f: Any) -> None:
+        path = saved_path(f)
+        if path is None or path in self._seen:
+            return
+        self._seen.add(path)
+        self.s.count("files saved")
+        self.s.later(self._meet, path, user_where())
+
+    def _meet(self, path: str, where) -> None:
+        key = hashlib.sha1(f"{self._host}:{path}".encode()).hexdigest()
+        ranks = self.s.gather_names(f"save/{key}")
+        if not ranks or len(ranks) < 2:
+            return
+        shown = ", ".join(map(str, sorted(ranks)))
+        self.s.report(
+            "same_save_path",
+            f"ranks {shown} all write {path} with torch.save",
+            "Every rank writes the same file at about the same time: the writes clobber each other, and a reader "
+            "(or a resume) can get a torn or mixed file. With DDP the ranks hold the same weights, so one write is "
+            "all it takes.",
+            "if dist.get_rank() == 0:\n"
+            "    torch.save(state, path)\n"
+            "dist.barrier()  # the other ranks wait until it is written",
+            where, {"path": path, "ranks": sorted(ranks)}, key=path)

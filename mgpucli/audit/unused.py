@@ -1,0 +1,149 @@
+"""DDP's unused parameters: ``find_unused_parameters=True`` when nothing is unused (a cost), and the reverse, the
+parameters behind DDP's "Expected to have finished reduction in the prior iteration" error.
+
+``DistributedDataParallel.__init__`` is wrapped: it records the model's place in the code, its parameters (the
+divergence check asks whether an optimizer's parameters are a DDP model's), and for the first :data:`WINDOW`
+backward passes a hook on each parameter that notes it got a gradient. At the end of each such backward pass (a
+callback queued on autograd's engine, as DDP queues its own), the parameters that got none are known by name:
+
+- with ``find_unused_parameters=False`` (and no ``static_graph``), any is a finding now, before DDP fails at the next
+  forward;
+- with ``find_unused_parameters=True``, a window (or a script) in which every parameter got a gradient in every pass
+  is a finding: DDP traverses the autograd graph for nothing at every step.
+
+Backward passes inside ``no_sync()`` are not judged (DDP does not reduce there). After the window the hooks are
+removed: from then on the audit costs nothing here.
+"""
+
+from __future__ import annotations
+
+import functools
+import weakref
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.nn.parallel import DistributedDataParallel
+
+from mgpucli.audit.session import Session
+from mgpucli.audit.where import user_where
+
+WINDOW = 50  # backward passes watched per DDP model
+MIN_PASSES = 2  # a find_unused_parameters=True verdict needs at least this many
+
+
+def unused_names(expected: dict[int, str], fired: set[int]) -> list[str]:
+    """The names of the parameters that got no gradient, in the model's order."""
+    return [name for ident, name in expected.items() if ident not in fired]
+
+
+@dataclass
+class Watch:
+    """One DDP model during its window."""
+
+    ref: Any  # weakref to the DDP module
+    where: Any
+    find_unused: bool
+    names: dict[int, str]  # id(param) -> its name, for the parameters DDP reduces
+    handles: list[Any] = field(default_factory=list)
+    fired: set[int] = field(default_factory=set)
+    queued: bool = False
+    passes: int = 0
+    saw_unused: bool = False
+    done: bool = False
+
+
+class Unused:
+    def __init__(self, session: Session):
+        self.s = session
+        self._watches: list[Watch] = []
+
+    def install(self) -> None:
+        original = DistributedDataParallel.__init__
+        checks = self
+
+        @functools.wraps(original)
+        def __init__(ddp, *args, **kwargs):
+            original(ddp, *args, **kwargs)
+            try:
+                checks.built(ddp)
+            except Exception as err:  # noqa: BLE001
+                checks.s.note(f"a DDP model not watched ({type(err).__name__}: {err})")
+
+        DistributedDataParallel.__init__ = __init__
+        self.s.at_finish(self.finish)
+
+    def built(self, ddp: DistributedDataParallel) -> None:
+        self.s.count("DDP models")
+        names: dict[int, str] = {}
+        for name, p in ddp.module.named_parameters():
+            if p.requires_grad and id(p) not in names:
+                names[id(p)] = name
+        self.s.ddp_params.update(names)
+        if getattr(ddp, "static_graph", False):
+            return  # DDP finds the unused parameters itself, once
+        watch = Watch(weakref.ref(ddp), user_where(), bool(ddp.find_unused_parameters), names)
+        for p in ddp.module.parameters():
+            if id(p) in names:
+                watch.handles.append(p.register_post_accumulate_grad_hook(functools.partial(self._fired, watch)))
+        self._watches.append(watch)
+
+    def _fired(self, watch: Watch, param: torch.Tensor) -> None:
+        watch.fired.add(id(param))
+        if not watch.queued:
+            watch.queued = True
+            torch.autograd.Variable._execution_engine.queue_callback(functools.partial(self._backward_done, watch))
+
+    def _backward_done(self, watch: Watch) -> None:
+        watch.queued = False
+        fired, watch.fired = watch.fired, set()
+        ddp = watch.ref()
+        if watch.done or ddp is None or not ddp.require_backward_grad_sync:
+            return  # inside no_sync(): DDP reduces nothing in this pass
+        watch.passes += 1
+        self.s.count("backward passes watched")
+        unused = unused_names(watch.names, fired)
+        if unused:
+            watch.saw_unused = True
+            if not watch.find_unused:
+                self._report_unused(watch, unused)
+        if watch.passes >= WINDOW:
+            self._close(watch)
+
+    def _close(self, watch: Watch) -> None:
+        if watch.done:
+            return
+        watch.done = True
+        for handle in watch.handles:
+            handle.remove()
+        watch.handles.clear()
+        if watch.find_unused and not watch.saw_unused and watch.passes >= MIN_PASSES:
+            self.s.report(
+                "find_unused_unneeded",
+                f"find_unused_parameters=True, but every parameter got a gradient in all {watch.passes} backward "
+                "passes the audit watched",
+                "With find_unused_parameters=True, DDP traverses the autograd graph after every forward to find "
+                "parameters that take no part in the loss: work on every step, and it delays the gradient "
+                "reduction. Nothing here needs it.",
+                "model = DDP(model, device_ids=[local_rank])  # find_unused_parameters=False, the default",
+                watch.where, {"passes": watch.passes})
+
+    def _report_unused(self, watch: Watch, unused: list[str]) -> None:
+        shown = ", ".join(unused[:8]) + (f" and {len(unused) - 8} more" if len(unused) > 8 else "")
+        self.s.report(
+            "ddp_unused_parameters",
+            f"{len(unused)} parameter{'s' if len(unused) > 1 else ''} of a DDP model got no gradient in backward pass "
+            f"{watch.passes}: {shown}",
+            "DDP (find_unused_parameters=False) waits for a gradient of every parameter before it reduces: the next "
+            "forward fails with 'Expected to have finished reduction in the prior iteration before starting a new "
+            "one' (or the job hangs at its end). These are the parameters it waited for.",
+            "# either let DDP look for unused parameters at every step (it costs a graph traversal):\n"
+            "model = DDP(model, device_ids=[local_rank], find_unused_parameters=True)\n"
+            "# or make every parameter take part in the loss, or freeze the unused ones before wrapping:\n"
+            "for p in model.unused_part.parameters():\n"
+            "    p.requires_grad_(False)",
+            watch.where, {"parameters": unused, "pass": watch.passes})
+
+    def finish(self, clean: bool) -> None:
+        for watch in self._watches:
+            self._close(watch)
