@@ -144,6 +144,11 @@ def _prepare_script(opts: LaunchOptions, claim_run_dir: bool) -> LaunchPlan:
         script = replace(script, local_rank_flag=flag)
         opts = replace(opts, script=script)
         notes.append(note)
+    if opts.audit:
+        script = replace(script, audit=True)
+        opts = replace(opts, script=script)
+        notes.append("--audit: every worker checks the script for the tutorial's traps as it runs; findings are shown "
+                     "here and written to RUN_DIR/audit.json (the torchrun equivalent runs without the checks).")
     if opts.run_dir is not None:
         problem = unwritable(opts.run_dir)
         if problem:
@@ -287,7 +292,7 @@ def record_header(plan: LaunchPlan, opts: LaunchOptions, argv: list[str] | None 
         "overrides": list(opts.overrides) if script is None else [],
         "script": None if script is None else {
             "path": script.path, "module": script.module, "args": list(script.args),
-            "local_rank_flag": script.local_rank_flag,
+            "local_rank_flag": script.local_rank_flag, "audit": script.audit,
         },
         "run_dir": plan.run_dir,
         "devices": {

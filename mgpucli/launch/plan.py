@@ -67,6 +67,7 @@ class LaunchOptions:
     show_rank: str | None = None  # the local rank whose output is shown ("all": every rank's); default 0
     probe_steps: int | None = None  # the workers run the fit probe (mgpu train --probe) instead of training
     probe_result: str | None = None  # where rank 0 writes the probe's report
+    audit: bool = False  # a script: every worker runs it with mgpu's checks (mgpucli.audit)
 
 
 @dataclass(frozen=True)
@@ -185,6 +186,9 @@ def check_job_options(opts: LaunchOptions) -> None:
     if opts.local_rank_arg:
         raise UsageError("--local-rank-arg is for scripts that declare --local_rank: a recipe's workers know "
                          "their rank.", "Drop --local-rank-arg.")
+    if opts.audit:
+        raise UsageError("--audit checks your own training script for the tutorial's traps: a recipe's trainer "
+                         "already does each of those right.", "Drop --audit, or give it with SCRIPT.py.")
 
 
 def script_facts(opts: LaunchOptions) -> RecipeFacts:

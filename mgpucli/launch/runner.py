@@ -194,6 +194,7 @@ def run_plan(plan: LaunchPlan, record: LaunchRecord, live: bool = False, show_ra
     promoter.start()
     if view is not None:
         view.start()
+    audit = _audit_watch(plan, record)
     start = time.monotonic()
     try:
         handler.active = True
@@ -206,6 +207,8 @@ def run_plan(plan: LaunchPlan, record: LaunchRecord, live: bool = False, show_ra
                 view.finish()
                 with contextlib.suppress(OSError, KeyError):
                     os.unlink(os.environ.pop(progress_file.ENV))
+            if audit is not None:
+                _finish_audit(audit, plan)
     except ChildFailedError as err:
         if not script and record.attempts and all(f.exitcode == EXIT_PREEMPTED for f in err.failures.values()):
             return _preempted(plan, record, record.attempts[-1], None)
@@ -262,6 +265,26 @@ def run_plan(plan: LaunchPlan, record: LaunchRecord, live: bool = False, show_ra
         + f"logs: {plan.log_dir} (index: {record.path})", markup=False, highlight=False,
     )
     return EXIT_OK
+
+
+def _audit_watch(plan: LaunchPlan, record: LaunchRecord):
+    """``--audit``: the thread that shows the workers' findings as they come (None without it)."""
+    if plan.script is None or not plan.script.audit:
+        return None
+    from mgpucli.launch.audit_view import AuditWatch
+
+    watch = AuditWatch(record)
+    watch.start()
+    return watch
+
+
+def _finish_audit(watch, plan: LaunchPlan) -> None:
+    """The audit's summary and ``audit.json``; a problem there never changes the job's result."""
+    try:
+        watch.finish(plan.rdzv_id)
+    except Exception as err:  # noqa: BLE001
+        err_console().print(f"mgpu launch: the audit's summary failed ({type(err).__name__}: {err}); the findings are "
+                            f"in each rank's mgpu_audit.jsonl under {plan.log_dir}.", markup=False, highlight=False)
 
 
 def _outputs(run_dir: str) -> list[tuple[str, str]]:

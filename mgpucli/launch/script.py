@@ -40,12 +40,14 @@ def is_script(target: str) -> bool:
 class ScriptTarget:
     """What every worker runs: ``path`` (as ``python PATH ARGS`` would) or ``module`` (as ``python -m MODULE ARGS``),
     with ``args`` untouched; ``local_rank_flag`` (``--local_rank`` or ``--local-rank``): each worker also gets
-    ``FLAG=LOCAL_RANK`` before its arguments, as ``python -m torch.distributed.launch`` passed it."""
+    ``FLAG=LOCAL_RANK`` before its arguments, as ``python -m torch.distributed.launch`` passed it; ``audit``: every
+    worker runs it with mgpu's checks installed (``mgpu launch --audit``, :mod:`mgpucli.audit`)."""
 
     path: str | None = None
     module: str | None = None
     args: tuple[str, ...] = ()
     local_rank_flag: str | None = None
+    audit: bool = False
 
     def __post_init__(self) -> None:
         if (self.path is None) == (self.module is None):
@@ -68,9 +70,10 @@ class ScriptTarget:
         return [*head, *self.args]
 
     def worker_args(self) -> list[str]:
-        """``script [--local-rank-flag FLAG] (PATH | -m MODULE) [ARGS...]``: the worker's job (script_job.parse)."""
+        """``script [--local-rank-flag FLAG] [--audit] (PATH | -m MODULE) [ARGS...]``: the worker's job
+        (script_job.parse)."""
         flag = ["--local-rank-flag", self.local_rank_flag] if self.local_rank_flag else []
-        return [SCRIPT_JOB, *flag, *self.words()]
+        return [SCRIPT_JOB, *flag, *(["--audit"] if self.audit else []), *self.words()]
 
     def argv(self, local_rank: str | None) -> list[str]:
         """The script's own arguments in a worker: the legacy ``FLAG=N`` first (where the launcher put it), then

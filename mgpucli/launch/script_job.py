@@ -9,7 +9,8 @@
 
 with ``FLAG=LOCAL_RANK`` before the arguments when the launcher was given ``--local-rank-arg``. Nothing heavy
 (torch included) is imported before the script's first line: a script that sets environment variables before
-``import torch`` keeps working.
+``import torch`` keeps working. With ``--audit`` (``mgpu launch --audit``), :mod:`mgpucli.audit` is armed first: its
+checks are installed when the script imports torch, and finish when the script ends.
 
 The worker (:mod:`mgpucli.launch.worker`) wraps it as it wraps a recipe: the launcher-death watch, and on failure
 ``mgpu_failure.json`` beside torch's error file. Here, an exception that ends the script is handled as torch's
@@ -33,12 +34,13 @@ from mgpucli.errors import UsageError
 from mgpucli.launch.script import LOCAL_RANK_FLAGS, ScriptTarget
 
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-USAGE = "script [--local-rank-flag FLAG] (PATH | -m MODULE) [ARGS...]"
+USAGE = "script [--local-rank-flag FLAG] [--audit] (PATH | -m MODULE) [ARGS...]"
 
 
 @dataclass(frozen=True)
 class ScriptJob:
-    """``script [--local-rank-flag FLAG] (PATH | -m MODULE) [ARGS...]``: what ``mgpu launch`` passes for a script."""
+    """``script [--local-rank-flag FLAG] [--audit] (PATH | -m MODULE) [ARGS...]``: what ``mgpu launch`` passes for a
+    script."""
 
     target: ScriptTarget
 
@@ -52,10 +54,13 @@ class ScriptJob:
                 raise UsageError(f"python -m mgpucli.launch.worker: --local-rank-flag takes one of "
                                  f"{', '.join(LOCAL_RANK_FLAGS)}.", f"A launched worker runs {USAGE}.")
             flag, rest = rest[1], rest[2:]
+        audit = rest[:1] == ["--audit"]
+        if audit:
+            rest = rest[1:]
         if rest[:1] == ["-m"] and len(rest) >= 2:
-            return cls(ScriptTarget(module=rest[1], args=tuple(rest[2:]), local_rank_flag=flag))
+            return cls(ScriptTarget(module=rest[1], args=tuple(rest[2:]), local_rank_flag=flag, audit=audit))
         if rest and rest[0] != "-m":
-            return cls(ScriptTarget(path=rest[0], args=tuple(rest[1:]), local_rank_flag=flag))
+            return cls(ScriptTarget(path=rest[0], args=tuple(rest[1:]), local_rank_flag=flag, audit=audit))
         raise UsageError("python -m mgpucli.launch.worker: script needs a script path or -m MODULE.",
                          f"A launched worker runs {USAGE}.")
 
@@ -71,13 +76,26 @@ class ScriptJob:
         step_progress.enable()
         faulthandler.enable(all_threads=True)  # a crash in native code prints every thread's stack, as under @record
         mark_started()  # the launch record becomes the run dir's launch.json (a --run-dir with an earlier launch)
+        audit = None
+        if self.target.audit:
+            import mgpucli.audit as audit
+
+            audit.arm()  # the checks go in when the script imports torch
         try:
             _run_script(self.target, argv)
-        except (SystemExit, KeyboardInterrupt):
+        except SystemExit:
+            if audit is not None:
+                audit.finish(clean=True)  # the script chose to end here, whatever its code
+            raise
+        except KeyboardInterrupt:
             raise
         except BaseException as exc:
             _fail(exc, step_progress.current_step(), step_progress.timeout_note(exc))
+            if audit is not None:
+                audit.finish(clean=False)
             sys.exit(1)  # as Python ends on an uncaught exception; `exc` is its context, for the failure record
+        if audit is not None:
+            audit.finish(clean=True)
 
 
 def _run_script(target: ScriptTarget, argv: list[str]) -> None:
