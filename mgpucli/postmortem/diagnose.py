@@ -188,7 +188,7 @@ def diagnose_run(run_dir: str) -> Report:
     report = Report(run_dir=run.run_dir, status=status, finished=status == "succeeded", verdict="",
                     attempts=len(run.attempts), world_size=world, last_train=run.last_metrics("train"),
                     last_val=run.last_metrics("val"), checkpoint=run.checkpoint, launch_json=run.launch_paths[0],
-                    trackers=run.trackers,
+                    trackers=run.trackers, audit=run.audit,
                     logs=run.attempts[-1].dir if run.attempts else launch.get("log_dir"))
     report.resume_command = resume_command(launch) if run.checkpoint and not run.is_script else None
     if status == "running" and launcher_alive(launch):

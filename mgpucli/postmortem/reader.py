@@ -20,6 +20,7 @@ from typing import Any
 from mgpucli.errors import UsageError
 from mgpucli.postmortem.checkpoint_peek import SHARDED_META
 from mgpucli.postmortem.lines import LogLine, parse, read_log
+from mgpucli.run_records.audit_records import AUDIT_JSON, findings_path, from_rank_files, read_audit
 from mgpucli.run_records.first_failure import failure_record_of
 from mgpucli.run_records.json_files import read_json_object
 from mgpucli.run_records.launch_record import LAUNCH_JSON, Attempt, RankFiles
@@ -66,6 +67,7 @@ class RunRecord:
     recipe: dict[str, Any] | None = None
     checkpoint: str | None = None
     trackers: dict[str, dict[str, Any]] = field(default_factory=dict)  # trackers.json: W&B/MLflow runs, failures
+    audit: dict[str, Any] | None = None  # audit.json of a script run under --audit (None: not audited)
 
     @property
     def result(self) -> dict[str, Any]:
@@ -123,7 +125,21 @@ def read_run(path: str) -> RunRecord:
     run.recipe = _read_recipe(os.path.join(run_dir, "recipe.yaml"))
     run.checkpoint = _last_checkpoint(os.path.join(run_dir, "checkpoints"))
     run.trackers = read_state(run_dir)
+    run.audit = _read_audit(run_dir, launch, attempts)
     return run
+
+
+def _read_audit(run_dir: str, launch: dict[str, Any], attempts: list[Attempt]) -> dict[str, Any] | None:
+    """The findings of ``mgpu launch --audit``: ``audit.json`` of this launch, else rebuilt from every rank's own
+    findings file (the launcher was killed before writing it); None when the run was not audited."""
+    if not (launch.get("script") or {}).get("audit"):
+        return None
+    launch_id = (launch.get("rendezvous") or {}).get("id")
+    found = read_audit(os.path.join(run_dir, AUDIT_JSON), launch_id)
+    if found is None:
+        paths = [findings_path(f.error_file) for a in attempts for f in a.ranks.values() if f.error_file]
+        found = from_rank_files(paths, launch_id, launch.get("cwd"))
+    return found or {"launch_id": launch_id, "summary": [], "findings": [], "status": []}
 
 
 def _last_checkpoint(ckpts: str) -> str | None:

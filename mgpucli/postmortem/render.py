@@ -111,6 +111,8 @@ def render(report: Report, console: Console | None = None, compact: bool = False
         console.print(Text(f"  continue from {name}{at}: ", style="bold") + Text(report.resume_command))
     for line, problem in tracker_lines(report.trackers):
         console.print(Text(f"  {line}", style="yellow" if problem else "dim"))
+    for line, style in audit_lines(report.audit):
+        console.print(Text(line, style=style))
     if report.logs:
         console.print(Text(f"  logs: {report.logs}", style="dim"))
 
@@ -133,6 +135,25 @@ def tracker_lines(trackers: dict[str, dict[str, Any]]) -> list[tuple[str, bool]]
         where = entry.get("sync") or entry.get("url") or entry.get("tracking_uri")
         mode = f", {entry['mode']}" if entry.get("mode") else ""
         out.append((f"{run} ({entry.get('status', '?')}{mode})" + (f": {where}" if where else ""), False))
+    return out
+
+
+def audit_lines(audit: dict[str, Any] | None) -> list[tuple[str, str]]:
+    """``mgpu launch --audit``'s findings, one kind each: where, what, and the fix."""
+    if audit is None:
+        return []
+    summary = audit.get("summary") or []
+    if not summary:
+        return [("  audit: no findings", "green")]
+    out = [(f"  audit: {len(summary)} kind{'s' if len(summary) > 1 else ''} of finding (what each costs: "
+            "audit.json)", "bold yellow")]
+    for group in summary:
+        where = ", ".join(group.get("where") or []) or "?"
+        ranks = ", ".join(str(r) for r in group.get("ranks") or [])
+        out.append((f"    {group.get('kind')} (rank {ranks}) at {where}: {_short(str(group.get('title')), 160)}",
+                    "yellow"))
+        fix = str(group.get("fix") or "").splitlines()
+        out += [(f"      {'fix: ' if i == 0 else '     '}{line}", "cyan") for i, line in enumerate(fix)]
     return out
 
 
