@@ -25,11 +25,13 @@ synchronisation on its streams. What they find goes to the rank's findings file
 from __future__ import annotations
 
 import importlib.abc
+import os
 import sys
 from typing import Any
 
 _session: Any = None  # the running audit (mgpucli.audit.session.Session), once torch is imported
 _armed = False
+_started_in = os.getcwd()  # where the script started: its own path, if relative, is relative to it
 
 
 class _WhenTorchLoads(importlib.abc.MetaPathFinder):
@@ -74,10 +76,11 @@ class _ThenInstall(importlib.abc.Loader):
 
 def arm() -> None:
     """Install the checks when the script imports torch (now, if torch is imported already)."""
-    global _armed
+    global _armed, _started_in
     if _armed:
         return
     _armed = True
+    _started_in = os.getcwd()
     if "torch" in sys.modules:
         _install()
         return
@@ -89,8 +92,10 @@ def _install() -> None:
     if _session is not None:
         return
     try:
+        from mgpucli.audit import where
         from mgpucli.audit.install import install
 
+        where.started_in = _started_in
         _session = install()
     except Exception as err:  # noqa: BLE001 - the audit must never stop the script
         print(f"mgpu audit: could not install the checks ({type(err).__name__}: {err}); the script runs without "

@@ -7,8 +7,8 @@ change to any tensor). On a GPU the fingerprint is copied to pinned memory async
 thread once its event has completed: the script's stream is never synchronised. The ranks' fingerprints meet in the
 rendezvous store (:meth:`~mgpucli.audit.session.Session.meet`): the last rank to publish step N compares, so a rank
 that never reaches step N holds nobody up. When the script ends, every rank publishes its step counts and final
-fingerprint: the last one to finish compares those, which is where ranks that took different numbers of steps are
-found.
+fingerprint (of the parameters it still holds: a script that has freed its model is compared on its step counts
+alone): the last one to finish compares those, which is where ranks that took different numbers of steps are found.
 
 Sharded parameters (FSDP, DTensor, the local shard of a ZeroRedundancyOptimizer) differ across ranks by design and
 are not compared.
@@ -143,6 +143,7 @@ class Tracked:
     site: Where | None
     ref: Any  # weakref to the optimizer
     param_ids: set[int] = field(default_factory=set)
+    param_refs: list[Any] = field(default_factory=list)  # weakrefs to its parameters, for the end
     steps: int = 0
     next_check: int = 1
     backoff: int = 1
@@ -190,7 +191,7 @@ class Divergence:
     def _track(self, opt) -> Tracked:
         params = _params(opt)
         t = Tracked(index=len(self._all), site=self._sites.get(opt), ref=weakref.ref(opt),
-                    param_ids={id(p) for p in params})
+                    param_ids={id(p) for p in params}, param_refs=[weakref.ref(p) for p in params])
         if any(sharded(p) for p in params):
             t.disabled = "sharded parameters (FSDP or DTensor) differ across ranks by design"
         elif _inside_zero(opt):
@@ -271,9 +272,10 @@ class Divergence:
         mine = []
         for t in self._all:
             opt = t.ref()
+            params = _params(opt) if opt is not None else [r() for r in t.param_refs]
             pending = None
-            if opt is not None and not t.disabled:
-                pending, t.host = fingerprint(_params(opt), t.host if not t.in_flight else None)
+            if not t.disabled and all(p is not None for p in params):
+                pending, t.host = fingerprint(params, t.host if not t.in_flight else None)
             mine.append((t, pending))
         self.s.count("optimizer steps", sum(t.steps for t in self._all))
         self.s.later(self._final, mine)
@@ -291,7 +293,7 @@ class Divergence:
             steps = [r["steps"] for r in per_rank]
             if len(set(steps)) > 1:
                 self._report_steps(t, index, steps, per_rank)
-            elif t is not None and not t.diverged and not t.disabled:
+            elif t is not None and not t.diverged and all(r["fp"] is not None for r in per_rank):
                 found = groups([r["fp"] for r in per_rank])
                 if len(found) > 1:
                     t.diverged = True

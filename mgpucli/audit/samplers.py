@@ -1,11 +1,11 @@
 """``DistributedSampler``: ``set_epoch`` never called (the same shuffle every epoch), and padded evaluation.
 
 ``DistributedSampler.__init__`` records where each sampler was created, ``set_epoch`` that it was called; its
-``__iter__`` (once per epoch, when a loader starts going through it) compares the epoch it shuffles for with the one it shuffled for last time, and
-looks at its padding: without ``drop_last`` a dataset whose length is not a multiple of the world size is padded
-with repeated samples, which is harmless in training and skews a metric in evaluation. Evaluation means
-``shuffle=False`` or iteration under ``torch.no_grad()``/``inference_mode`` (the issue's rule). Local checks: no
-store, nothing sent.
+``__iter__`` (once per epoch, when a loader starts going through it) compares the epoch it shuffles for with the one
+it shuffled for last time, and looks at its padding: without ``drop_last`` a dataset whose length is not a multiple
+of the world size is padded with repeated samples, which is harmless in training and skews a metric in evaluation.
+Evaluation means ``shuffle=False``, or iteration under ``torch.no_grad()``/``inference_mode``. Local checks: no store,
+nothing sent.
 """
 
 from __future__ import annotations

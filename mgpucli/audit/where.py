@@ -10,7 +10,7 @@ import sys
 from mgpucli.run_records.audit_records import Where
 from mgpucli.run_records.stacks import Frame, ThreadStack, user_frame
 
-_cwd = os.getcwd()  # the worker's directory when the audit was installed: a script run by a relative path is there
+started_in = os.getcwd()  # the worker's directory when the script started (mgpucli.audit.arm sets it)
 
 
 def user_where() -> Where | None:
@@ -23,5 +23,5 @@ def user_where() -> Where | None:
     found = user_frame(ThreadStack("", True, frames))
     if found is None:
         return None
-    path = os.path.join(_cwd, found.file)
+    path = os.path.join(started_in, found.file)
     return Where(file=path, line=found.line, function=found.function, code=linecache.getline(path, found.line).strip())

@@ -82,7 +82,7 @@ class ScriptJob:
 
             audit.arm()  # the checks go in when the script imports torch
         try:
-            _run_script(self.target, argv)
+            namespace = _run_script(self.target, argv)  # kept until the audit's end: the script's model is in it
         except SystemExit:
             if audit is not None:
                 audit.finish(clean=True)  # the script chose to end here, whatever its code
@@ -96,17 +96,18 @@ class ScriptJob:
             sys.exit(1)  # as Python ends on an uncaught exception; `exc` is its context, for the failure record
         if audit is not None:
             audit.finish(clean=True)
+        del namespace
 
 
-def _run_script(target: ScriptTarget, argv: list[str]) -> None:
+def _run_script(target: ScriptTarget, argv: list[str]) -> dict:
+    """Run the script; its globals when it ends."""
     if target.module is not None:
         sys.argv = [target.module, *argv]  # run_module puts the module's file in argv[0], as python -m does
-        runpy.run_module(target.module, run_name="__main__", alter_sys=True)
-        return
+        return runpy.run_module(target.module, run_name="__main__", alter_sys=True)
     path = str(target.path)
     sys.argv = [path, *argv]
     sys.path[0] = os.path.dirname(os.path.abspath(path))  # python PATH: the script's directory, not the cwd
-    runpy.run_path(path, run_name="__main__")
+    return runpy.run_path(path, run_name="__main__")
 
 
 def _fail(exc: BaseException, step: int | None, note: str | None) -> None:
