@@ -4,7 +4,9 @@
 #   2. benchmarks/dp_vs_ddp.py: single GPU, dp, ddp      (at most 2.5 min)
 #   3. benchmarks/overhead.py --gpus N: mgpu vs the hand-written DDP loop, 2 rounds per workload (at most 3 min)
 #   4. the fit probe on charlm: peak GPU memory, step time, samples/s (at most 1 min)
-# Each step has its own time limit, so the whole check ends within 9 minutes even if one step hangs. Where no CUDA
+#   5. benchmarks/audit_overhead.py --gpus N: the hand-written loop with and without mgpu launch --audit, one round
+#      (at most 45 s)
+# Each step has its own time limit, so the whole check ends within 9.5 minutes even if one step hangs. Where no CUDA
 # GPU is visible every step says so and skips (the probe measures the CPU instead), and the script exits 0: it is
 # safe to run anywhere.
 #
@@ -52,6 +54,8 @@ step "mgpu vs the hand-written DDP loop on $GPUS GPU(s)" 180 "$PY" benchmarks/ov
 DEVICES=$([ "$GPUS" = 0 ] && echo "--cpu --nproc 1" || echo "--gpus $N")
 # shellcheck disable=SC2086  # DEVICES is two or three words on purpose
 step "fit probe: mgpu launch $DEVICES charlm --probe" 60 "$PY" -m mgpucli launch $DEVICES charlm --probe --json
+step "mgpu launch --audit on $GPUS GPU(s): a correct loop, no findings, the same weights" 45 "$PY" \
+  benchmarks/audit_overhead.py --gpus "$N" --workload charlm --rounds 1 --timeout 20 --json "$JSON_DIR/audit_overhead.json"
 
 say ""
 say "results: $OUT (JSON in $JSON_DIR/)"

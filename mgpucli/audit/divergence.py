@@ -4,11 +4,12 @@ A global optimizer step hook counts every optimizer's steps. At steps 1, 2, 4, .
 256... when that would cost more than :data:`BUDGET` of the training time), it takes a fingerprint of the optimizer's
 parameters: each parameter's sum and norm, on the parameters' device, on the script's current stream (no RNG, no
 change to any tensor). On a GPU the fingerprint is copied to pinned memory asynchronously and read by the audit's
-thread once its event has completed: the script's stream is never synchronised. The ranks' fingerprints meet in the
-rendezvous store (:meth:`~mgpucli.audit.session.Session.meet`): the last rank to publish step N compares, so a rank
-that never reaches step N holds nobody up. When the script ends, every rank publishes its step counts and final
-fingerprint (of the parameters it still holds: a script that has freed its model is compared on its step counts
-alone): the last one to finish compares those, which is where ranks that took different numbers of steps are found.
+thread once its event has completed: the script's stream is never synchronised. The ranks' fingerprints (a hash of
+the exact values: a few bytes, whatever the model's size) meet in the rendezvous store
+(:meth:`~mgpucli.audit.session.Session.meet`): the last rank to publish step N compares, so a rank that never
+reaches step N holds nobody up. When the script ends, every rank publishes its step counts and final fingerprint (of
+the parameters it still holds: a script that has freed its model is compared on its step counts alone): the last
+one to finish compares those, which is where ranks that took different numbers of steps are found.
 
 Sharded parameters (FSDP, DTensor, the local shard of a ZeroRedundancyOptimizer) differ across ranks by design and
 are not compared.
@@ -17,7 +18,9 @@ are not compared.
 from __future__ import annotations
 
 import functools
+import hashlib
 import math
+import struct
 import sys
 import time
 import weakref
@@ -106,6 +109,14 @@ class Pending:
                     return None
                 time.sleep(0.002)
         return [float(v) for v in self.values.tolist()]
+
+    def digest(self, timeout_s: float = READY_TIMEOUT_S) -> str | None:
+        """What the ranks exchange: the fingerprint's count and a hash of its exact values (a few bytes in the store
+        whatever the model's size; equal parameters, equal digests)."""
+        values = self.result(timeout_s)
+        if values is None:
+            return None
+        return f"{len(values)}:" + hashlib.sha1(struct.pack(f"<{len(values)}d", *values)).hexdigest()
 
 
 def fingerprint(params: list[torch.Tensor], host: torch.Tensor | None = None) -> tuple[Pending, torch.Tensor | None]:
@@ -222,7 +233,7 @@ class Divergence:
         self.s.later(self._compare, t, t.steps, pending)
 
     def _compare(self, t: Tracked, step: int, pending: Pending) -> None:
-        values = pending.result()
+        values = pending.digest()
         t.in_flight = False
         if values is None:
             self.s.note(f"optimizer {t.index}: the fingerprint at step {step} was not ready in time")
@@ -281,7 +292,7 @@ class Divergence:
         self.s.later(self._final, mine)
 
     def _final(self, mine: list[tuple[Tracked, Pending | None]]) -> None:
-        data = [{"steps": t.steps, "fp": p.result() if p is not None else None, "checked": t.checked_steps}
+        data = [{"steps": t.steps, "fp": p.digest() if p is not None else None, "checked": t.checked_steps}
                 for t, p in mine]
         got = self.s.meet("final", data)
         if got is None:

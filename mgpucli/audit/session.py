@@ -157,8 +157,12 @@ class Session:
         store.set(f"{key}/{self.rank}", json.dumps(value))
         if store.add(f"{key}/arrived", 1) != self.world_size:
             return None
-        raw = store.multi_get([f"{key}/{r}" for r in range(self.world_size)])
-        return [json.loads(v) for v in raw]
+        keys = [f"{key}/{r}" for r in range(self.world_size)]
+        values = [json.loads(v) for v in store.multi_get(keys)]
+        for done in [*keys, f"{key}/arrived"]:  # a long run meets thousands of times: leave nothing behind
+            with contextlib.suppress(Exception):
+                store.delete_key(done)
+        return values
 
     def gather_names(self, key: str) -> set[int] | None:
         """Add this rank to the set under ``key``; the ranks in it so far (this one included)."""

@@ -54,6 +54,7 @@ def test_meet_gives_every_value_to_the_last_rank_to_arrive_and_nobody_waits(rank
     assert a.meet("k", {"v": 1}) is None and c.meet("k", [2]) is None  # rank 1 has not come: nobody waits
     assert b.meet("k", "x") == [{"v": 1}, "x", [2]]  # the last one compares, in rank order
     assert a.meet("other", 1) is None  # a key that not every rank reaches stays short, harmlessly
+    assert a.store().num_keys() == 2  # only the short one's value and count: a completed meet leaves nothing
 
 
 def test_a_finding_is_written_once_per_kind_and_place_and_the_status_says_what_was_checked(ranks):
