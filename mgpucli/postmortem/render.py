@@ -6,6 +6,7 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from mgpucli.postmortem.report import Failure, Report, fate, short_path
+from mgpucli.run_records import stacks
 from mgpucli.run_records.json_files import write_json
 from mgpucli.run_records.launch_record import POSTMORTEM_JSON
 
@@ -92,6 +93,10 @@ def render(report: Report, console: Console | None = None, compact: bool = False
                 room = max(100, min(MAX_TEXT, console.width - len(line.cite()) - 7))
                 console.print(Text(f"    {line.cite()}  ", style="dim") + Text(_short(line.text, room)))
         console.print(Text("  fix: ", style="bold cyan") + Text(f.match.fix, style="cyan"))
+    if report.stacks:
+        console.print(Text("  where the other ranks were when it failed (their stacks):", style="bold"))
+        for rank, dump in sorted(report.stacks.items()):
+            console.print(Text(f"    {stacks.describe(rank, dump)}"))
     if compact:
         return
     if report.others:
