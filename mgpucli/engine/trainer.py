@@ -166,6 +166,7 @@ class Trainer:
         ``batches`` one at a time (gradients synchronised on the last one only; an epoch's last, partial
         accumulation still steps), then the optimizer step and the log interval's bookkeeping. Returns False, having
         done nothing, when ``batches`` is exhausted."""
+        self.heartbeat.phase = "loading a batch"  # an attribute set: what a rank stalled here was doing
         batch = next(batches, None)
         if batch is None:
             return False

@@ -65,6 +65,7 @@ class LaunchOptions:
     run_dir: str | None = None  # a script's run dir (a recipe's is its run_dir value)
     local_rank_arg: bool = False  # a script: pass it --local_rank=N (the spelling is script.local_rank_flag)
     show_rank: str | None = None  # the local rank whose output is shown ("all": every rank's); default 0
+    stall_s: float | None = None  # stop a job whose rank makes no progress this long (default: trainer.stall_s)
     probe_steps: int | None = None  # the workers run the fit probe (mgpu train --probe) instead of training
     probe_result: str | None = None  # where rank 0 writes the probe's report
 

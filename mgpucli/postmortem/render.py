@@ -94,7 +94,9 @@ def render(report: Report, console: Console | None = None, compact: bool = False
                 console.print(Text(f"    {line.cite()}  ", style="dim") + Text(_short(line.text, room)))
         console.print(Text("  fix: ", style="bold cyan") + Text(f.match.fix, style="cyan"))
     if report.stacks:
-        console.print(Text("  where the other ranks were when it failed (their stacks):", style="bold"))
+        what = "where the ranks were" if f is not None and f.match.signature == "stalled" else \
+            "where the other ranks were when it failed"
+        console.print(Text(f"  {what} (their stacks):", style="bold"))
         for rank, dump in sorted(report.stacks.items()):
             console.print(Text(f"    {stacks.describe(rank, dump)}"))
     if compact:

@@ -140,6 +140,8 @@ def verdict(report: Report, run: RunRecord, status: str) -> str:
     f = report.first_failure
     if status == "preempted" and f is None and report.preemption is not None:
         return _preempted_verdict(where, report.preemption, report.checkpoint)
+    if status == "stalled" and f is not None:
+        return f"{where} was stopped by mgpu launch: {f.match.title}."
     what = {"failed": "failed", "stopped": "was stopped", "preempted": "was preempted", "launcher_gone":
             "did not finish: the launcher stopped without recording a result (killed, or the machine went down)"}
     head = f"{where} {what.get(status, 'did not finish')}"

@@ -35,10 +35,16 @@ class Blocking(Dataset):
 '''
 
 
-def test_a_rank_stuck_in_its_dataset_is_shown_at_its_line(tmp_path: Path, tag: str):  # noqa: F811
+def _launch_blocking(tmp_path: Path, tag: str, *extra: str):  # noqa: F811
+    """The quickstart with a training set whose rank 1 blocks after a few batches: (exit code, the launch)."""
     (tmp_path / "blocking_data.py").write_text(BLOCKING)
     code, launch = run_launch(["--cpu", "--nproc", "2", "quickstart", "data.train._target_=blocking_data.Blocking",
-                               "data.num_workers=0", "trainer.timeout_s=10"], tmp_path, tag, timeout=150)
+                               "data.num_workers=0", *extra], tmp_path, tag, timeout=150)
+    return code, launch
+
+
+def test_a_rank_stuck_in_its_dataset_is_shown_at_its_line(tmp_path: Path, tag: str):  # noqa: F811
+    code, launch = _launch_blocking(tmp_path, tag, "trainer.timeout_s=10")
     err = launch.err_path.read_text()
     assert code == 1, launch.output
     line = "rank 1 was at " + str(tmp_path / "blocking_data.py") + ":22 in __getitem__: time.sleep(3600)"
@@ -71,3 +77,15 @@ def test_doctor_stacks_shows_every_rank_of_a_running_job_which_goes_on(tmp_path:
         launch.cleanup()
     after = mgpu("doctor", str(run_dir), "--stacks", cwd=tmp_path, timeout=60)
     assert after.returncode == 1 and "no rank of its latest attempt is running" in after.stderr
+
+
+def test_a_stalled_rank_stops_the_job_with_every_ranks_stack(tmp_path: Path, tag: str):  # noqa: F811
+    """trainer.stall_s: no progress for that long and mgpu launch stops the job, naming the rank that is behind."""
+    code, launch = _launch_blocking(tmp_path, tag, "trainer.stall_s=5")
+    err = launch.err_path.read_text()
+    assert code == 1, launch.output
+    assert "rank 1 made no progress for 5 s (stall_s=5): still at step 6 in 'loading a batch'" in err, err
+    assert "rank 1 was at " + str(tmp_path / "blocking_data.py") + ":22 in __getitem__" in err, err
+    report = json.loads(mgpu("doctor", "runs/quickstart", "--json", cwd=tmp_path, timeout=60).stdout)
+    assert report["status"] == "stalled" and report["first_failure"]["signature"] == "stalled", report
+    assert report["stacks"]["1"]["user_frame"]["function"] == "__getitem__"
