@@ -121,14 +121,15 @@ class Trainer:
         self._backward_phase = ("backward (gradient all-reduce)" if runtime.distributed
                                 and wrapped.strategy in ("ddp", "fsdp") else "backward")
         self._faults = faults.enabled()
-        found = self.checkpoints.take_run_dir(self.resume, self.overwrite)
-        if runtime.is_main:
-            self.writer = MetricsWriter(self.checkpoints.run_dir, tensorboard=cfg.trainer.tensorboard)
-        if found is not None:
+        found = self.checkpoints.check_run_dir(self.resume, self.overwrite)
+        if found is not None:  # loaded before the run dir is taken: a checkpoint that doesn't fit leaves it as it was
             self._resumed = self.checkpoints.load(found, self.trained, self.position)
             sums = self._resumed.epoch_sums
             if sums is not None and len(sums) == len(self.task.stat_names):
                 self.intervals.epoch_sums = sums
+        self.checkpoints.take_run_dir(self.overwrite)
+        if runtime.is_main:
+            self.writer = MetricsWriter(self.checkpoints.run_dir, tensorboard=cfg.trainer.tensorboard)
         engine_state.seed_everything(cfg.seed + 1000 * runtime.rank + self.step)  # per-rank randomness
 
     # ------------------------------------------------------------------------------------------ loop

@@ -1,0 +1,129 @@
+"""Every class of bad input a user can give mgpu, one test each: exit 2, a message naming the problem and the fix,
+no traceback, and nothing written or lost (issue 24's audit).
+
+The surfaces: each command's arguments and options, the recipe's keys and the override forms, the environment
+variables mgpu reads, checkpoint files (``--resume``, ``mgpu validate``) and run dirs given to ``mgpu doctor``.
+Other files cover classes of their own: recipe values and component errors (test_train_errors.py), checkpoint
+files given to ``mgpu validate`` (test_validate.py), the machine check's options (test_doctor.py), unknown recipe
+names (test_recipes.py), run dirs holding checkpoints (test_first_hour.py), a full disk (test_disk_full.py).
+The cheapest path that applies the same check is used: ``--check``, ``--dry-run``, or a refusal that comes before
+anything starts.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.procs import assert_usage_error, mgpu
+
+SMALL = ["data.train.num_samples=256", "data.val.num_samples=64"]
+LAUNCH = ["launch", "--cpu", "--nproc", "2", "quickstart", *SMALL]
+LAST = "runs/quickstart/checkpoints/last.pt"
+
+
+def snapshot(root: Path) -> dict[str, str]:
+    """Every file under ``root`` (links as their target) with a digest of its bytes."""
+    out = {}
+    for path in sorted(root.rglob("*")):
+        name = str(path.relative_to(root))
+        if path.is_symlink():
+            out[name] = "-> " + os.readlink(path)
+        elif path.is_file():
+            out[name] = hashlib.sha1(path.read_bytes()).hexdigest()
+    return out
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> Path:
+    """A finished 2-process launch of the quickstart (its run dir, checkpoints and launch record), read-only."""
+    cwd = tmp_path_factory.mktemp("audit")
+    r = mgpu(*LAUNCH, "trainer.max_steps=4", cwd=cwd, timeout=120)
+    assert r.returncode == 0, r.output
+    return cwd
+
+
+@pytest.fixture
+def run(trained, tmp_path) -> Path:
+    """A copy of the trained run's working directory, for a test that gives it bad input."""
+    import shutil
+
+    shutil.copytree(trained / "runs", tmp_path / "runs", symlinks=True)
+    return tmp_path
+
+
+def refused(r, cwd: Path, before: dict[str, str], *fragments: str) -> None:
+    """Exit 2, no traceback, the fragments on stderr, and the directory exactly as it was."""
+    assert_usage_error(r, *fragments)
+    assert snapshot(cwd) == before
+
+
+# ----------------------------------------------------------------------------------------- checkpoint files
+def _bad_checkpoints(cwd: Path) -> None:
+    """Every class of file a user may pass to --resume, written next to the run."""
+    good = torch.load(cwd / LAST, weights_only=True)
+    data = (cwd / LAST).read_bytes()
+    (cwd / "empty.pt").write_bytes(b"")
+    (cwd / "cut.pt").write_bytes(data[: len(data) // 2])
+    (cwd / "notes.pt").write_text("not a checkpoint\n")
+    (cwd / "adir.pt").mkdir()
+    torch.save(good["model"], cwd / "plain.pt")
+    torch.save({k: v for k, v in good.items() if k != "optimizer"}, cwd / "edited.pt")
+    torch.save({**good, "mgpu_format": 99}, cwd / "newer.pt")
+    (cwd / "link.pt").symlink_to("deleted.pt")
+    torch.save({"model": _Evil(cwd / "pwned")}, cwd / "evil.pt")
+
+
+class _Evil:
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+@pytest.mark.parametrize("name, fragments", [
+    ("empty.pt", ["empty.pt is empty (0 bytes)"]),
+    ("cut.pt", ["cut.pt is not a checkpoint file that torch.save wrote (truncated"]),
+    ("notes.pt", ["notes.pt is not a checkpoint file that torch.save wrote"]),
+    ("adir.pt", ["adir.pt is a directory without meta.pt: not a sharded mgpu checkpoint"]),
+    ("plain.pt", ["plain.pt is not an mgpu checkpoint", "a plain state_dict"]),
+    ("edited.pt", ["edited.pt has no optimizer: not a complete mgpu checkpoint"]),
+    ("newer.pt", ["newer.pt was written by a newer mgpu (checkpoint format 99; this mgpu reads format 1)"]),
+    ("link.pt", ["--resume link.pt: no such checkpoint (a link to deleted.pt, which is gone)"]),
+    ("evil.pt", ["evil.pt is not an mgpu checkpoint"]),
+])
+def test_a_resume_checkpoint_that_is_no_mgpu_checkpoint_is_refused_before_any_worker(run, name, fragments):
+    _bad_checkpoints(run)
+    before = snapshot(run)
+    r = mgpu(*LAUNCH, "--resume", name, cwd=run, timeout=90)
+    refused(r, run, before, *fragments, "start afresh without --resume" if "link" not in name else "--resume auto")
+    assert not (run / "pwned").exists()
+
+
+def test_a_checkpoint_that_does_not_fit_the_model_leaves_the_run_dir_as_it_was(run):
+    """The fit is known only once the model exists: the worker reads the checkpoint before it takes the run dir
+    (the earlier run's recipe.yaml, metrics and TensorBoard events stay as they were)."""
+    before = snapshot(run)
+    r = mgpu("train", "quickstart", *SMALL, "model.hidden=[16]", "--resume", "auto", cwd=run, timeout=90)
+    refused(r, run, before, "don't fit the recipe's model", "shape mismatch", "Use the recipe the checkpoint "
+            "was trained with")
+
+
+@pytest.mark.parametrize("target, fragments", [
+    ("step-00000010.dcp", ["--resume auto continues from runs/quickstart/checkpoints/last.dcp (a link to "
+                           "step-00000010.dcp, which is gone)", "--resume PATH", "--overwrite"]),
+    (None, ["--resume auto continues from runs/quickstart/checkpoints/last.dcp, which does not exist",
+            "holds best.pt, last.pt (trainer.checkpoint_format=sharded)"]),
+])
+def test_resume_auto_without_the_checkpoint_it_continues_from_says_what_is_there(run, target, fragments):
+    if target:
+        (run / "runs/quickstart/checkpoints/last.dcp").symlink_to(target)
+    before = snapshot(run)
+    r = mgpu("train", "quickstart", *SMALL, "trainer.strategy=fsdp", "trainer.checkpoint_format=sharded",
+             "--resume", "auto", "--check", cwd=run, timeout=90)
+    refused(r, run, before, *fragments)
