@@ -153,6 +153,9 @@ def clean_stale_temps(directory: str | Path) -> list[Path]:
 def read_file(path: str | Path, map_location: str | torch.device = "cpu") -> Any:
     """``torch.load(weights_only=True)`` with every failure turned into a clear CheckpointError (a checkpoint of a
     newer mgpu's format too: its fields may mean something else)."""
+    if not str(path).strip():  # Path("") would be the current directory
+        raise CheckpointError(f"the checkpoint is {str(path)!r}: empty.", "Give a checkpoint file, e.g. "
+                              "RUN_DIR/checkpoints/last.pt.")
     path = Path(path)
     if not path.exists():
         raise CheckpointError(f"checkpoint {path} does not exist.", "Check the path; run dirs keep them in "

@@ -83,6 +83,9 @@ class RunRecord:
 
 def read_run(path: str) -> RunRecord:
     """Read ``path`` (a run dir, or its launch.json); UsageError (exit 2) when it is not a run directory."""
+    if not path.strip():  # an unset shell variable, usually: it would read the current directory
+        raise UsageError(f"RUN_DIR is {path!r}: empty.", "Give the run directory of a `mgpu launch` run, e.g. "
+                         "mgpu doctor runs/quickstart (the run_dir of its recipe).")
     if os.path.isfile(path) and not re.fullmatch(r"launch(\.node\d+)?\.json", os.path.basename(path)):
         raise UsageError(f"{path} is a file, not a run directory.", "Give the directory `mgpu launch` trained into "
                          "(its recipe's run_dir, e.g. runs/quickstart), or its launch.json.")

@@ -127,3 +127,33 @@ def test_resume_auto_without_the_checkpoint_it_continues_from_says_what_is_there
     r = mgpu("train", "quickstart", *SMALL, "trainer.strategy=fsdp", "trainer.checkpoint_format=sharded",
              "--resume", "auto", "--check", cwd=run, timeout=90)
     refused(r, run, before, *fragments)
+
+
+@pytest.mark.parametrize("args, fragments", [
+    (["newer.pt"], ["newer.pt was written by a newer mgpu (checkpoint format 99; this mgpu reads format 1)",
+                    "Upgrade mgpu"]),
+    (["adir.pt"], ["adir.pt is a directory, not a checkpoint file"]),
+    ([LAST, "trainer.epchs=2"], [f"1 problem(s) in recipe stored in {LAST}:", "did you mean 'trainer.epochs'?",
+                                 "--recipe RECIPE"]),
+    ([LAST, "--cpu", "--nproc", "0"], ["--nproc 0: the process count must be at least 1"]),
+    ([LAST, "--nproc", "1"], ["--nproc sets the number of CPU processes and needs --cpu"]),
+])
+def test_validate_refuses_a_checkpoint_or_option_it_cannot_use(run, args, fragments):
+    _bad_checkpoints(run)
+    before = snapshot(run)
+    refused(mgpu("validate", *args, cwd=run, timeout=90), run, before, *fragments)
+
+
+# ------------------------------------------------------------------------------------------ empty arguments
+@pytest.mark.parametrize("args, fragment", [
+    (["train", ""], "the recipe is '': empty."),
+    (["launch", "--cpu", " "], "the recipe is ' ': empty."),
+    (["validate", ""], "the checkpoint is '': empty."),
+    (["validate", LAST, "--recipe", ""], "the recipe is '': empty."),
+    (["doctor", ""], "RUN_DIR is '': empty."),
+    (["train", "quickstart", "--resume", "", "--check"], "--resume is empty: it takes a checkpoint's path or 'auto'"),
+])
+def test_an_empty_argument_is_refused_not_read_as_the_current_directory(run, args, fragment):
+    """``mgpu train "$RECIPE"`` with the variable unset: the empty path must not mean ``.``."""
+    before = snapshot(run)
+    refused(mgpu(*args, cwd=run, timeout=90), run, before, fragment)
