@@ -22,7 +22,7 @@ from mgpucli.postmortem.checkpoint_peek import SHARDED_META
 from mgpucli.postmortem.lines import LogLine, parse, read_log
 from mgpucli.run_records.first_failure import failure_record_of
 from mgpucli.run_records.json_files import read_json_object
-from mgpucli.run_records.launch_record import LAUNCH_JSON, Attempt, RankFiles
+from mgpucli.run_records.launch_record import LAUNCH_JSON, Attempt, RankFiles, record_problem
 from mgpucli.run_records.worker_records import FailureRecord, read_error_file, record_path
 
 _SPE = re.compile(r"\b(\d+) steps per epoch\b")
@@ -106,6 +106,14 @@ def read_run(path: str) -> RunRecord:
     if records[0] is None:
         raise UsageError(f"{paths[0]} cannot be read as JSON (truncated or not written by mgpu launch).",
                          "Give the run directory of a `mgpu launch` run.")
+    for where, record in zip(paths, records, strict=True):
+        problem = record_problem(record) if record is not None else None
+        if problem:
+            written = f" (written by mgpu {record['mgpu_version']})" if isinstance(record.get("mgpu_version"),
+                                                                                  str) else ""
+            raise UsageError(f"{where} is no launch record mgpu doctor can read{written}: {problem}.",
+                             "Give the run directory of a `mgpu launch` run, with its launch.json as mgpu launch "
+                             "wrote it (edited by hand, it may no longer read).")
     launch = records[0]
     recorded_root = str(launch.get("run_dir") or run_dir)
     attempts = _merge_attempts([r for r in records if r], run_dir, recorded_root)

@@ -110,7 +110,8 @@ def render(report: Report, console: Console | None = None, compact: bool = False
         name = short_path(report.checkpoint) if report.checkpoint else "the last checkpoint"
         console.print(Text(f"  continue from {name}{at}: ", style="bold") + Text(report.resume_command))
     if report.logs:
-        console.print(Text(f"  logs: {report.logs}", style="dim"))
+        gone = "" if os.path.exists(report.logs) else " (gone: deleted or moved; read from launch.json alone)"
+        console.print(Text(f"  logs: {report.logs}{gone}", style="dim"))
 
 
 def after_launch_failure(run_dir: str) -> str | None:

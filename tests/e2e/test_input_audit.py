@@ -49,10 +49,13 @@ def trained(tmp_path_factory) -> Path:
 
 @pytest.fixture
 def run(trained, tmp_path) -> Path:
-    """A copy of the trained run's working directory, for a test that gives it bad input."""
+    """A copy of the trained run's working directory, for a test that gives it bad input (its launch record names
+    the copy's files, as if it had run there)."""
     import shutil
 
     shutil.copytree(trained / "runs", tmp_path / "runs", symlinks=True)
+    record = tmp_path / "runs/quickstart/launch.json"
+    record.write_text(record.read_text().replace(str(trained), str(tmp_path)))
     return tmp_path
 
 
@@ -157,3 +160,67 @@ def test_an_empty_argument_is_refused_not_read_as_the_current_directory(run, arg
     """``mgpu train "$RECIPE"`` with the variable unset: the empty path must not mean ``.``."""
     before = snapshot(run)
     refused(mgpu(*args, cwd=run, timeout=90), run, before, fragment)
+
+
+# ------------------------------------------------------------------------------------ run dirs given to doctor
+def _edit_launch_json(run_dir: Path, edit) -> None:
+    import json
+
+    path = run_dir / "launch.json"
+    data = json.loads(path.read_text())
+    edit(data)
+    path.write_text(json.dumps(data))
+
+
+@pytest.mark.parametrize("edit, fragment", [
+    (lambda d: d.clear(), "it holds none of the fields mgpu launch writes (mgpu_version, argv, attempts)"),
+    (lambda d: d.update(attempts="all of them"), "its field attempts is a string, where mgpu launch writes a list"),
+    (lambda d: d["attempts"][0]["ranks"]["0"].update(rank="zero"),
+     "its field attempts[0].ranks.0.rank is a string, where mgpu launch writes a number"),
+    (lambda d: d["result"].update(exitcodes={"first": 1}),
+     "its field result.exitcodes has the key 'first', where mgpu launch writes rank numbers"),
+    (lambda d: (d.pop("attempts"), d.pop("result")), "(written by mgpu 0.1.0): it has no attempts and no result"),
+])
+def test_a_launch_record_mgpu_launch_did_not_write_is_named_not_diagnosed(run, edit, fragment):
+    """A launch.json edited by hand or written by another program or version: exit 2 naming the field, where the
+    post-mortem crashed (AttributeError) or diagnosed a run that never was."""
+    _edit_launch_json(run / "runs/quickstart", edit)
+    before = snapshot(run)
+    r = mgpu("doctor", "runs/quickstart", "--json", cwd=run, timeout=60)
+    refused(r, run, before, "launch.json is no launch record mgpu doctor can read", fragment)
+    assert r.stdout == ""
+
+
+@pytest.mark.parametrize("setup, fragment", [
+    (lambda d: (d / "launch.json").write_text('{"mgpu_version": "0.1.0", "attempts": ['), "cannot be read as JSON"),
+    (lambda d: (d / "launch.json").write_text("[1, 2]\n"), "cannot be read as JSON"),
+    (lambda d: (d / "launch.json").unlink(), "holds no launch.json"),
+    (lambda d: None, "is a file, not a run directory"),
+])
+def test_a_path_that_is_no_run_dir_is_refused(run, setup, fragment):
+    run_dir = run / "runs/quickstart"
+    setup(run_dir)
+    target = "runs/quickstart/metrics.jsonl" if "a file" in fragment else "runs/quickstart"
+    before = snapshot(run)
+    refused(mgpu("doctor", target, cwd=run, timeout=60), run, before, fragment, "`mgpu launch`")
+
+
+def test_a_run_whose_logs_were_deleted_is_still_read_and_says_so(run):
+    """Not bad input: the post-mortem reads what is left (launch.json, metrics), and names what is gone."""
+    import shutil
+
+    shutil.rmtree(run / "runs/quickstart/logs")
+    r = mgpu("doctor", "runs/quickstart", cwd=run, timeout=60)
+    assert r.returncode == 0 and "Traceback" not in r.output, r.output
+    assert "finished" in r.stderr and "(gone: deleted or moved; read from launch.json alone)" in r.stderr
+    _edit_launch_json(run / "runs/quickstart", lambda d: d["result"].update(status="failed", exit_code=1,
+                                                                              exitcodes={"0": 1, "1": 0}))
+    r = mgpu("doctor", "runs/quickstart", cwd=run, timeout=60)
+    assert r.returncode == 1 and "Traceback" not in r.output, r.output
+    assert "rank 0 failed, and its logs are missing" in r.stderr
+
+
+def test_a_machine_check_timeout_that_never_comes_is_refused(tmp_path):
+    for value in ("inf", "nan"):
+        r = mgpu("doctor", "--cpu", "--timeout", value, cwd=tmp_path, timeout=60)
+        refused(r, tmp_path, {}, f"--timeout {value}: must be a finite number of seconds above 0")
