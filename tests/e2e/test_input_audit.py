@@ -224,3 +224,54 @@ def test_a_machine_check_timeout_that_never_comes_is_refused(tmp_path):
     for value in ("inf", "nan"):
         r = mgpu("doctor", "--cpu", "--timeout", value, cwd=tmp_path, timeout=60)
         refused(r, tmp_path, {}, f"--timeout {value}: must be a finite number of seconds above 0")
+
+
+# ------------------------------------------------------------------------------------ override forms and keys
+@pytest.mark.parametrize("overrides, fragments", [
+    pytest.param(["~trainer.epoch"], ["~trainer.epoch: the recipe has no key trainer.epoch to remove (did you mean "
+                                      "'trainer.epochs'?); fix the key, or drop the override"], id="remove-missing"),
+    pytest.param(["+trainer.epochs=3"], ["An item is already at 'trainer.epochs'", "'++trainer.epochs=3'"],
+                 id="add-existing"),
+    pytest.param(["vars.width=3"], ["To append to your config use +vars.width=3"], id="set-new-free-form-key"),
+    pytest.param(["=1", "key==x"], ["override '=1' names no key", "override 'key==x' is malformed", "~key to remove"],
+                 id="malformed"),
+    pytest.param(["trainer=5"], ["trainer: expected a section (mapping), got 5"], id="scalar-for-section"),
+    pytest.param(["trainer.epochs=[1,2]", "data.batch_size={a: 1}", "trainer.max_steps=${nope}",
+                  "seed=${oc.env:MGPU_AUDIT_UNSET}", "trainer.log_every=${trainer.log_every}"],
+                 ["trainer.epochs: Value '[1, 2]' of type 'list' could not be converted to Integer",
+                  "data.batch_size: Value '{'a': 1}' of type 'dict' could not be converted to Integer",
+                  "trainer.max_steps: Interpolation key 'nope' not found",
+                  "seed: KeyError raised while resolving interpolation: \"Environment variable 'MGPU_AUDIT_UNSET' not "
+                  "found\"", "trainer.log_every: Recursive interpolation detected"], id="values-and-interpolations"),
+    pytest.param(["name=", "run_dir=  "], ["name: empty; it names the run dir",
+                                           "run_dir: empty; the run would write its checkpoints and records into the "
+                                           "working directory"], id="empty-name-and-run-dir"),
+])
+def test_an_override_that_cannot_apply_is_a_recipe_problem(tmp_path, overrides, fragments):
+    """Every override form (key=value, +key, ~key, lists, mappings, interpolations): one message listing what is
+    wrong with each, before anything is built or written."""
+    r = mgpu("train", "quickstart", *overrides, "--check", cwd=tmp_path, timeout=60)
+    refused(r, tmp_path, {}, "problem(s) in recipe quickstart", *fragments)
+
+
+# ---------------------------------------------------------------------------------- environment variables
+@pytest.mark.parametrize("env, args, fragments", [
+    pytest.param({"RANK": "one", "WORLD_SIZE": "2"}, [], ["RANK='one' in the environment is not an integer"],
+                 id="rank-not-an-integer"),
+    pytest.param({"RANK": "1"}, [], ["RANK and WORLD_SIZE must be set together; WORLD_SIZE is missing"],
+                 id="rank-without-world-size"),
+    pytest.param({"RANK": "2", "WORLD_SIZE": "2"}, [], ["RANK=2 does not fit WORLD_SIZE=2"], id="stale-rank"),
+    pytest.param({"LOCAL_RANK": "-1"}, [], ["LOCAL_RANK=-1 is negative"], id="negative-local-rank"),
+    pytest.param({"CUDA_VISIBLE_DEVICES": "0,gpu1"}, ["launch"], ["CUDA_VISIBLE_DEVICES='0,gpu1': entry 'gpu1' is "
+                 "not a GPU index or UUID", "Fix or unset CUDA_VISIBLE_DEVICES"], id="cuda-visible-devices"),
+    pytest.param({"MGPU_FAULT": "crash@step=three"}, ["train"], ["MGPU_FAULT='crash@step=three': 'step=three' is "
+                 "neither rank=N nor step=N", "unset MGPU_FAULT"], id="mgpu-fault"),
+    pytest.param({"MGPU_FAULT": "explode"}, ["train"], ["'explode' is no fault (known: crash, nan"],
+                 id="mgpu-fault-unknown"),
+])
+def test_an_environment_variable_mgpu_cannot_use_is_named(tmp_path, env, args, fragments):
+    """The rank variables a stale shell keeps, a malformed GPU list, a test-only fault spec: exit 2 before a run dir
+    exists (``mgpu train`` itself where the check is the run's own, else its --check)."""
+    command = {"launch": ["launch", "quickstart", "--dry-run"], "train": ["train", "quickstart", *SMALL]}.get(
+        args[0] if args else "", ["train", "quickstart", "--check"])
+    refused(mgpu(*command, cwd=tmp_path, env=env, timeout=60), tmp_path, {}, *fragments)
