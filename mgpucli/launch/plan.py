@@ -29,6 +29,7 @@ from mgpucli.distributed.select import DeviceSelection, select_devices
 from mgpucli.errors import UsageError
 from mgpucli.launch.ports import check_port_number, port_problem, require_free_port
 from mgpucli.launch.slurm import SlurmInfo, read_slurm
+from mgpucli.run_files import unwritable
 
 WORKER_MODULE = "mgpucli.launch.worker"
 DEFAULT_STATIC_PORT = 29500  # torchrun's own default for a static rendezvous
@@ -279,6 +280,9 @@ def build_plan(
     if opts.max_restarts:
         args += ["--max-restarts", str(opts.max_restarts)]
     log_dir = os.path.abspath(opts.log_dir or os.path.join(facts.run_dir, "logs"))
+    if opts.log_dir and (problem := unwritable(log_dir)):  # torch's agent would fail on it with a traceback
+        raise UsageError(f"--log-dir {opts.log_dir}: {problem}.", "Give a directory (created if missing), or leave "
+                         "--log-dir out for RUN_DIR/logs.")
     # Every rank's stdout+stderr to files (redirects 3), local rank 0 also to this terminal (tee 0:3).
     args += ["--log-dir", log_dir, "--redirects", "3", "--tee", "0:3"]
     if slurm is not None:

@@ -275,3 +275,41 @@ def test_an_environment_variable_mgpu_cannot_use_is_named(tmp_path, env, args, f
     command = {"launch": ["launch", "quickstart", "--dry-run"], "train": ["train", "quickstart", *SMALL]}.get(
         args[0] if args else "", ["train", "quickstart", "--check"])
     refused(mgpu(*command, cwd=tmp_path, env=env, timeout=60), tmp_path, {}, *fragments)
+
+
+# ---------------------------------------------------------------------------------- command-line options
+@pytest.mark.parametrize("args, fragment", [
+    (["train", "quickstart", "--epochs", "3"], "No such option: --epochs"),
+    (["launch", "--cpu", "--nproc", "two", "quickstart"], "Invalid value for '--nproc': 'two' is not a valid integer"),
+    (["validate"], "Missing argument 'CHECKPOINT'"),
+    (["doctor", "--timeout", "soon"], "Invalid value for '--timeout': 'soon' is not a valid float"),
+    (["recipes", "show", "quickstart", "digits"], "Got unexpected extra argument(s) (digits)"),
+    (["--local-rank", "first", "train", "quickstart"], "'first' is not a valid integer"),
+])
+def test_an_option_the_command_line_parser_refuses_is_exit_2_without_a_traceback(tmp_path, args, fragment):
+    r = mgpu(*args, cwd=tmp_path, env={"COLUMNS": "200"}, timeout=30)
+    refused(r, tmp_path, {}, fragment)
+
+
+@pytest.mark.parametrize("args, fragments", [
+    pytest.param(["--nproc", "0"], ["--nproc 0: the process count must be at least 1"], id="nproc-zero"),
+    pytest.param(["--nnodes", "0"], ["--nnodes 0: must be at least 1"], id="nnodes-zero"),
+    pytest.param(["--node-rank", "1"], ["--node-rank 1 does not fit --nnodes 1"], id="node-rank-out-of-range"),
+    pytest.param(["--master-port", "70000"], ["--master-port 70000: a TCP port is a number from 1 to 65535"],
+                 id="port-out-of-range"),
+    pytest.param(["--max-restarts", "-1"], ["--max-restarts -1: must be 0 or more"], id="negative-restarts"),
+    pytest.param(["--rdzv-endpoint", "node01"], ["--rdzv-endpoint 'node01' is not HOST:PORT"], id="endpoint-form"),
+    pytest.param(["--rdzv-endpoint", "h:29400", "--master-port", "29500"], ["exclude each other"],
+                 id="two-rendezvous"),
+    pytest.param(["--master-addr", "node01"], ["--master-addr without --master-port"], id="addr-without-port"),
+    pytest.param(["--gpus", "1"], ["--cpu and --gpus exclude each other"], id="cpu-and-gpus"),
+    pytest.param(["--log-dir", "notes.txt"], ["--log-dir notes.txt:", "notes.txt is a file, not a directory"],
+                 id="log-dir-a-file"),
+])
+def test_a_launch_option_out_of_range_or_contradicting_another_is_refused_before_anything_starts(tmp_path, args,
+                                                                                                 fragments):
+    """Without --dry-run: the refusal must come before the run dir or any worker exists (--log-dir naming a file
+    reached torch's agent: a NotADirectoryError traceback, exit 1, a run dir created)."""
+    (tmp_path / "notes.txt").write_text("mine\n")
+    before = snapshot(tmp_path)
+    refused(mgpu("launch", "--cpu", "quickstart", *args, cwd=tmp_path, timeout=60), tmp_path, before, *fragments)
