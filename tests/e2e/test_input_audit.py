@@ -262,6 +262,11 @@ def test_an_override_that_cannot_apply_is_a_recipe_problem(tmp_path, overrides, 
                  id="rank-without-world-size"),
     pytest.param({"RANK": "2", "WORLD_SIZE": "2"}, [], ["RANK=2 does not fit WORLD_SIZE=2"], id="stale-rank"),
     pytest.param({"LOCAL_RANK": "-1"}, [], ["LOCAL_RANK=-1 is negative"], id="negative-local-rank"),
+    pytest.param({"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "", "MASTER_PORT": ""}, ["train"],
+                 ["RANK=0 and WORLD_SIZE=2 make this process one rank of a job, but MASTER_ADDR and MASTER_PORT are "
+                  "not set", "unset RANK WORLD_SIZE LOCAL_RANK"], id="rank-without-rendezvous"),
+    pytest.param({"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "localhost", "MASTER_PORT": "http"}, ["train"],
+                 ["MASTER_PORT='http' is not a port number"], id="master-port-not-a-number"),
     pytest.param({"CUDA_VISIBLE_DEVICES": "0,gpu1"}, ["launch"], ["CUDA_VISIBLE_DEVICES='0,gpu1': entry 'gpu1' is "
                  "not a GPU index or UUID", "Fix or unset CUDA_VISIBLE_DEVICES"], id="cuda-visible-devices"),
     pytest.param({"MGPU_FAULT": "crash@step=three"}, ["train"], ["MGPU_FAULT='crash@step=three': 'step=three' is "
