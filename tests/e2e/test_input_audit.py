@@ -318,3 +318,15 @@ def test_a_launch_option_out_of_range_or_contradicting_another_is_refused_before
     (tmp_path / "notes.txt").write_text("mine\n")
     before = snapshot(tmp_path)
     refused(mgpu("launch", "--cpu", "quickstart", *args, cwd=tmp_path, timeout=60), tmp_path, before, *fragments)
+
+
+@pytest.mark.parametrize("args, fragments", [
+    (["notes.txt/quickstart.yaml"], ["cannot write notes.txt/quickstart.yaml: notes.txt is a file, not a directory"]),
+    (["nowhere/quickstart.yaml"], ["the directory nowhere does not exist", "a directory that exists"]),
+    (["notes.txt"], ["notes.txt already exists; not overwriting it", "--force"]),
+    (["mine.yaml", "--name", "my run"], ["--name 'my run': a recipe name becomes its run dir"]),
+])
+def test_recipes_copy_never_writes_where_it_should_not(tmp_path, args, fragments):
+    (tmp_path / "notes.txt").write_text("mine\n")
+    before = snapshot(tmp_path)
+    refused(mgpu("recipes", "copy", "quickstart", *args, cwd=tmp_path, timeout=30), tmp_path, before, *fragments)
