@@ -330,3 +330,20 @@ def test_recipes_copy_never_writes_where_it_should_not(tmp_path, args, fragments
     (tmp_path / "notes.txt").write_text("mine\n")
     before = snapshot(tmp_path)
     refused(mgpu("recipes", "copy", "quickstart", *args, cwd=tmp_path, timeout=30), tmp_path, before, *fragments)
+
+
+# ------------------------------------------------------------------------------------ components of the wrong kind
+@pytest.mark.parametrize("command", [["train", *SMALL], ["launch", "--cpu", "--dry-run"]])
+@pytest.mark.parametrize("override, fragment", [
+    ("model._partial_=true", "model: _partial_ is true, so mgpucli.components.models.MLP gave a function still to "
+                             "call, where mgpu needs a torch.nn.Module"),
+    ("model._target_=builtins.dict", "model: builtins.dict gave a dict, where mgpu needs a torch.nn.Module"),
+    ("optim._partial_=true", "optim: _partial_ is true, so torch.optim.SGD gave a function still to call, where "
+                             "mgpu needs a torch.optim.Optimizer"),
+])
+def test_a_component_that_builds_into_the_wrong_kind_of_object_is_a_recipe_problem(tmp_path, command, override,
+                                                                                   fragment):
+    """A _target_ that builds, but not a model (or an optimizer) mgpu can train: the AttributeError of the first
+    use ('dict' object has no attribute 'to') becomes the key, what it gave and what it must give."""
+    r = mgpu(command[0], "quickstart", *command[1:], override, cwd=tmp_path, timeout=90)
+    refused(r, tmp_path, {}, fragment)
