@@ -255,30 +255,40 @@ def test_an_override_that_cannot_apply_is_a_recipe_problem(tmp_path, overrides, 
 
 
 # ---------------------------------------------------------------------------------- environment variables
-@pytest.mark.parametrize("env, args, fragments", [
-    pytest.param({"RANK": "one", "WORLD_SIZE": "2"}, [], ["RANK='one' in the environment is not an integer"],
+CHECK = ["train", "quickstart", "--check"]
+TRAIN = ["train", "quickstart", *SMALL]
+DRY_RUN = ["launch", "--cpu", "quickstart", "--dry-run"]
+
+
+@pytest.mark.parametrize("env, command, fragments", [
+    pytest.param({"RANK": "one", "WORLD_SIZE": "2"}, CHECK, ["RANK='one' in the environment is not an integer"],
                  id="rank-not-an-integer"),
-    pytest.param({"RANK": "1"}, [], ["RANK and WORLD_SIZE must be set together; WORLD_SIZE is missing"],
+    pytest.param({"RANK": "1"}, CHECK, ["RANK and WORLD_SIZE must be set together; WORLD_SIZE is missing"],
                  id="rank-without-world-size"),
-    pytest.param({"RANK": "2", "WORLD_SIZE": "2"}, [], ["RANK=2 does not fit WORLD_SIZE=2"], id="stale-rank"),
-    pytest.param({"LOCAL_RANK": "-1"}, [], ["LOCAL_RANK=-1 is negative"], id="negative-local-rank"),
-    pytest.param({"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "", "MASTER_PORT": ""}, ["train"],
+    pytest.param({"RANK": "2", "WORLD_SIZE": "2"}, CHECK, ["RANK=2 does not fit WORLD_SIZE=2"], id="stale-rank"),
+    pytest.param({"LOCAL_RANK": "-1"}, CHECK, ["LOCAL_RANK=-1 is negative"], id="negative-local-rank"),
+    pytest.param({"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "", "MASTER_PORT": ""}, TRAIN,
                  ["RANK=0 and WORLD_SIZE=2 make this process one rank of a job, but MASTER_ADDR and MASTER_PORT are "
                   "not set", "unset RANK WORLD_SIZE LOCAL_RANK"], id="rank-without-rendezvous"),
-    pytest.param({"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "localhost", "MASTER_PORT": "http"}, ["train"],
+    pytest.param({"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "localhost", "MASTER_PORT": "http"}, TRAIN,
                  ["MASTER_PORT='http' is not a port number"], id="master-port-not-a-number"),
-    pytest.param({"CUDA_VISIBLE_DEVICES": "0,gpu1"}, ["launch"], ["CUDA_VISIBLE_DEVICES='0,gpu1': entry 'gpu1' is "
-                 "not a GPU index or UUID", "Fix or unset CUDA_VISIBLE_DEVICES"], id="cuda-visible-devices"),
-    pytest.param({"MGPU_FAULT": "crash@step=three"}, ["train"], ["MGPU_FAULT='crash@step=three': 'step=three' is "
+    pytest.param({"CUDA_VISIBLE_DEVICES": "0,gpu1"}, ["launch", "quickstart", "--dry-run"],
+                 ["CUDA_VISIBLE_DEVICES='0,gpu1': entry 'gpu1' is not a GPU index or UUID",
+                  "Fix or unset CUDA_VISIBLE_DEVICES"], id="cuda-visible-devices"),
+    pytest.param({"SLURM_JOB_ID": "12", "SLURM_NNODES": "two"}, DRY_RUN,
+                 ["SLURM node count 'two' is not an integer", "--nnodes N"], id="slurm-node-count"),
+    pytest.param({"SLURM_JOB_ID": "12", "SLURM_NNODES": "2", "SLURM_NODEID": "0", "SLURM_JOB_NODELIST": "n[1-2"},
+                 DRY_RUN, ["Cannot read the SLURM node list 'n[1-2': unbalanced '['", "--master-addr HOST"],
+                 id="slurm-node-list"),
+    pytest.param({"MGPU_FAULT": "crash@step=three"}, TRAIN, ["MGPU_FAULT='crash@step=three': 'step=three' is "
                  "neither rank=N nor step=N", "unset MGPU_FAULT"], id="mgpu-fault"),
-    pytest.param({"MGPU_FAULT": "explode"}, ["train"], ["'explode' is no fault (known: crash, nan"],
+    pytest.param({"MGPU_FAULT": "explode"}, TRAIN, ["'explode' is no fault (known: crash, nan"],
                  id="mgpu-fault-unknown"),
 ])
-def test_an_environment_variable_mgpu_cannot_use_is_named(tmp_path, env, args, fragments):
-    """The rank variables a stale shell keeps, a malformed GPU list, a test-only fault spec: exit 2 before a run dir
-    exists (``mgpu train`` itself where the check is the run's own, else its --check)."""
-    command = {"launch": ["launch", "quickstart", "--dry-run"], "train": ["train", "quickstart", *SMALL]}.get(
-        args[0] if args else "", ["train", "quickstart", "--check"])
+def test_an_environment_variable_mgpu_cannot_use_is_named(tmp_path, env, command, fragments):
+    """The rank variables a stale shell keeps, a malformed GPU list, SLURM's variables, a test-only fault spec:
+    exit 2 before a run dir exists (``mgpu train`` itself where the check is the run's own, else --check or
+    --dry-run). OMP_NUM_THREADS: test_train_errors.py."""
     refused(mgpu(*command, cwd=tmp_path, env=env, timeout=60), tmp_path, {}, *fragments)
 
 
