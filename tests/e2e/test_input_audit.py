@@ -13,7 +13,9 @@ anything starts.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -27,14 +29,14 @@ LAST = "runs/quickstart/checkpoints/last.pt"
 
 
 def snapshot(root: Path) -> dict[str, str]:
-    """Every file under ``root`` (links as their target) with a digest of its bytes."""
+    """Every file and directory under ``root``: a digest of each file's bytes, a link's target."""
     out = {}
     for path in sorted(root.rglob("*")):
         name = str(path.relative_to(root))
         if path.is_symlink():
             out[name] = "-> " + os.readlink(path)
-        elif path.is_file():
-            out[name] = hashlib.sha1(path.read_bytes()).hexdigest()
+        else:
+            out[name] = hashlib.sha1(path.read_bytes()).hexdigest() if path.is_file() else "dir"
     return out
 
 
@@ -51,8 +53,6 @@ def trained(tmp_path_factory) -> Path:
 def run(trained, tmp_path) -> Path:
     """A copy of the trained run's working directory, for a test that gives it bad input (its launch record names
     the copy's files, as if it had run there)."""
-    import shutil
-
     shutil.copytree(trained / "runs", tmp_path / "runs", symlinks=True)
     record = tmp_path / "runs/quickstart/launch.json"
     record.write_text(record.read_text().replace(str(trained), str(tmp_path)))
@@ -164,8 +164,6 @@ def test_an_empty_argument_is_refused_not_read_as_the_current_directory(run, arg
 
 # ------------------------------------------------------------------------------------ run dirs given to doctor
 def _edit_launch_json(run_dir: Path, edit) -> None:
-    import json
-
     path = run_dir / "launch.json"
     data = json.loads(path.read_text())
     edit(data)
@@ -207,8 +205,6 @@ def test_a_path_that_is_no_run_dir_is_refused(run, setup, fragment):
 
 def test_a_run_whose_logs_were_deleted_is_still_read_and_says_so(run):
     """Not bad input: the post-mortem reads what is left (launch.json, metrics), and names what is gone."""
-    import shutil
-
     shutil.rmtree(run / "runs/quickstart/logs")
     r = mgpu("doctor", "runs/quickstart", cwd=run, timeout=60)
     assert r.returncode == 0 and "Traceback" not in r.output, r.output
