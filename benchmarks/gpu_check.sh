@@ -3,8 +3,10 @@
 #   1. the gpu-marked tests                              (at most 2 min)
 #   2. benchmarks/dp_vs_ddp.py: single GPU, dp, ddp      (at most 2.5 min)
 #   3. benchmarks/overhead.py --gpus N: mgpu vs the hand-written DDP loop, 2 rounds per workload (at most 3 min)
-# Each step has its own time limit, so the whole check ends within 8 minutes even if one step hangs. Where no CUDA
-# GPU is visible every step says so and skips, and the script exits 0: it is safe to run anywhere.
+#   4. the fit probe on charlm: peak GPU memory, step time, samples/s (at most 1 min)
+# Each step has its own time limit, so the whole check ends within 9 minutes even if one step hangs. Where no CUDA
+# GPU is visible every step says so and skips (the probe measures the CPU instead), and the script exits 0: it is
+# safe to run anywhere.
 #
 #   benchmarks/gpu_check.sh [RESULTS_FILE]     (default: benchmarks/results/gpu-check-<host>-<time>.md)
 #   PYTHON=/path/to/python benchmarks/gpu_check.sh
@@ -47,6 +49,9 @@ step "DataParallel vs DistributedDataParallel" 150 "$PY" benchmarks/dp_vs_ddp.py
   --json "$JSON_DIR/dp_vs_ddp.json"
 step "mgpu vs the hand-written DDP loop on $GPUS GPU(s)" 180 "$PY" benchmarks/overhead.py --gpus "$N" --rounds 2 \
   --cli-repeats 5 --timeout 40 --json "$JSON_DIR/overhead.json"
+DEVICES=$([ "$GPUS" = 0 ] && echo "--cpu --nproc 1" || echo "--gpus $N")
+# shellcheck disable=SC2086  # DEVICES is two or three words on purpose
+step "fit probe: mgpu launch $DEVICES charlm --probe" 60 "$PY" -m mgpucli launch $DEVICES charlm --probe --json
 
 say ""
 say "results: $OUT (JSON in $JSON_DIR/)"

@@ -4,7 +4,9 @@ Importing this package is cheap: torch, omegaconf and hydra are imported only by
 so ``mgpu --help`` and ``mgpu --version`` never pay for them.
 
 Python API: ``mgpucli.load_checkpoint(path)`` returns the checkpoint's model (weights loaded, eval mode),
-its recipe and facts about the file, under the same safety rules as ``mgpu validate``.
+its recipe and facts about the file, under the same safety rules as ``mgpu validate``. ``mgpucli.progress(step)``
+tells ``mgpu launch`` the step a user's own script reached (a no-op anywhere else), so failures and collective
+timeouts name it.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from typing import Any
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__", "load_checkpoint"]
+__all__ = ["__version__", "load_checkpoint", "progress"]
 
 
 def __getattr__(name: str) -> Any:  # lazy: keep `import mgpucli` free of torch
@@ -21,4 +23,8 @@ def __getattr__(name: str) -> Any:  # lazy: keep `import mgpucli` free of torch
         from mgpucli.engine.validate_checkpoint import load_checkpoint
 
         return load_checkpoint
+    if name == "progress":
+        from mgpucli.distributed.step_progress import progress
+
+        return progress
     raise AttributeError(f"module 'mgpucli' has no attribute {name!r}")

@@ -8,6 +8,7 @@ step unless narrowed). Faults:
 - ``sleep``: sleep ``MGPU_FAULT_SLEEP`` seconds (default 3600) inside the step (a stuck rank).
 - ``kill_in_save``: SIGKILL this process in the middle of writing a checkpoint.
 - ``disk_full_in_save``: raise ENOSPC in the middle of writing a checkpoint.
+- ``tracker``: an experiment tracker's logging raises at the step (on rank 0's tracking thread).
 
 ``MGPU_FAULT_ONCE=PATH`` makes the faults fire only if PATH does not exist yet (and creates it), so a
 restarted worker group runs clean: a one-time crash.
@@ -23,7 +24,7 @@ from functools import lru_cache
 
 from mgpucli.errors import UsageError
 
-KNOWN = ("crash", "nan", "sleep", "kill_in_save", "disk_full_in_save")
+KNOWN = ("crash", "nan", "sleep", "kill_in_save", "disk_full_in_save", "tracker")  # as listed above
 
 
 @lru_cache(maxsize=1)
@@ -91,6 +92,8 @@ def maybe_fault(point: str, rank: int | None = None, step: int | None = None, pa
         if _armed("sleep", rank, step):
             time.sleep(float(os.environ.get("MGPU_FAULT_SLEEP", "3600")))
         return _armed("nan", rank, step)
+    if point == "tracker" and _armed("tracker", rank, step):
+        raise RuntimeError(f"injected fault: the tracker failed to log step {step}")
     if point == "save":
         if _armed("kill_in_save", rank, step):
             os.kill(os.getpid(), signal.SIGKILL)

@@ -61,9 +61,17 @@ app.add_typer(recipes_cmd.app, name="recipes")
 
 
 def main() -> None:
-    """Console-script entry: run the app, print MgpuErrors without a traceback."""
+    """Console-script entry: run the app, print MgpuErrors without a traceback. ``mgpu launch ... SCRIPT.py ARGS``:
+    ARGS are kept from the CLI's parser and handed to the command untouched (:mod:`mgpucli.cli.launch_argv`)."""
+    args = sys.argv[1:]
+    obj = None
+    if "launch" in args:
+        from mgpucli.cli.launch_argv import split_script_args
+
+        args, script_args = split_script_args(args, typer.main.get_command(app))
+        obj = launch_cmd.ScriptArgs(script_args)
     try:
-        app()
+        app(args=args, obj=obj)
     except MgpuError as err:  # raised outside a command's own handler (rare)
         from mgpucli.console import print_error
 

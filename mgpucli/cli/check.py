@@ -21,7 +21,7 @@ def check_and_print(recipe: str, overrides: list[str], quiet: bool = False,
     from mgpucli.engine.run import ensure_cwd_on_path
 
     ensure_cwd_on_path()  # user components in the working directory, as a run finds them
-    result = check_deep(recipe, overrides)
+    result = check_deep(recipe, overrides, trackers="find" if quiet else "import")  # a job's other ranks: no import
     if quiet:
         return
     run_dir = str(result.cfg.run_dir)

@@ -1,25 +1,48 @@
-"""``mgpu launch``: start one training worker per GPU (or N on CPUs) through torch's launcher engine."""
+"""``mgpu launch``: start one training worker per GPU (or N on CPUs) through torch's launcher engine; each runs a
+recipe, or the user's own script (``SCRIPT.py`` or ``-m MODULE``, everything after it being the script's)."""
 
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass
 
 import typer
 
+from mgpucli.cli.train import PROBE_STEPS_OPTION
 from mgpucli.errors import MgpuError
 
 
+@dataclass(frozen=True)
+class ScriptArgs:
+    """The command's context object: the script's arguments, kept from the CLI's parser (None: not a script line);
+    see :mod:`mgpucli.cli.launch_argv`."""
+
+    args: tuple[str, ...] | None
+
+
 def launch(
-    recipe: str = typer.Argument(..., help="A recipe YAML file, or a shipped recipe's name (see `mgpu recipes`)."),
+    ctx: typer.Context,
+    recipe: str | None = typer.Argument(
+        None, metavar="RECIPE|SCRIPT.py", show_default=False,
+        help="A recipe YAML file or a shipped recipe's name (see `mgpu recipes`); or your own training script, a .py "
+        "file every worker runs as `python SCRIPT.py ARGS` would (or -m MODULE instead).",
+    ),
     overrides: list[str] | None = typer.Argument(
-        None, help="Hydra overrides for every worker: key=value, +key=value, ~key.", show_default=False
+        None, metavar="[OVERRIDES|ARGS]...", show_default=False,
+        help="A recipe's Hydra overrides for every worker (key=value, +key=value, ~key); a script's own arguments, "
+        "passed untouched: mgpu's options go before the script, everything after it is the script's.",
+    ),
+    module: str | None = typer.Option(
+        None, "-m", metavar="MODULE", show_default=False,
+        help="Run a module as every worker's script, as `python -m MODULE ARGS` does (found from this directory).",
     ),
     gpus: str | None = typer.Option(
         None, "--gpus", metavar="N|LIST|all",
         help="GPUs to use: a count (first N visible), a list (0,2,3; one GPU: 1,) or 'all' "
         "(default: all visible).", show_default=False,
     ),
-    cpu: bool = typer.Option(False, "--cpu", help="Run on CPUs with gloo (sets trainer.device=cpu)."),
+    cpu: bool = typer.Option(False, "--cpu", help="Run on CPUs with gloo (a recipe gets trainer.device=cpu; a "
+                             "script's workers see no GPU)."),
     nproc: int | None = typer.Option(
         None, "--nproc", metavar="N", help="Number of CPU processes (with --cpu; default 1)."
     ),
@@ -47,7 +70,8 @@ def launch(
     ),
     max_restarts: int = typer.Option(
         0, "--max-restarts", metavar="K",
-        help="Restart a failed worker group up to K times, resuming from the last checkpoint."
+        help="Restart a failed worker group up to K times (a recipe resumes from its last checkpoint; a script "
+        "starts again as given)."
     ),
     log_dir: str | None = typer.Option(
         None, "--log-dir", metavar="DIR",
@@ -65,27 +89,67 @@ def launch(
         False, "--check", help="Check the workers' recipe in full (schema, every _target_, the datasets), print it "
         "resolved, exit. No devices needed, nothing started or written."
     ),
+    run_dir: str | None = typer.Option(
+        None, "--run-dir", metavar="DIR", show_default=False,
+        help="A script's run dir: launch.json, logs/, postmortem.json (default: a new runs/SCRIPT-DATE-TIME per "
+        "launch; the script gets it as MGPU_RUN_DIR). A recipe's is run_dir=PATH.",
+    ),
+    local_rank_arg: bool = typer.Option(
+        False, "--local-rank-arg", help="Pass a script --local_rank=N (or --local-rank=N: the spelling it declares) "
+        "before its arguments, as python -m torch.distributed.launch did.",
+    ),
+    show_rank: str | None = typer.Option(
+        None, "--show-rank", metavar="N|all", show_default=False,
+        help="Show local rank N's output here instead of rank 0's, or every rank's, each line prefixed with its "
+        "rank (every rank's output is in the logs either way).",
+    ),
+    probe: bool = typer.Option(
+        False, "--probe", help="Will it fit? Every worker builds everything and times a few optimizer steps "
+        "(mgpu train --probe); the report gathers every rank. No checkpoint written, the run dir left alone."
+    ),
+    probe_steps: int = PROBE_STEPS_OPTION,
+    as_json: bool = typer.Option(False, "--json", help="With --probe: print the report as one JSON object on stdout."),
 ) -> None:
-    """Train a recipe on all visible GPUs (or --gpus, or --cpu --nproc N) with one worker process each."""
+    """Train a recipe, or run your own training script, on all visible GPUs (or --gpus, or --cpu --nproc N) with one
+    worker process each.
+
+    mgpu's options go before the recipe or the script: everything after SCRIPT.py (or -m MODULE) is the script's.
+
+    Exit codes: 0 success; 1 the job failed (a script: its first failing rank's own exit code, 128+N for a rank
+    killed by signal N); 2 bad input, nothing started; 75 a recipe preempted with a complete checkpoint.
+    """
     from mgpucli.console import print_error
     from mgpucli.launch.main import launch as run_launch
     from mgpucli.launch.plan import LaunchOptions
 
-    opts = LaunchOptions(
-        recipe=recipe, overrides=tuple(overrides or ()), gpus=gpus, cpu=cpu, nproc=nproc, nnodes=nnodes,
-        node_rank=node_rank, master_addr=master_addr, master_port=master_port, rdzv_endpoint=rdzv_endpoint,
-        rdzv_id=rdzv_id, max_restarts=max_restarts, log_dir=log_dir, resume=resume, overwrite=overwrite,
-    )
     try:
+        script = _script(ctx, recipe, overrides, module)
+        opts = LaunchOptions(
+            recipe=recipe or "", overrides=tuple(overrides or ()) if script is None else (), gpus=gpus, cpu=cpu,
+            nproc=nproc, nnodes=nnodes, node_rank=node_rank, master_addr=master_addr, master_port=master_port,
+            rdzv_endpoint=rdzv_endpoint, rdzv_id=rdzv_id, max_restarts=max_restarts, log_dir=log_dir, resume=resume,
+            overwrite=overwrite, script=script, run_dir=run_dir, local_rank_arg=local_rank_arg, show_rank=show_rank,
+        )
+        recipe_only = "--check" if check else "--probe" if probe else None
+        if recipe_only and script is not None:
+            from mgpucli.errors import UsageError
+
+            raise UsageError(f"{recipe_only} is for recipes: it goes through mgpu's trainer, which a script does not.",
+                             f"Drop {recipe_only}; --dry-run shows what would run, without starting anything.")
         if check:  # the recipe as every worker gets it (with --cpu's override); no devices or processes needed
             from mgpucli.cli.check import check_and_print
             from mgpucli.launch.main import check_run_dir
-            from mgpucli.launch.plan import worker_overrides
+            from mgpucli.launch.plan import check_job_options, worker_overrides
 
+            check_job_options(opts)
             check_and_print(recipe, worker_overrides(opts),
                             check_run_dir=lambda run_dir, sharded: check_run_dir(run_dir, opts, sharded))
             sys.exit(0)
-        code = run_launch(opts, dry_run=dry_run)
+        if as_json and not probe:
+            from mgpucli.errors import UsageError
+
+            raise UsageError("--json is the probe's report format: use it with --probe.")
+        code = _probe(opts, probe_steps, as_json, dry_run) if probe else run_launch(opts, dry_run=dry_run)
     except MgpuError as err:
         print_error(str(err))
         sys.exit(err.exit_code)
@@ -93,3 +157,54 @@ def launch(
         print_error("interrupted before any worker started.")
         sys.exit(130)
     sys.exit(code)
+
+
+def _script(ctx: typer.Context, target: str | None, rest: list[str] | None, module: str | None):
+    """The script to launch (a ScriptTarget), or None for a recipe; UsageError for a line that is neither."""
+    from mgpucli.errors import UsageError
+    from mgpucli.launch.script import ScriptTarget, is_script
+
+    kept = ctx.obj.args if isinstance(ctx.obj, ScriptArgs) else None
+    args = kept if kept is not None else tuple(rest or ())  # None: the CLI was called without mgpu's entry point
+    if module is not None:
+        if target is not None:
+            raise UsageError(f"-m {module} and {target} both name what to run.",
+                             "Give one: a recipe, SCRIPT.py, or -m MODULE (its arguments after it).")
+        return ScriptTarget(module=module, args=args)
+    if target is None:
+        raise UsageError("mgpu launch needs a recipe, a SCRIPT.py or -m MODULE.",
+                         "Examples: mgpu launch --cpu --nproc 2 quickstart; mgpu launch --gpus 4 main.py --epochs 10.")
+    return ScriptTarget(path=target, args=args) if is_script(target) else None
+
+
+def _probe(opts, steps: int, as_json: bool, dry_run: bool) -> int:
+    """``--probe``: the workers run ``mgpu train --probe`` in a temporary run dir (the recipe's own, and any
+    checkpoints in it, stay untouched, and are no reason to refuse the launch); rank 0's report comes back through
+    a file and is rendered here."""
+    import dataclasses
+    import json
+    import tempfile
+    from pathlib import Path
+
+    from mgpucli.errors import UsageError
+    from mgpucli.launch.main import launch as run_launch
+
+    clash = "--resume" if opts.resume else "--overwrite" if opts.overwrite else \
+        "--max-restarts" if opts.max_restarts else None
+    if clash:
+        raise UsageError(f"--probe and {clash} don't combine: the probe measures a fresh start and writes nothing.",
+                         f"Drop {clash} (or --probe).")
+    if steps < 1:
+        raise UsageError(f"--probe-steps {steps}: the probe needs at least one step to time.")
+    with tempfile.TemporaryDirectory(prefix="mgpu-probe-") as tmp:
+        result = Path(tmp) / "probe.json"
+        overrides = [o for o in opts.overrides if o.lstrip("+").split("=", 1)[0].strip() != "run_dir"]
+        probing = dataclasses.replace(opts, overrides=(*overrides, f"run_dir={Path(tmp) / 'run'}"),
+                                      probe_steps=steps, probe_result=None if dry_run else str(result))
+        code = run_launch(probing, dry_run=dry_run)
+        if code != 0 or dry_run:
+            return code
+        from mgpucli.cli.probe_report import render
+
+        render(json.loads(result.read_text()), as_json)
+    return 0

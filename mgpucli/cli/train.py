@@ -11,6 +11,10 @@ import sys
 
 import typer
 
+# the fit probe's timed steps (also mgpu launch's option)
+PROBE_STEPS_OPTION = typer.Option(20, "--probe-steps", metavar="N", help="Optimizer steps the probe times (after its "
+                                  "warm-up).")
+
 
 def train(
     recipe: str = typer.Argument(..., help="A recipe YAML file, or a shipped recipe's name (see `mgpu recipes`)."),
@@ -28,11 +32,26 @@ def train(
         False, "--check", help="Check the whole recipe (schema, every _target_, the datasets), print it resolved, "
         "exit. Trains nothing, writes nothing."
     ),
+    probe: bool = typer.Option(
+        False, "--probe", help="Will it fit? Build everything for real, time a few optimizer steps after a warm-up, "
+        "print each rank's peak memory, step time, samples/s and the epoch's estimated time. Writes nothing."
+    ),
+    probe_steps: int = PROBE_STEPS_OPTION,
+    as_json: bool = typer.Option(False, "--json", help="With --probe: print one JSON object on stdout."),
+    probe_result: str | None = typer.Option(None, "--probe-result", hidden=True),
 ) -> None:
     """Train from a recipe on this process (one worker of a job when RANK/WORLD_SIZE are set)."""
     from mgpucli.engine import train_entry
 
     overrides = list(overrides or [])
+    if probe:
+        _probe(recipe, overrides, probe_steps, as_json, probe_result, resume=resume, overwrite=overwrite, check=check)
+        return
+    if as_json:
+        from mgpucli.console import print_error
+
+        print_error("--json is the probe's report format: use it with --probe (training writes metrics.jsonl).")
+        raise typer.Exit(2)
     if check:
         from mgpucli.cli.check import check_and_print
         from mgpucli.run_files import check_start
@@ -53,3 +72,24 @@ def rank0_reporter():
     from mgpucli.engine.line_reporter import LineReporter
 
     return LineReporter()
+
+
+def _probe(recipe: str, overrides: list[str], steps: int, as_json: bool, result_file: str | None, *,
+           resume: str | None, overwrite: bool, check: bool) -> None:
+    """``--probe``: measure (engine/probe.py); rank 0 renders the report, or writes it to ``result_file``."""
+    from mgpucli.engine import train_entry
+    from mgpucli.errors import UsageError
+
+    clash = "--check" if check else "--resume" if resume else "--overwrite" if overwrite else None
+    if clash:
+        def refuse(env) -> None:  # exit 2, said once (by rank 0 under torchrun)
+            raise UsageError(f"--probe and {clash} don't combine: the probe measures a fresh start and writes "
+                             "nothing, no checkpoint read and no run dir taken.", f"Drop {clash} (or --probe).")
+
+        train_entry.run_as_rank(refuse)
+    report = train_entry.probe_recipe(recipe, overrides, steps=steps, result_file=result_file,
+                                      rank0_reporter=rank0_reporter)
+    if report is not None and not result_file:
+        from mgpucli.cli.probe_report import render
+
+        render(report, as_json)

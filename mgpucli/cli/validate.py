@@ -23,6 +23,10 @@ def validate(
         None, "--recipe", metavar="RECIPE", help="Use this recipe instead of the checkpoint's own."
     ),
     split: str = typer.Option("val", "--split", metavar="val|train", help="Which dataset to evaluate: val or train."),
+    weights: str = typer.Option(
+        "model", "--weights", metavar="model|ema",
+        help="The model's weights, or their moving average (checkpoints of runs with trainer.ema)."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object on stdout (and nothing else there)."),
     gpus: str | None = typer.Option(
         None, "--gpus", metavar="N|LIST|all", help="GPUs to evaluate on: N, 0,2,3, or all."
@@ -40,13 +44,16 @@ def validate(
 
     rank = None
     try:
-        if split not in ("val", "train"):
-            from mgpucli.errors import UsageError
+        from mgpucli.errors import UsageError
 
+        if split not in ("val", "train"):
             raise UsageError(f"--split {split!r}: choose val or train.")
+        if weights not in ("model", "ema"):
+            raise UsageError(f"--weights {weights!r}: choose model (the model's own) or ema (their moving average).")
         env = read_rank_env()
         rank = env.rank if env.distributed else None
-        args = dict(overrides=list(overrides or []), recipe=recipe, split=split, trust_recipe=trust_recipe)
+        args = dict(overrides=list(overrides or []), recipe=recipe, split=split, trust_recipe=trust_recipe,
+                    weights=weights)
         if env.distributed:  # a worker started by the parent below (or by the user's own torchrun)
             result = _worker(checkpoint, env, cpu, **args)
             if result_file and env.rank == 0:
@@ -66,7 +73,7 @@ def _worker(checkpoint: str, env, cpu: bool, **args: Any) -> dict[str, Any]:
     from mgpucli.engine.validate_checkpoint import run_validation
 
     return run_validation(checkpoint, args["overrides"], recipe=args["recipe"], split=args["split"],
-                          trust_recipe=args["trust_recipe"], env=env, prefer_cpu=cpu)
+                          trust_recipe=args["trust_recipe"], env=env, prefer_cpu=cpu, weights=args["weights"])
 
 
 def _parent(checkpoint: str, gpus: str | None, cpu: bool, nproc: int | None, **args: Any) -> dict[str, Any]:
@@ -86,11 +93,13 @@ def _parent(checkpoint: str, gpus: str | None, cpu: bool, nproc: int | None, **a
     from mgpucli.launch.spawn import run_workers
 
     selection = select_devices(gpus, cpu, nproc, torch.cuda.device_count(), os.environ.get("CUDA_VISIBLE_DEVICES"))
-    _, info = _state_dict_of(read_file(checkpoint), checkpoint)  # bad input fails here, before any process
+    # bad input fails here, before any process
+    _, info = _state_dict_of(read_file(checkpoint), checkpoint, args["weights"])
     resolve_recipe(info, checkpoint, overrides, args["recipe"], args["trust_recipe"])
     with tempfile.TemporaryDirectory(prefix="mgpu-validate-") as tmp:
         out = Path(tmp) / "result.json"
-        worker_args = ["validate", checkpoint, *overrides, "--split", args["split"], "--result-file", str(out)]
+        worker_args = ["validate", checkpoint, *overrides, "--split", args["split"], "--weights", args["weights"],
+                       "--result-file", str(out)]
         if args["recipe"]:
             worker_args += ["--recipe", args["recipe"]]
         if args["trust_recipe"]:
@@ -115,6 +124,7 @@ def _render(result: dict[str, Any], as_json: bool) -> None:
     ck = result["checkpoint"]
     mid = ", mid-epoch" if ck.get("mid_epoch") else ""
     where = f"epoch {ck['epoch']}{mid}, step {ck['step']}" if ck.get("step") is not None else "plain state_dict"
+    where += ", EMA weights" if ck.get("weights") == "ema" else ""
     table = Table(title=f"{ck['path']} ({where}) - {result['split']} split, {result['samples']} samples, "
                         f"{result['processes']} process(es) on {result['device']}")
     table.add_column("metric")

@@ -94,16 +94,17 @@ def count_targets(cfg: DictConfig) -> int:
     return total
 
 
-def check_deep(recipe: str, overrides: list[str]) -> CheckResult:
+def check_deep(recipe: str, overrides: list[str], trackers: str = "import") -> CheckResult:
     """Check a recipe as a run would, without training; one RecipeError lists every problem found.
 
-    The caller puts the working directory on ``sys.path`` first (as a run does) for user components.
+    The caller puts the working directory on ``sys.path`` first (as a run does) for user components. The experiment
+    trackers the recipe names are imported (``trackers="find"``: only looked up, for a job's ranks other than 0).
     """
     from mgpucli.recipes import resolve
 
     file = resolve(recipe)
     cfg = load_recipe(recipe, overrides)
-    check_recipe(cfg, recipe)
+    check_recipe(cfg, recipe, trackers=trackers)
     check_builds(cfg, recipe)  # the optimizer, the scheduler, the task, the model (on the meta device)
     facts, problems = [], []
     for split in DATASETS:

@@ -19,8 +19,16 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "trainer.precision": ("fp32", "bf16", "fp16"),
     "trainer.scheduler_interval": ("step", "epoch"),
     "trainer.best_mode": ("auto", "min", "max"),
+    "trainer.wandb.mode": ("auto", "online", "offline"),
 }
 BUILTIN_TASKS = ("classification", "regression", "language_model")
+# The validation metrics each built-in task reports (mgpucli.engine.tasks; a unit test keeps the two in step), for
+# checking names such as trainer.early_stopping.metric before anything is built.
+TASK_METRICS: dict[str, tuple[str, ...]] = {
+    "classification": ("loss", "accuracy"),
+    "regression": ("loss", "mse", "mae"),
+    "language_model": ("loss", "perplexity"),
+}
 
 
 @dataclass
@@ -40,6 +48,50 @@ class FSDPOptions:
 
 
 @dataclass
+class WandbOptions:
+    project: Optional[str] = None  # default: the recipe's name
+    entity: Optional[str] = None  # default: your W&B default entity
+    name: Optional[str] = None  # the run's display name; default: the run dir's name
+    tags: list[str] = field(default_factory=list)  # added to mgpu's own (world size, device, versions)
+    mode: str = "auto"  # auto: WANDB_MODE if set, else online with credentials and offline without
+
+
+@dataclass
+class MLflowOptions:
+    tracking_uri: Optional[str] = None  # default: MLFLOW_TRACKING_URI, else sqlite:///RUN_DIR/mlflow.db
+    experiment: Optional[str] = None  # default: the recipe's name
+    run_name: Optional[str] = None  # default: the run dir's name
+
+
+@dataclass
+class EMAOptions:
+    """``trainer.ema``: an exponential moving average of the weights, kept on every rank (off when absent)."""
+
+    decay: float = 0.999  # ema = decay * ema + (1 - decay) * weights, after an optimizer step
+    every: int = 1  # optimizer steps between updates
+    start_step: int = 0  # until this step the EMA weights are the model's; the average starts after it
+    validate: bool = False  # validate the EMA weights instead of the model's (best.pt, early stopping follow)
+
+
+@dataclass
+class EarlyStoppingOptions:
+    """``trainer.early_stopping``: stop when a validation metric stops improving (off when absent)."""
+
+    metric: str = "loss"  # a validation metric of the task
+    mode: str = "auto"  # auto: min for loss-like names, max otherwise
+    patience: int = 3  # validations in a row without improvement before the run stops
+    min_delta: float = 0.0  # an improvement must exceed this
+
+
+@dataclass
+class ProfileOptions:
+    """``trainer.profile``: a torch.profiler trace of a few steps on every rank (off when absent)."""
+
+    start_step: int = 10  # the first optimizer step traced (steps are numbered from 1, as in metrics.jsonl)
+    steps: int = 5
+
+
+@dataclass
 class TrainerSchema:
     epochs: int = 1
     max_steps: Optional[int] = None  # stop after this many optimizer steps (overrides epochs when reached)
@@ -54,6 +106,12 @@ class TrainerSchema:
     sync_batchnorm: bool = False
     ddp: DDPOptions = field(default_factory=DDPOptions)
     fsdp: FSDPOptions = field(default_factory=FSDPOptions)
+    # recompute blocks' activations in backward: true (the blocks of any nn.ModuleList; fsdp.wrap's under fsdp) or
+    # a list of module class names; any strategy
+    activation_checkpointing: Any = False
+    ema: Optional[EMAOptions] = None
+    early_stopping: Optional[EarlyStoppingOptions] = None
+    profile: Optional[ProfileOptions] = None
     # full: one file any strategy reads; sharded: a torch.distributed.checkpoint directory
     checkpoint_format: str = "full"
     scheduler_interval: str = "step"
@@ -66,7 +124,12 @@ class TrainerSchema:
     best_mode: str = "auto"  # auto: min for loss-like names, max otherwise
     timeout_s: int = 600  # collective timeout
     progress: bool = True
-    tensorboard: bool = True  # RUN_DIR/tensorboard scalar events (rank 0; engine/tbevents.py, no tensorboard import)
+    # Where rank 0 sends every record besides metrics.jsonl (always written): tensorboard (RUN_DIR/tensorboard
+    # scalar events, written without importing TensorBoard), wandb, mlflow (their options below).
+    loggers: list[str] = field(default_factory=lambda: ["tensorboard"])
+    tensorboard: Optional[bool] = None  # true/false: TensorBoard on/off whatever loggers says; null: as it says
+    wandb: WandbOptions = field(default_factory=WandbOptions)
+    mlflow: MLflowOptions = field(default_factory=MLflowOptions)
 
 
 @dataclass

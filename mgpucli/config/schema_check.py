@@ -5,12 +5,13 @@ from __future__ import annotations
 import difflib
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from mgpucli.config import run_length
-from mgpucli.config.schema import BUILTIN_TASKS, CHOICES, COMPONENT_PATHS, RecipeSchema
+from mgpucli.config.schema import BUILTIN_TASKS, CHOICES, COMPONENT_PATHS, TASK_METRICS, RecipeSchema
 from mgpucli.errors import RecipeError
+from mgpucli.trackers import LOGGERS
 
 REQUIRED_COMPONENTS = ("model", "optim", "data.train")
 
@@ -36,8 +37,11 @@ def _merge_section(user: dict, target: DictConfig, prefix: str, problems: list[s
             problems.append(f"{path}: unknown key{_did_you_mean(path, known)}")
             continue
         child = target._get_node(key)
-        if isinstance(child, DictConfig) and not child._is_none():
+        if isinstance(child, DictConfig) and (value is not None or not child._is_none()):
             if isinstance(value, dict):
+                if child._is_none():  # an optional section (trainer.ema...), now given: its defaults, then the keys
+                    target[key] = child._metadata.ref_type()
+                    child = target._get_node(key)
                 _merge_section(value, child, path + ".", problems)
             else:
                 problems.append(f"{path}: expected a section (mapping), got {value!r}")
@@ -45,7 +49,10 @@ def _merge_section(user: dict, target: DictConfig, prefix: str, problems: list[s
         try:
             target[key] = value
         except OmegaConfBaseException as err:
-            problems.append(f"{path}: {_first_line(err)}")
+            if isinstance(child, ListConfig) and isinstance(value, str):  # `key=wandb` where a list is due
+                problems.append(f"{path}: expected a list, e.g. '{path}=[{value}]', got {value!r}")
+            else:
+                problems.append(f"{path}: {_first_line(err)}")
 
 
 def _resolve_leaves(node: DictConfig, prefix: str, problems: list[str]) -> None:
@@ -93,15 +100,38 @@ def _naming_problems(cfg: dict[str, Any]) -> list[str]:
             if isinstance(cfg.get(key), str) and not cfg[key].strip()]
 
 
+def _at(cfg: dict[str, Any], path: str) -> Any:
+    node: Any = cfg
+    for key in path.split("."):
+        node = node.get(key) if isinstance(node, dict) else None
+    return node
+
+
+def _logger_problems(loggers: list[str]) -> list[str]:
+    """Each entry of ``trainer.loggers`` is a sink mgpu knows (whether it is installed: mgpucli.config.trackers)."""
+    problems = []
+    for name in loggers:
+        if name in LOGGERS:
+            continue
+        if name in ("jsonl", "metrics", "metrics.jsonl"):
+            problems.append(f"trainer.loggers: {name!r} need not be listed: metrics.jsonl is always written "
+                            f"(the list takes {', '.join(LOGGERS)})")
+            continue
+        close = difflib.get_close_matches(str(name), LOGGERS, n=1, cutoff=0.6)
+        guess = f"did you mean '{close[0]}'? " if close else ""
+        problems.append(f"trainer.loggers: {name!r} is not a logger mgpu knows ({guess}it knows {', '.join(LOGGERS)})")
+    return problems
+
+
 def _value_problems(cfg: dict[str, Any]) -> list[str]:
     """Constraints the types alone don't express."""
     problems = []
     trainer, data = cfg.get("trainer", {}), cfg.get("data", {})
     for path, choices in CHOICES.items():
-        section, _, key = path.partition(".")
-        value = cfg.get(section, {}).get(key)
+        value = _at(cfg, path)
         if value not in choices:
             problems.append(f"{path}: {value!r} is not one of {', '.join(choices)}")
+    problems += _logger_problems(trainer.get("loggers") or [])
 
     def at_least(section: dict, name: str, path: str, low: int, optional: bool = False) -> None:
         value = section.get(name)
@@ -138,6 +168,56 @@ def _value_problems(cfg: dict[str, Any]) -> list[str]:
         if not (isinstance(node, dict) and "_target_" in node):
             problems.append(f"{path}: expected a component with a _target_ (e.g. _target_: torch.optim.SGD), "
                             f"got {node!r}")
+    return problems + _feature_problems(cfg)
+
+
+def _feature_problems(cfg: dict[str, Any]) -> list[str]:
+    """The optional trainer features' values."""
+    problems = []
+    trainer = cfg.get("trainer", {})
+    ema, stopping = trainer.get("ema"), trainer.get("early_stopping")
+    if ema is not None:
+        if not 0.0 < ema["decay"] < 1.0:
+            problems.append(f"trainer.ema.decay: must be between 0 and 1 (e.g. 0.999), got {ema['decay']}")
+        if ema["every"] < 1:
+            problems.append(f"trainer.ema.every: must be >= 1, got {ema['every']}")
+        if ema["start_step"] < 0:
+            problems.append(f"trainer.ema.start_step: must be >= 0, got {ema['start_step']}")
+    if stopping is not None:
+        problems += _early_stopping_problems(stopping, cfg)
+    profile = trainer.get("profile")
+    if profile is not None:
+        for key in ("start_step", "steps"):
+            if profile[key] < 1:
+                problems.append(f"trainer.profile.{key}: must be >= 1, got {profile[key]}")
+    checkpointing = trainer.get("activation_checkpointing")
+    if not (isinstance(checkpointing, bool) or (isinstance(checkpointing, list) and checkpointing
+                                                and all(isinstance(n, str) and n for n in checkpointing))):
+        problems.append("trainer.activation_checkpointing: expected true, false or a list of module class names "
+                        f"(e.g. [Block]), got {checkpointing!r}")
+    return problems
+
+
+def _early_stopping_problems(stopping: dict[str, Any], cfg: dict[str, Any]) -> list[str]:
+    problems = []
+    if stopping["mode"] not in ("auto", "min", "max"):
+        problems.append(f"trainer.early_stopping.mode: {stopping['mode']!r} is not one of auto, min, max")
+    if stopping["patience"] < 1:
+        problems.append(f"trainer.early_stopping.patience: must be >= 1, got {stopping['patience']}")
+    if stopping["min_delta"] < 0:
+        problems.append(f"trainer.early_stopping.min_delta: must be >= 0, got {stopping['min_delta']}")
+    names = TASK_METRICS.get(cfg.get("task")) if isinstance(cfg.get("task"), str) else None
+    metric = stopping["metric"]
+    if names is not None and metric not in names:  # a custom task's names are checked when it is built
+        close = difflib.get_close_matches(metric, names, n=1, cutoff=0.5)
+        mean = f"; did you mean '{close[0]}'?" if close else ""
+        problems.append(f"trainer.early_stopping.metric: {metric!r} is not a validation metric (the {cfg['task']} "
+                        f"task reports {', '.join(names)}{mean})")
+    if cfg.get("data", {}).get("val") is None:
+        problems.append("trainer.early_stopping: decides on validation metrics, but the recipe has no data.val")
+    elif cfg.get("trainer", {}).get("val_every") == 0:
+        problems.append("trainer.early_stopping: decides on validation metrics, but trainer.val_every=0 never "
+                        "validates")
     return problems
 
 

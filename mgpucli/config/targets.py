@@ -100,8 +100,13 @@ def _check_one(path: str, node: dict, injected: int) -> list[str]:
     return problems
 
 
-def check_recipe(cfg: DictConfig, source: str) -> None:
-    """Raise one RecipeError listing every ``_target_`` that doesn't import, isn't callable, or doesn't bind."""
+def check_recipe(cfg: DictConfig, source: str, trackers: str | None = "find") -> None:
+    """Raise one RecipeError listing every ``_target_`` that doesn't import, isn't callable, or doesn't bind, and
+    every tracker in ``trainer.loggers`` that isn't usable here (:mod:`mgpucli.config.tracker_check`): looked up
+    (``trackers="find"``), imported (``"import"``: the launcher and ``--check``), or not checked (None: a
+    checkpoint's recipe being validated trains nothing)."""
+    from mgpucli.config.tracker_check import tracker_problems
+
     container = OmegaConf.to_container(cfg, resolve=True)
     problems = []
     for top in TOP_COMPONENTS:
@@ -109,9 +114,13 @@ def check_recipe(cfg: DictConfig, source: str) -> None:
         node = container.get(section, {}).get(key) if section else container.get(key)
         for path, target_node in iter_targets(node, top):
             problems += _check_one(path, target_node, INJECTED.get(top, 0) if path == top else 0)
+    tracker = tracker_problems(cfg, importing=trackers == "import") if trackers is not None else []
     if problems:
-        raise RecipeError(source, problems, "Fix the _target_ paths or arguments above (key=value sets any argument "
-                          "its target takes); `python -c 'import x'` shows whether a module imports.")
+        raise RecipeError(source, problems + tracker, "Fix the _target_ paths or arguments above (key=value sets any "
+                          "argument its target takes); `python -c 'import x'` shows whether a module imports.")
+    if tracker:
+        raise RecipeError(source, tracker, "Experiment trackers are optional extras of mgpu, imported only by the "
+                          "rank that logs (rank 0).")
 
 
 def build(node: DictConfig | dict, *args: Any, **kwargs: Any) -> Any:

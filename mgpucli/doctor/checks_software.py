@@ -1,11 +1,11 @@
-"""Software checks: Python, mgpu, torch and its CUDA build, the driver, cuDNN, NCCL, gloo."""
+"""Software checks: Python, mgpu, torch and its CUDA build, the driver, cuDNN, NCCL, gloo, experiment trackers."""
 
 from __future__ import annotations
 
 import re
 
 from mgpucli.distributed.cuda_visible import parse_cuda_visible_devices
-from mgpucli.doctor.observation import Observation, ProbeError
+from mgpucli.doctor.observation import Observation, ProbeError, TrackerInfo
 from mgpucli.doctor.result import CheckResult, fail, ok, skipped, warn
 
 AREA = "software"
@@ -218,6 +218,32 @@ def _dist_broken(name: str, obs: Observation) -> CheckResult:
     return fail(name, AREA, f"torch.distributed does not load: {err}", hint)
 
 
+def _tracker(obs: Observation, name: str) -> TrackerInfo:
+    return next((t for t in obs.trackers if t.name == name), TrackerInfo(name))
+
+
+def check_wandb(obs: Observation) -> CheckResult:
+    t = _tracker(obs, "wandb")
+    if t.version is None:
+        return skipped("W&B", AREA, "not installed (optional, for trainer.loggers: [wandb]: pip install 'mgpu[wandb]')")
+    if t.problem:
+        return warn("W&B", AREA, f"wandb {t.version}; {t.problem}: runs log offline instead",
+                    "Log in once with `wandb login` (or export WANDB_API_KEY); upload offline runs with `wandb sync`.")
+    detail = f"wandb {t.version}; runs log {t.mode} ({t.why})"
+    return ok("W&B", AREA, detail + ("; upload them with `wandb sync`" if t.mode == "offline" else ""))
+
+
+def check_mlflow(obs: Observation) -> CheckResult:
+    t = _tracker(obs, "mlflow")
+    if t.version is None:
+        return skipped("MLflow", AREA, "not installed (optional, for trainer.loggers: [mlflow]: "
+                       "pip install 'mgpu[mlflow]')")
+    if t.problem:
+        return warn("MLflow", AREA, f"mlflow {t.version}; {t.problem}",
+                    "pip install 'mgpu[mlflow]' (or export MLFLOW_TRACKING_URI=http://your-server:5000)")
+    return ok("MLflow", AREA, f"mlflow {t.version}; runs go to {t.mode} ({t.why})")
+
+
 CHECKS = (
     check_python,
     check_mgpu,
@@ -227,4 +253,6 @@ CHECKS = (
     check_cudnn,
     check_nccl,
     check_gloo,
+    check_wandb,
+    check_mlflow,
 )

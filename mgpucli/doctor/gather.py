@@ -6,9 +6,9 @@ import platform
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 
-from mgpucli import __version__
+from mgpucli import __version__, trackers
 from mgpucli.doctor.host import observe_host
-from mgpucli.doctor.observation import Observation
+from mgpucli.doctor.observation import Observation, TrackerInfo
 from mgpucli.doctor.plan import DeviceOptions, make_plan
 from mgpucli.doctor.probe_torch import observe_torch
 from mgpucli.doctor.smi import observe_smi
@@ -31,4 +31,28 @@ def observe(devices: DeviceOptions, timeout: float, environ: Mapping[str, str]) 
         smi=smi_info,
         host=host,
         plan=plan,
+        trackers=observe_trackers(env),
     )
+
+
+def observe_trackers(env: Mapping[str, str]) -> tuple[TrackerInfo, ...]:
+    """W&B and MLflow as a run started from this shell would use them: installed (looked up, not imported), and
+    the mode (W&B: from WANDB_MODE and credentials, no network; MLflow: the tracking URI)."""
+    found = []
+    for name, spec in trackers.SPECS.items():
+        if trackers.module_problem(spec.module, importing=False) is not None:
+            found.append(TrackerInfo(name))
+            continue
+        if name == "wandb":
+            mode = trackers.wandb_mode("auto", env)
+            problem = mode.why if mode.asked_online_without_credentials else ""
+            found.append(TrackerInfo(name, trackers.version(spec), mode.mode, mode.why, problem))
+            continue
+        uri, why = trackers.mlflow_uri(None, env, "RUN_DIR")
+        if why.startswith("the default"):
+            uri, why = "sqlite:///RUN_DIR/mlflow.db", "the default, a SQLite store in each run dir"
+        missing = [m for m in trackers.MLFLOW_SQL_MODULES if trackers.module_problem(m, importing=False)]
+        problem = (f"{uri} needs {' and '.join(missing)}, which mlflow-skinny leaves out"
+                   if missing and trackers.mlflow_needs_sql(uri) else "")
+        found.append(TrackerInfo(name, trackers.version(spec), uri, why, problem))
+    return tuple(found)

@@ -97,6 +97,17 @@ class HostInfo:
 
 
 @dataclass(frozen=True)
+class TrackerInfo:
+    """An experiment tracker as this environment would run it (observed without importing it or asking a server)."""
+
+    name: str  # wandb | mlflow (as trainer.loggers names it)
+    version: str | None = None  # None: not installed
+    mode: str = ""  # W&B: online, offline or disabled; MLflow: the tracking URI
+    why: str = ""  # what decided the mode
+    problem: str = ""  # why it would not run as it is asked to (W&B online without credentials, a missing module)
+
+
+@dataclass(frozen=True)
 class Plan:
     """What the doctor checks the machine for: which processes, on which devices."""
 
@@ -132,6 +143,7 @@ class Observation:
     smi: SmiInfo = field(default_factory=lambda: SmiInfo(error=ProbeError("nvidia-smi not found")))
     host: HostInfo = field(default_factory=HostInfo)
     plan: Plan = field(default_factory=lambda: Plan(kind="cpu", nproc=2))
+    trackers: tuple[TrackerInfo, ...] = ()
 
     @property
     def machine_has_gpus(self) -> bool:

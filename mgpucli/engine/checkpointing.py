@@ -7,6 +7,7 @@ the sharded (FSDP, ``torch.distributed.checkpoint``) variant is :mod:`.sharded`'
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,14 +20,14 @@ from mgpucli.distributed.heartbeat import Heartbeat
 from mgpucli.distributed.runtime import Runtime
 from mgpucli.engine import state as engine_state
 from mgpucli.engine.checkpoint import copy_atomic, save_atomic
+from mgpucli.engine.early_stopping import EarlyStopping, resolve_mode
+from mgpucli.engine.ema import EMA
 from mgpucli.engine.reporter import Reporter
 from mgpucli.engine.rundir import prepare_run_dir
 from mgpucli.engine.sharded import load_sharded, save_sharded
 from mgpucli.engine.strategy import Wrapped
 from mgpucli.errors import UsageError
 from mgpucli.run_files import check_start, checkpoint_dir
-
-_LOWER_IS_BETTER = ("loss", "perplexity", "mse", "mae", "error")
 
 
 @dataclass
@@ -38,6 +39,8 @@ class Trained:
     scheduler: Any  # an LR scheduler, or None
     scaler: torch.amp.GradScaler | None
     train_loader: Any  # a StatefulDataLoader: its position is saved mid-epoch
+    ema: EMA | None = None  # the weights' moving average (trainer.ema)
+    early_stopping: EarlyStopping | None = None  # its count of validations without improvement
 
 
 @dataclass
@@ -52,11 +55,12 @@ class Position:
 @dataclass
 class Resumed:
     """What a rank applies once its loader exists: its loader position and the epoch's metric sums so far
-    (mid-epoch), and its RNG state."""
+    (mid-epoch), and its RNG state; and the experiment trackers' run ids the checkpoint was saved with."""
 
     loader: Any = None
     rng: dict[str, Any] | None = None
     epoch_sums: list[float] | None = None
+    trackers: dict[str, str] | None = None
 
 
 class Checkpoints:
@@ -71,6 +75,7 @@ class Checkpoints:
         self.keep = int(trainer.keep_checkpoints)
         self.best_metric, self.best_mode = trainer.best_metric, trainer.best_mode
         self.best: float | None = None
+        self.tracker_ids: Callable[[], dict[str, str]] | None = None  # rank 0's experiment trackers' run ids
 
     def check_run_dir(self, resume: str | None, overwrite: bool) -> Path | None:
         """Whether the run may start in the run dir as asked (:func:`mgpucli.run_files.check_start`): rank 0 decides,
@@ -107,6 +112,7 @@ class Checkpoints:
             if not sharded:
                 model = engine_state.model_state(trained.model.raw)
                 optim = engine_state.optimizer_state(trained.model.raw, trained.optimizer)
+                ema = trained.ema.full_state(model) if trained.ema is not None else None
             mine = {"rng": engine_state.capture_rng(self.runtime.device),
                     "loader": trained.train_loader.state_dict() if mid_epoch else None}
             per_rank = collectives.all_gather_objects(mine, self.runtime)
@@ -117,16 +123,19 @@ class Checkpoints:
             world_size=self.runtime.world_size, recipe=self.recipe_yaml, metrics=position.last_val,
             best=self.best, best_metric=self.best_metric,
             epoch_sums=list(epoch_sums) if mid_epoch else None,
+            trackers=self.tracker_ids() if self.tracker_ids is not None else None,
+            early_stopping=trained.early_stopping.state_dict() if trained.early_stopping is not None else None,
         )
         ckpts = checkpoint_dir(self.run_dir)
         if sharded:
             with self.heartbeat.in_phase("checkpoint: writing shards"):
                 save_sharded(trained.model.raw, trained.optimizer, meta, ckpts, position.step, self.runtime,
-                             self.keep, best)
+                             self.keep, best, extra=self._sharded_extra(trained))
             return
         if not self.runtime.is_main:
             return
-        save_atomic({**meta, "model": model, "optimizer": optim}, ckpts / "last.pt", step=position.step)
+        tensors = {"model": model, "optimizer": optim, **({"ema": ema} if ema is not None else {})}
+        save_atomic({**meta, **tensors}, ckpts / "last.pt", step=position.step)
         if best:
             copy_atomic(ckpts / "last.pt", ckpts / "best.pt")
         if self.keep > 0:
@@ -138,15 +147,25 @@ class Checkpoints:
         """Restore the weights, the optimizer, the schedules and ``position`` from ``path``; returns this rank's
         loader position and RNG state, which the trainer applies once the epoch's loader iterator exists."""
         if path.is_dir():
-            ckpt = load_sharded(trained.model.raw, trained.optimizer, path)
+            ckpt = load_sharded(trained.model.raw, trained.optimizer, path, extra=self._sharded_extra(trained))
+            has_ema = "ema" in ckpt.get("extra", ())
         else:
             ckpt = engine_state.read_mgpu_checkpoint(path)
             engine_state.load_model_state(trained.model.raw, ckpt["model"], str(path))
             engine_state.load_optimizer_state(trained.model.raw, trained.optimizer, ckpt["optimizer"])
+            has_ema = ckpt.get("ema") is not None
+            if trained.ema is not None and has_ema:
+                trained.ema.load_full_state(ckpt["ema"])
+        if trained.ema is not None and not has_ema:
+            trained.ema.restart()
+            self.reporter.warn(f"{path} holds no EMA weights (saved without trainer.ema): the average starts from "
+                               "its weights.")
         if trained.scheduler is not None and ckpt.get("scheduler") is not None:
             trained.scheduler.load_state_dict(ckpt["scheduler"])
         if trained.scaler is not None and ckpt.get("scaler"):
             trained.scaler.load_state_dict(ckpt["scaler"])
+        if trained.early_stopping is not None and ckpt.get("early_stopping"):
+            trained.early_stopping.load_state_dict(ckpt["early_stopping"])
         mid_epoch = bool(ckpt.get("mid_epoch"))
         position.step, position.epoch, self.best = ckpt["step"], ckpt["epoch"], ckpt.get("best")
         changed = engine_state.recipe_changes(ckpt.get("recipe", ""), self.recipe_yaml)
@@ -163,17 +182,22 @@ class Checkpoints:
         self.reporter.message(f"resumed from {path} at step {position.step} "
                               f"({engine_state.epoch_label(position.epoch, mid_epoch)})")
         sums = ckpt.get("epoch_sums") if mid_epoch else None  # the epoch's means go on from where they were
+        ids = ckpt.get("trackers")
         return Resumed(loader=mine["loader"] if mine and mid_epoch else None, rng=mine["rng"] if mine else None,
-                       epoch_sums=[float(v) for v in sums] if isinstance(sums, list) else None)
+                       epoch_sums=[float(v) for v in sums] if isinstance(sums, list) else None,
+                       trackers={str(k): str(v) for k, v in ids.items()} if isinstance(ids, dict) else None)
+
+    @staticmethod
+    def _sharded_extra(trained: Trained) -> dict[str, dict[str, torch.Tensor]]:
+        """What sharded checkpoints hold beside the model and the optimizer: the EMA's shards."""
+        return {"ema": trained.ema.sharded_state()} if trained.ema is not None else {}
 
     def improves_best(self, val: dict[str, Any] | None) -> bool:
         """Whether ``val`` beats the best so far on ``trainer.best_metric`` (and records it if so)."""
         name = self.best_metric
         if not name or not val or name not in val:
             return False
-        mode = self.best_mode
-        if mode == "auto":
-            mode = "min" if any(word in name for word in _LOWER_IS_BETTER) else "max"
+        mode = resolve_mode(name, self.best_mode)
         value = float(val[name])
         better = self.best is None or (value < self.best if mode == "min" else value > self.best)
         if better:

@@ -36,7 +36,8 @@ def train_line(record: dict[str, Any]) -> str:
 
 
 def val_line(record: dict[str, Any]) -> str:
-    return f"step {record['step']}  {fmt(record, skip=('time',))}  ({record['samples']} samples)"
+    weights = ", EMA weights" if record.get("weights") == "ema" else ""
+    return f"step {record['step']}  {fmt(record, skip=('time',))}  ({record['samples']} samples{weights})"
 
 
 TABLE_TITLE = "per-epoch metrics (train: the epoch's mean over all its samples; val: the validation after it)"

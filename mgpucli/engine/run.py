@@ -1,4 +1,5 @@
-"""The worker's entry point: recipe -> process group -> Trainer.fit, with cleanup on every exit path."""
+"""The worker's entry points: recipe -> process group -> Trainer.fit (or the fit probe), with cleanup on every exit
+path."""
 
 from __future__ import annotations
 
@@ -26,6 +27,49 @@ def run_training(recipe: str, overrides: list[str], *, resume: str | None = None
                  started: Callable[[], None] | None = None) -> dict[str, Any]:
     """Load and check the recipe, set up the process group, train, and always tear down. ``started`` is called
     once set-up is done (the run dir taken, a checkpoint loaded) and training begins."""
+
+    def train(trainer) -> dict[str, Any]:
+        trainer.setup()
+        if started is not None:
+            started()
+        settle_gc()  # the start-up's objects are frozen: no collection walks them again (mgpucli/heap.py)
+        return trainer.fit()
+
+    return _with_trainer(recipe, overrides, env, reporter, train, resume=resume, overwrite=overwrite)
+
+
+def run_probe(recipe: str, overrides: list[str], *, env: RankEnv, reporter: Reporter | None = None,
+              steps: int = 20, warmup: int | None = None) -> dict[str, Any] | None:
+    """``mgpu train --probe``: build everything, measure ``steps`` optimizer steps after a warm-up on every rank,
+    write nothing (see engine/probe.py). Returns the report on rank 0 (None on the others)."""
+    import torch
+
+    from mgpucli.distributed import collectives
+    from mgpucli.engine import probe
+
+    warmup = probe.WARMUP_STEPS if warmup is None else warmup
+
+    def measure(trainer) -> dict[str, Any] | None:
+        stepping = False
+        try:
+            trainer.setup()
+            stepping = True
+            mine = probe.measure(trainer, steps, warmup)
+        except torch.OutOfMemoryError as err:
+            phase = probe.phase_of(trainer.heartbeat.phase if trainer.heartbeat is not None else None, stepping)
+            raise probe.out_of_memory(err, phase, trainer.step + 1, warmup, trainer.cfg, env.rank,
+                                      trainer.runtime.device) from None
+        ranks = collectives.all_gather_objects(mine, trainer.runtime)
+        return probe.report(ranks, trainer, steps, warmup) if env.rank == 0 else None
+
+    return _with_trainer(recipe, overrides, env, reporter, measure, probe=True)
+
+
+def _with_trainer(recipe: str, overrides: list[str], env: RankEnv, reporter: Reporter | None,
+                  body: Callable[[Any], Any], **trainer_args: Any) -> Any:
+    """The recipe (handed over by ``mgpu launch``, or composed and checked here), the process group, a Trainer
+    given to ``body``; every rank meets at a barrier after it, and on every exit path the trainer is closed and
+    the process group destroyed."""
     import torch
 
     from mgpucli.config import check_recipe, handoff, load_recipe
@@ -38,23 +82,24 @@ def run_training(recipe: str, overrides: list[str], *, resume: str | None = None
     cfg = handoff.read(recipe, overrides)  # launched by `mgpu launch`: the recipe it checked, as is
     if cfg is None:
         cfg = load_recipe(recipe, overrides)
-        check_recipe(cfg, recipe)
+        # Trackers: a job's ranks only look them up (rank 1 must not import one, and every rank must reach the same
+        # verdict before the process group exists); a single process imports them, as the launcher does.
+        check_recipe(cfg, recipe, trackers="find" if env.distributed else "import")
     reporter = reporter if reporter is not None and env.rank == 0 else NullReporter()
     trainer = None
+    status = "failed"  # how the run ended, for its experiment trackers
     try:
         runtime = setup_process_group(env, cfg.trainer.device, cfg.trainer.timeout_s, cfg.trainer.cpu_threads)
-        trainer = Trainer(cfg, runtime, reporter, resume=resume, overwrite=overwrite, source=recipe)
-        trainer.setup()
-        if started is not None:
-            started()
-        settle_gc()  # the start-up's objects are frozen: no collection walks them again (mgpucli/heap.py)
-        result = trainer.fit()
+        trainer = Trainer(cfg, runtime, reporter, source=recipe, **trainer_args)
+        result = body(trainer)
+        status = "finished"
         # Every rank is done with the group before any rank destroys it: a rank that tore gloo down while another
         # still finished its last save could abort at exit ("terminate called without an active exception",
         # SIGABRT), and a finished run was reported as failed.
         collectives.barrier(runtime)
         return result
     except Preempted:
+        status = "preempted"
         collectives.barrier(runtime)  # every rank agreed on the stop and saved: the same meeting before teardown
         raise
     except (RuntimeError, torch.OutOfMemoryError) as err:
@@ -66,7 +111,7 @@ def run_training(recipe: str, overrides: list[str], *, resume: str | None = None
         raise clearer from err
     finally:
         if trainer is not None:
-            trainer.close()  # also drops the DDP module, whose reducer holds the process group
+            trainer.close(status)  # also drops the DDP module, whose reducer holds the process group
         trainer = None
         reporter.close()
         # The process group must die in destroy_process_group (which releases the GIL while gloo's threads

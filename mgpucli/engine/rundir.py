@@ -15,6 +15,7 @@ from mgpucli.engine.checkpoint import clean_stale_temps
 from mgpucli.engine.tbevents import ScalarWriter
 from mgpucli.errors import UsageError
 from mgpucli.run_files import METRICS, checkpoint_dir
+from mgpucli.trackers import STATE_FILE
 
 
 def prepare_run_dir(run_dir: str | Path, overwrite: bool, recipe_yaml: str) -> None:
@@ -25,6 +26,7 @@ def prepare_run_dir(run_dir: str | Path, overwrite: bool, recipe_yaml: str) -> N
         if overwrite:
             shutil.rmtree(checkpoint_dir(path), ignore_errors=True)
             (path / METRICS).unlink(missing_ok=True)
+            (path / STATE_FILE).unlink(missing_ok=True)  # new tracker runs (earlier ones stay in wandb/, mlflow.db)
         checkpoint_dir(path).mkdir(parents=True, exist_ok=True)
         clean_stale_temps(checkpoint_dir(path))
         (path / "recipe.yaml").write_text(recipe_yaml)
@@ -38,9 +40,10 @@ def prepare_run_dir(run_dir: str | Path, overwrite: bool, recipe_yaml: str) -> N
 
 
 class MetricsWriter:
-    """Appends one JSON object per log interval / validation to metrics.jsonl (flushed at once), and the same
+    """Appends one JSON object per log interval / validation (``split`` train / val; an ``event``, such as a tracker
+    that failed, is a record of its own) to metrics.jsonl (flushed at once), and the train and val
     scalars to a TensorBoard event file (:mod:`mgpucli.engine.tbevents`, which needs no TensorBoard import and
-    writes train intervals in batches) unless ``trainer.tensorboard`` is false."""
+    writes train intervals in batches) unless TensorBoard is off (``trainer.loggers``, ``trainer.tensorboard``)."""
 
     def __init__(self, run_dir: Path, tensorboard: bool = True):
         self.path = run_dir / "metrics.jsonl"
@@ -50,8 +53,9 @@ class MetricsWriter:
     def write(self, record: dict[str, Any]) -> None:
         self._fh.write(json.dumps(record) + "\n")
         self._fh.flush()
-        if self._tb is not None:
-            split, step = record.get("split", "train"), record.get("step", 0)
+        split = record.get("split", "train")
+        if self._tb is not None and split in ("train", "val"):  # scalars: events and closing records have none
+            step = record.get("step", 0)
             self._tb.add_scalars(step, {f"{split}/{key}": float(value) for key, value in record.items()
                                         if key not in ("split", "step", "epoch", "time")
                                         and isinstance(value, (int, float))}, wall_time=record.get("time"))

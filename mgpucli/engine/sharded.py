@@ -32,8 +32,10 @@ def _flip(link: Path, target: str) -> None:
 
 
 def save_sharded(model: torch.nn.Module, optimizer: torch.optim.Optimizer, meta: dict[str, Any], ckpts: Path,
-                 step: int, runtime: Runtime, keep: int, best: bool) -> Path:
-    """Collective: every rank calls it. Returns the final directory."""
+                 step: int, runtime: Runtime, keep: int, best: bool,
+                 extra: dict[str, dict[str, torch.Tensor]] | None = None) -> Path:
+    """Collective: every rank calls it. ``extra``: more named state dicts of (sharded) tensors to save beside the
+    model and the optimizer (the EMA's); meta's ``extra`` lists their names. Returns the final directory."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
@@ -43,9 +45,10 @@ def save_sharded(model: torch.nn.Module, optimizer: torch.optim.Optimizer, meta:
         shutil.rmtree(tmp)  # a stale one from a killed writer
     collectives.barrier(runtime)
     model_sd, optim_sd = get_state_dict(model, optimizer)
-    dcp.save({"model": model_sd, "optimizer": optim_sd}, checkpoint_id=str(tmp))
+    extra = extra or {}
+    dcp.save({"model": model_sd, "optimizer": optim_sd, **extra}, checkpoint_id=str(tmp))
     if runtime.is_main:
-        save_atomic(meta, tmp / META, step=step)
+        save_atomic({**meta, "extra": sorted(extra)}, tmp / META, step=step)
     collectives.barrier(runtime)  # every shard is on disk
     if runtime.is_main:
         if final.exists():
@@ -70,8 +73,10 @@ def is_sharded(path: Path) -> bool:
     return path.is_dir() and (path / META).exists()
 
 
-def load_sharded(model: torch.nn.Module, optimizer: torch.optim.Optimizer, path: Path) -> dict[str, Any]:
-    """Collective: read every rank's shards into the (already sharded) model and optimizer; returns meta."""
+def load_sharded(model: torch.nn.Module, optimizer: torch.optim.Optimizer, path: Path,
+                 extra: dict[str, dict[str, torch.Tensor]] | None = None) -> dict[str, Any]:
+    """Collective: read every rank's shards into the (already sharded) model and optimizer, and into the ``extra``
+    state dicts the checkpoint holds (in place); returns meta."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
@@ -80,7 +85,8 @@ def load_sharded(model: torch.nn.Module, optimizer: torch.optim.Optimizer, path:
                               "Point --resume at RUN_DIR/checkpoints/last.dcp or a step-*.dcp directory.")
     meta = read_file(path / META)
     model_sd, optim_sd = get_state_dict(model, optimizer)
-    state = {"model": model_sd, "optimizer": optim_sd}
+    saved = set(meta.get("extra", ()))
+    state = {"model": model_sd, "optimizer": optim_sd, **{k: v for k, v in (extra or {}).items() if k in saved}}
     dcp.load(state, checkpoint_id=str(path))
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
     return meta

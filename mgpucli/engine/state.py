@@ -121,22 +121,22 @@ def _isinstance_loaded(obj: Any, module: str, name: str) -> bool:
     return cls is not None and isinstance(obj, cls)
 
 
-def _is_sharded_module(m: torch.nn.Module) -> bool:
+def is_sharded_module(m: torch.nn.Module) -> bool:
     name = type(m).__name__  # fully_shard makes classes "FSDP<Name>"; FSDP1 is FullyShardedDataParallel
     return (name == "FullyShardedDataParallel" or name.startswith("FSDP") or hasattr(m, "_fqn_modifiers")
             or _isinstance_loaded(m, "torch.distributed.fsdp", "FSDPModule")
             or _isinstance_loaded(m, "torch.distributed.fsdp", "FullyShardedDataParallel"))
 
 
-def _is_distributed_tensor(t: torch.Tensor) -> bool:
+def is_distributed_tensor(t: torch.Tensor) -> bool:
     return (type(t).__name__ in ("DTensor", "ShardedTensor") or t.is_meta
             or _isinstance_loaded(t, "torch.distributed.tensor", "DTensor"))
 
 
 def needs_dcp(model: torch.nn.Module) -> bool:
     """True for models only dcp handles: FSDP (1 or 2) anywhere in them, DTensor/sharded or meta tensors."""
-    return (any(_is_sharded_module(m) for m in model.modules())
-            or any(_is_distributed_tensor(t) for t in (*model.parameters(), *model.buffers())))
+    return (any(is_sharded_module(m) for m in model.modules())
+            or any(is_distributed_tensor(t) for t in (*model.parameters(), *model.buffers())))
 
 
 # ------------------------------------------------------------------ the plain path: dcp's results, without dcp
@@ -146,7 +146,7 @@ def _is_wrapper(obj: Any) -> bool:
             or _isinstance_loaded(obj, "torch._dynamo.eval_frame", "OptimizedModule"))
 
 
-def _fqn(model: torch.nn.Module, name: str) -> str:
+def canonical_name(model: torch.nn.Module, name: str) -> str:
     """dcp's canonical name for a state-dict key: wrapper segments dropped, walking the module tree."""
     name = name.replace(_CKPT_PREFIX, "")
     if "." not in name:
@@ -186,7 +186,7 @@ def _rank0_cpu(state: dict[str, Any]) -> dict[str, Any]:
 def _plain_model_state(model: torch.nn.Module) -> dict[str, Any]:
     state = model.state_dict()
     for key in list(state):  # renamed keys move to the end, as in dcp
-        fqn = _fqn(model, key)
+        fqn = canonical_name(model, key)
         if fqn != key:
             state[fqn] = state.pop(key)
     return _rank0_cpu(state)
@@ -216,7 +216,7 @@ def _named_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimi
     """``optimizer.state_dict()`` with parameter names for its indices (live tensors, no copies)."""
     osd = optimizer.state_dict()
     index = {p: i for i, p in enumerate(p for g in optimizer.param_groups for p in g["params"])}
-    names = {index[p]: _fqn(model, n) for n, p in model.named_parameters() if p in index}
+    names = {index[p]: canonical_name(model, n) for n, p in model.named_parameters() if p in index}
     for group in osd["param_groups"]:
         group["params"] = [names[i] for i in group["params"]]
     return {"state": {names[i]: s for i, s in osd["state"].items()}, "param_groups": osd["param_groups"]}
@@ -255,16 +255,17 @@ def read_mgpu_checkpoint(path: str | Path) -> dict[str, Any]:
     return ckpt
 
 
-def _flatten(node: Any, prefix: str = "") -> dict[str, Any]:
+def flatten(node: Any, prefix: str = "") -> dict[str, Any]:
+    """``{"optim": {"lr": 0.1}}`` as ``{"optim.lr": 0.1}`` (lists stay values)."""
     if isinstance(node, dict):
         out: dict[str, Any] = {}
         for k, v in node.items():
-            out.update(_flatten(v, f"{prefix}{k}."))
+            out.update(flatten(v, f"{prefix}{k}."))
         return out
     return {prefix[:-1]: node}
 
 
 def recipe_changes(saved_yaml: str, current_yaml: str) -> list[str]:
     """Keys whose values differ between the checkpoint's recipe and the current one."""
-    old, new = _flatten(yaml.safe_load(saved_yaml) or {}), _flatten(yaml.safe_load(current_yaml) or {})
+    old, new = flatten(yaml.safe_load(saved_yaml) or {}), flatten(yaml.safe_load(current_yaml) or {})
     return sorted(k for k in set(old) | set(new) if old.get(k, "<absent>") != new.get(k, "<absent>"))

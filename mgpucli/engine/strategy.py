@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import difflib
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from mgpucli.distributed.runtime import Runtime
+from mgpucli.engine.activation_checkpointing import blocks_to_checkpoint, checkpoint_blocks, select_blocks
 from mgpucli.errors import UsageError
 
 
@@ -20,6 +20,7 @@ class Wrapped:
     eval: nn.Module
     raw: nn.Module
     strategy: str
+    checkpointed: int = 0  # blocks whose activations are recomputed in backward (activation checkpointing)
 
     @property
     def is_ddp(self) -> bool:
@@ -64,9 +65,11 @@ def check_combinations(trainer_cfg, runtime: Runtime) -> None:
                                      ("activation_checkpointing", False), ("cpu_offload", False))
                 if fsdp[k] != default]
     if fsdp_set and strategy != "fsdp":
+        other = (" (activation checkpointing for any strategy: trainer.activation_checkpointing=true)"
+                 if fsdp_set[0] == "activation_checkpointing" else "")
         raise UsageError(
             f"trainer.fsdp.{fsdp_set[0]} is set, but trainer.strategy={strategy}: FSDP options need strategy fsdp.",
-            "Set trainer.strategy=fsdp, or drop the trainer.fsdp options.",
+            f"Set trainer.strategy=fsdp, or drop the trainer.fsdp options{other}.",
         )
     if trainer_cfg.checkpoint_format == "sharded" and strategy != "fsdp":
         raise UsageError(
@@ -84,28 +87,11 @@ def check_combinations(trainer_cfg, runtime: Runtime) -> None:
         )
 
 
-def _fsdp_targets(model: nn.Module, wrap: list[str] | None) -> list[nn.Module]:
-    """The submodules to shard: by class name, or by default every block of any nn.ModuleList."""
-    if wrap:
-        found = [m for m in model.modules() if type(m).__name__ in set(wrap) and m is not model]
-        missing = set(wrap) - {type(m).__name__ for m in found}
-        if missing:
-            names = sorted({type(m).__name__ for m in model.modules()})
-            close = {m: difflib.get_close_matches(m, names, n=1) for m in sorted(missing)}
-            hints = [f"'{m}' (did you mean '{c[0]}'?)" if c else f"'{m}'" for m, c in close.items()]
-            raise UsageError(f"trainer.fsdp.wrap names {', '.join(hints)}, which the model doesn't contain (its "
-                             f"module classes: {', '.join(names)}).", "Fix trainer.fsdp.wrap.")
-        return found
-    return [child for m in model.modules() if isinstance(m, nn.ModuleList) for child in m]
-
-
 def shard_model(model: nn.Module, trainer_cfg, runtime: Runtime) -> nn.Module:
     """FSDP2 (``fully_shard``) on the chosen blocks, then the root; mixed precision follows trainer.precision."""
     import warnings
-    from functools import partial
 
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
-    from torch.utils.checkpoint import checkpoint
 
     warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view tensor")
     opts = trainer_cfg.fsdp
@@ -114,9 +100,7 @@ def shard_model(model: nn.Module, trainer_cfg, runtime: Runtime) -> nn.Module:
               "mp_policy": MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)}
     if opts.cpu_offload:
         kwargs["offload_policy"] = CPUOffloadPolicy()
-    for block in _fsdp_targets(model, opts.wrap):
-        if opts.activation_checkpointing:  # recompute in backward; parameter names are unchanged
-            block.forward = partial(checkpoint, block.forward, use_reentrant=False)
+    for block in select_blocks(model, opts.wrap, "trainer.fsdp.wrap"):
         fully_shard(block, **kwargs)
     return fully_shard(model, **kwargs)
 
@@ -130,6 +114,8 @@ def wrap_model(model: nn.Module, trainer_cfg, runtime: Runtime) -> Wrapped:
     model = model.to(runtime.device)
     if trainer_cfg.channels_last:
         model = model.to(memory_format=torch.channels_last)
+    checkpointed = blocks_to_checkpoint(model, trainer_cfg)
+    checkpoint_blocks(checkpointed)  # before any wrapper: DDP, FSDP and compile see the recomputing forwards
     raw = model
     if strategy == "ddp":
         from torch.nn.parallel import DistributedDataParallel as DDP
@@ -156,4 +142,4 @@ def wrap_model(model: nn.Module, trainer_cfg, runtime: Runtime) -> Wrapped:
     if trainer_cfg.compile:
         train = torch.compile(train)  # for DDP, dynamo splits graphs at bucket boundaries (optimize_ddp)
         evaluate = train if strategy != "ddp" else torch.compile(model)
-    return Wrapped(train=train, eval=evaluate, raw=raw, strategy=strategy)
+    return Wrapped(train=train, eval=evaluate, raw=raw, strategy=strategy, checkpointed=len(checkpointed))

@@ -15,8 +15,10 @@ goes to files, needs neither.
 
 from __future__ import annotations
 
+import json
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
 from mgpucli.console import print_error
 from mgpucli.distributed.env import RankEnv, read_rank_env
@@ -84,3 +86,46 @@ def _train(recipe: str, overrides: list[str], resume: str | None, overwrite: boo
     err = record(guarded)()
     if err is not None:
         raise err
+
+
+def probe_recipe(recipe: str, overrides: list[str], *, steps: int, result_file: str | None = None,
+                 rank0_reporter: Callable[[], Reporter] = LineReporter) -> dict | None:
+    """The fit probe (engine/probe.py) on this process: measure, write nothing. Rank 0 returns the report (and
+    writes it to ``result_file`` when given, for ``mgpu launch`` to render); the other ranks return None."""
+    from mgpucli.errors import UsageError
+
+    if steps < 1:
+        raise UsageError(f"--probe-steps {steps}: the probe needs at least one step to time.")
+    report: dict = {}
+
+    def probe(env: RankEnv) -> None:
+        from torch.distributed.elastic.multiprocessing.errors import record
+
+        from mgpucli.engine.run import run_probe
+
+        reporter = rank0_reporter() if env.rank == 0 else None
+        outcome: list = []
+
+        def guarded() -> MgpuError | None:  # as _train: an MgpuError is a message, not a traceback for error.json
+            try:
+                outcome.append(run_probe(recipe, overrides, env=env, reporter=reporter, steps=steps))
+            except MgpuError as err:
+                return err
+            return None
+
+        err = record(guarded)()
+        if err is not None:
+            raise err
+        found = outcome[0] if outcome else None
+        if found is not None:
+            report.update(found)
+            if result_file:
+                Path(result_file).write_text(json.dumps(found))
+
+    steady_heap()
+    postpone_full_gc()
+    try:
+        run_as_rank(probe)
+    finally:
+        resume_full_gc()
+    return report or None

@@ -1,10 +1,14 @@
-"""The Trainer: builds a run's parts, then runs its epochs and steps. The same on 1 or N processes.
+"""The Trainer: the loop of a run, the same on 1 or N processes.
 
-Its parts, each with one job: :class:`~mgpucli.engine.log_interval.LogInterval` (training metrics as device sums,
-one collective per log interval, the ranks' agreement on a stop or a non-finite loss), :class:`~mgpucli.engine.
-checkpointing.Checkpoints` (the run dir, saving and restoring), :class:`~mgpucli.engine.stop_requests.
-StopRequests` (signals), and the strategy's wrapped model (:mod:`mgpucli.engine.strategy`). What is left here is
-the loop: epochs, the step (:meth:`Trainer.train_step`), validation, and when to save.
+Its parts are built by :mod:`~mgpucli.engine.build`, and each has one job: :mod:`~mgpucli.engine.log_interval`
+(training metrics as device sums, one collective per log interval, the ranks' agreement on a stop or a non-finite
+loss), :mod:`~mgpucli.engine.checkpointing` (the run dir, saving and restoring), :mod:`~mgpucli.engine.run_outputs`
+(metrics.jsonl, TensorBoard, the experiment trackers, the reporter), :mod:`~mgpucli.engine.stop_requests`
+(signals), the strategy's wrapped model (:mod:`~mgpucli.engine.strategy`), and the optional ones, each off unless
+its recipe section is there: :mod:`~mgpucli.engine.ema`, :mod:`~mgpucli.engine.early_stopping`,
+:mod:`~mgpucli.engine.profiling`. What is left here is the loop: epochs, the step (:meth:`Trainer.train_step`),
+validation, and when to save; with ``probe=True`` only the set-up, for :mod:`~mgpucli.engine.probe` to time steps
+without a run dir.
 
 The step path's rules: no host sync per step (metrics stay on the device until the log interval), one collective
 per log interval beside the gradients' own, ``no_sync`` on the micro-steps of an accumulation but its last.
@@ -13,72 +17,46 @@ per log interval beside the gradients' own, ``no_sync`` on the micro-steps of an
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 from omegaconf import DictConfig
 
 from mgpucli import faults
-from mgpucli.config import run_length
-from mgpucli.config.components import build_component, metric_problems
 from mgpucli.distributed.heartbeat import Heartbeat
 from mgpucli.distributed.runtime import Runtime
 from mgpucli.engine import state as engine_state
-from mgpucli.engine.checkpointing import Checkpoints, Position, Resumed, Trained
-from mgpucli.engine.data import build_loaders, to_device
+from mgpucli.engine.build import build_run
+from mgpucli.engine.checkpointing import Checkpoints, Position, Resumed
+from mgpucli.engine.data import to_device
 from mgpucli.engine.evaluate import evaluate_exact
 from mgpucli.engine.log_interval import LogInterval
+from mgpucli.engine.profiling import ProfileWindow, window_for
 from mgpucli.engine.reporter import Reporter
-from mgpucli.engine.rundir import MetricsWriter
+from mgpucli.engine.run_outputs import RunOutputs
 from mgpucli.engine.stop_requests import StopRequests
-from mgpucli.engine.strategy import wrap_model
-from mgpucli.engine.tasks import build_task
-from mgpucli.errors import Preempted, RecipeError
+from mgpucli.errors import Preempted
 from mgpucli.run_files import checkpoint_dir
-
-_AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
-
-
-@dataclass(frozen=True)
-class LoopSettings:
-    """The ``trainer`` settings the loop reads, as plain values (read once, not from the DictConfig each step)."""
-
-    epochs: int
-    max_steps: int | None
-    grad_accum: int
-    channels_last: bool
-    clip_grad_norm: float | None
-    scheduler_interval: str
-    log_every: int
-    val_every: int
-    checkpoint_every: int
-    checkpoint_every_steps: int | None
-
-    @classmethod
-    def of(cls, trainer: DictConfig) -> LoopSettings:
-        return cls(epochs=int(trainer.epochs), max_steps=trainer.max_steps, grad_accum=int(trainer.grad_accum),
-                   channels_last=bool(trainer.channels_last), clip_grad_norm=trainer.clip_grad_norm,
-                   scheduler_interval=str(trainer.scheduler_interval), log_every=int(trainer.log_every),
-                   val_every=int(trainer.val_every), checkpoint_every=int(trainer.checkpoint_every),
-                   checkpoint_every_steps=trainer.checkpoint_every_steps)
 
 
 class Trainer:
     """One worker's training run. Build with a validated recipe and a Runtime, call ``setup()``, then ``fit()``."""
 
     def __init__(self, cfg: DictConfig, runtime: Runtime, reporter: Reporter, resume: str | None = None,
-                 overwrite: bool = False, source: str = "the recipe"):
+                 overwrite: bool = False, source: str = "the recipe", probe: bool = False):
         self.cfg, self.runtime, self.reporter = cfg, runtime, reporter
         self.source = source  # the recipe as the user named it, for problems found while building
         self.resume, self.overwrite = resume, overwrite
+        self.probe = probe  # only measure (engine/probe.py): no run dir, no records, no checkpoints
         self.position = Position()
         self.stop = StopRequests()
-        self.writer: MetricsWriter | None = None
+        self.outputs = RunOutputs(reporter)  # metrics.jsonl, TensorBoard and trackers (rank 0), the reporter
         self.heartbeat: Heartbeat | None = None
+        self.profile: ProfileWindow | None = None
         self._resumed: Resumed | None = None  # applied when the epoch's loader iterator exists
         self._mid_epoch = False
 
@@ -88,49 +66,43 @@ class Trainer:
 
     # ----------------------------------------------------------------------------------------- setup
     def setup(self) -> None:
-        """Build everything (in the order that makes every rank's model the same), take the run dir, resume."""
-        cfg, runtime = self.cfg, self.runtime
-        engine_state.seed_everything(cfg.seed)  # one global seed for init: every rank builds the same model
-        source = self.source
-        train_set = build_component("data.train", cfg.data.train, source=source)
-        val_set = build_component("data.val", cfg.data.val, source=source) if cfg.data.val is not None else None
-        model = build_component("model", cfg.model, source=source)
-        self.task = (build_component("task", cfg.task, source=source) if isinstance(cfg.task, DictConfig)
-                     else build_task(cfg.task))
-        wrong_metric = metric_problems(cfg, self.task)
-        if wrong_metric:
-            raise RecipeError(source, wrong_metric, "Name one of the metrics listed, or drop it.")
-        self.loaders = build_loaders(train_set, val_set, cfg.data, cfg.seed, runtime)
-        # ${total_steps:}/${steps_per_epoch:} become numbers now, before the optimizer and scheduler are built
-        length = run_length.of(len(self.loaders.train), cfg.trainer.grad_accum, cfg.trainer.epochs,
-                               cfg.trainer.max_steps)
-        self.cfg = cfg = run_length.resolve(cfg, length)
-        self.settings = LoopSettings.of(cfg.trainer)
+        """Build every part (engine/build.py), take the run dir, resume."""
+        runtime = self.runtime
         self.heartbeat = Heartbeat(runtime.rank, runtime.world_size)  # where each rank is, for timeout messages
         self.heartbeat.start()
-        with self.heartbeat.in_phase("setup: DDP parameter broadcast"):
-            wrapped = wrap_model(model, cfg.trainer, runtime)
-        optimizer = build_component("optim", cfg.optim, wrapped.raw.parameters(), source=source)
-        scheduler = (build_component("scheduler", cfg.scheduler, optimizer, source=source)
-                     if cfg.scheduler is not None else None)
-        self.autocast_dtype = _AUTOCAST.get(cfg.trainer.precision)
-        scaler = torch.amp.GradScaler(runtime.device.type) if cfg.trainer.precision == "fp16" else None
-        self.trained = Trained(wrapped, optimizer, scheduler, scaler, self.loaders.train)
-        self.intervals = LogInterval(self.task, runtime, self.heartbeat, self._emit)
-        self.checkpoints = Checkpoints(cfg, runtime, self.heartbeat, self.reporter)
+        built = build_run(self.cfg, runtime, self.heartbeat, self.reporter, self.source)
+        self.cfg, self.task, self.loaders, self.trained = built.cfg, built.task, built.loaders, built.trained
+        self.settings, self.total_steps, self.autocast_dtype = built.settings, built.total_steps, built.autocast_dtype
+        self.intervals = LogInterval(self.task, runtime, self.heartbeat, self.outputs.emit)
+        self.checkpoints = Checkpoints(self.cfg, runtime, self.heartbeat, self.reporter)
         self._backward_phase = ("backward (gradient all-reduce)" if runtime.distributed
-                                and wrapped.strategy in ("ddp", "fsdp") else "backward")
+                                and self.trained.model.strategy in ("ddp", "fsdp") else "backward")
         self._faults = faults.enabled()
+        if self.probe:  # the run dir stays as it is: nothing taken, created or written, nothing loaded or saved
+            self.intervals.emit = lambda record: None
+            self.settings = dataclasses.replace(self.settings, checkpoint_every_steps=None)
+        else:
+            self._take_run_dir()
+        engine_state.seed_everything(self.cfg.seed + 1000 * runtime.rank + self.step)  # per-rank randomness
+
+    def _take_run_dir(self) -> None:
+        """The checkpoint to resume from, read before the run dir is touched (one that doesn't fit leaves it as it
+        was); then the run dir (rank 0 takes it), its records and the profiler window."""
         found = self.checkpoints.check_run_dir(self.resume, self.overwrite)
-        if found is not None:  # loaded before the run dir is taken: a checkpoint that doesn't fit leaves it as it was
+        if found is not None:
             self._resumed = self.checkpoints.load(found, self.trained, self.position)
             sums = self._resumed.epoch_sums
             if sums is not None and len(sums) == len(self.task.stat_names):
                 self.intervals.epoch_sums = sums
         self.checkpoints.take_run_dir(self.overwrite)
-        if runtime.is_main:
-            self.writer = MetricsWriter(self.checkpoints.run_dir, tensorboard=cfg.trainer.tensorboard)
-        engine_state.seed_everything(cfg.seed + 1000 * runtime.rank + self.step)  # per-rank randomness
+        run_dir = self.checkpoints.run_dir
+        self.profile = window_for(self.cfg.trainer.profile, self.total_steps, run_dir, self.runtime, self.reporter)
+        runtime = self.runtime
+        tags = {"world_size": str(runtime.world_size), "device": runtime.device.type,
+                "strategy": self.trained.model.strategy}
+        self.outputs.open(self.cfg, run_dir, runtime, tags, self.step if found is not None else None,
+                          self._resumed.trackers if self._resumed is not None else None)
+        self.checkpoints.tracker_ids = self.outputs.tracker_ids  # their run ids go into every checkpoint
 
     # ------------------------------------------------------------------------------------------ loop
     def fit(self) -> dict[str, Any]:
@@ -145,18 +117,24 @@ class Trainer:
             settings.epochs, math.ceil(settings.max_steps / steps_per_epoch))
         self.reporter.start({**self._info(steps_per_epoch), "total_epochs": total_epochs})
         train_metrics = None
-        with self.stop.listening(), self._tag_failures():
-            while self.position.epoch < total_epochs and not self._done():
+        stopping = self.trained.early_stopping
+        if stopping is not None and stopping.should_stop:  # resumed from a run that had stopped early
+            self.reporter.message(f"{stopping.reason()}: the run stopped at step {self.step}; nothing left to train.")
+        with self.stop.listening(), self._tag_failures(), self._profiling():
+            while self.position.epoch < total_epochs and not self._done() and not self._stopped_early():
                 number = self.position.epoch + 1  # epochs are numbered from 1 in everything a user reads
                 train_metrics = self.train_epoch(steps_per_epoch)
                 if self.intervals.stop_agreed and self._mid_epoch:
                     self._preempt(mid_epoch=True)
                 val, saved = self._end_epoch(total_epochs)
                 self.reporter.epoch_end(number, train_metrics, val)
-                if self.intervals.stop_agreed:
+                if self._stopped_early():  # every rank validated alike: all stop here, after saving
+                    self._record_early_stop()
+                elif self.intervals.stop_agreed:
                     self._preempt(mid_epoch=False, saved=saved)
         return {"step": self.step, "epoch": self.position.epoch, "train": train_metrics,
-                "val": self.position.last_val, "run_dir": str(self.checkpoints.run_dir)}
+                "val": self.position.last_val, "run_dir": str(self.checkpoints.run_dir),
+                "stopped_early": stopping.reason() if self._stopped_early() else None}
 
     def train_epoch(self, steps_per_epoch: int) -> dict[str, Any] | None:
         """One pass over this rank's shard (from the saved position when resuming mid-epoch); returns the epoch's
@@ -193,6 +171,8 @@ class Trainer:
         batch = next(batches, None)
         if batch is None:
             return False
+        if self.profile is not None:
+            self.profile.before_step(self.step + 1)
         for micro in range(1, self.settings.grad_accum + 1):
             following = next(batches, None) if micro < self.settings.grad_accum else None
             self._forward_backward(batch, sync=following is None)
@@ -200,6 +180,8 @@ class Trainer:
                 break
             batch = following
         self._optimizer_step()
+        if self.profile is not None:
+            self.profile.after_step(self.step)
         return True
 
     def _forward_backward(self, batch, sync: bool) -> None:
@@ -234,6 +216,7 @@ class Trainer:
             if scaler is not None:
                 scaler.unscale_(optimizer)
             torch.nn.utils.clip_grad_norm_(trained.model.raw.parameters(), settings.clip_grad_norm)
+        self.heartbeat.phase = "optimizer step"
         if scaler is not None:
             scaler.step(optimizer)
             scaler.update()
@@ -243,6 +226,8 @@ class Trainer:
         if trained.scheduler is not None and settings.scheduler_interval == "step":
             trained.scheduler.step()
         position.step += 1
+        if trained.ema is not None:
+            trained.ema.update(position.step)
         self.intervals.steps += 1
         self.reporter.step(position.step)
         self.intervals.read_reduction()  # the all-reduce started a step ago
@@ -265,6 +250,9 @@ class Trainer:
         val = None
         if self.loaders.val is not None and settings.val_every and (position.epoch % settings.val_every == 0 or last):
             val = self.evaluate(number)
+        stopping = self.trained.early_stopping
+        if stopping is not None and val is not None:
+            last = stopping.observe(val, position.step) or last  # a last checkpoint, with the verdict in it
         improved = self.checkpoints.improves_best(val)
         saved = last or (settings.checkpoint_every and position.epoch % settings.checkpoint_every == 0) or improved
         if saved:
@@ -282,6 +270,9 @@ class Trainer:
     def _preempt(self, mid_epoch: bool, saved: bool = False) -> None:
         if not saved:
             self.save(mid_epoch=mid_epoch)
+        # Before the ranks meet to leave (engine/run.py): a rank that exited 75 first would have torch's agent
+        # SIGTERM rank 0 while its trackers finish.
+        self.finish_tracking("preempted")
         epoch = self.position.epoch + 1 if mid_epoch else self.position.epoch
         raise Preempted(
             f"stopped by {self.stop.received or 'a signal on another rank'} at step {self.step} (epoch {epoch}); "
@@ -291,11 +282,30 @@ class Trainer:
             step=self.step, signal=self.stop.received,
         )
 
+    def _stopped_early(self) -> bool:
+        return self.trained.early_stopping is not None and self.trained.early_stopping.should_stop
+
+    def _record_early_stop(self) -> None:
+        """The run's closing record (metrics.jsonl) and line: why it stopped."""
+        stopping = self.trained.early_stopping
+        self.outputs.write(stopping.record(self.step, self.position.epoch, time.time()))
+        self.reporter.message(f"{stopping.reason()}. Stopped after epoch {self.position.epoch}, step {self.step}; "
+                              f"the checkpoint in {checkpoint_dir(self.checkpoints.run_dir)} holds that step.")
+
     def _done(self) -> bool:
         return self.settings.max_steps is not None and self.step >= self.settings.max_steps
 
     def _lr(self) -> float:
         return self.trained.optimizer.param_groups[0]["lr"]
+
+    @contextlib.contextmanager
+    def _profiling(self):
+        """A profiler window still open when the loop ends (the run ended or stopped inside it) writes its trace."""
+        try:
+            yield
+        finally:
+            if self.profile is not None:
+                self.profile.close()
 
     @contextlib.contextmanager
     def _tag_failures(self):
@@ -310,17 +320,16 @@ class Trainer:
     def evaluate(self, epoch: int) -> dict[str, Any]:
         """Exact validation (see engine.evaluate) after ``epoch`` (numbered from 1); recorded in metrics.jsonl and
         kept for the checkpoint."""
-        model = self.trained.model
-        with self.heartbeat.in_phase("validation"):
-            self.position.last_val = evaluate_exact(model.eval, self.loaders.val, self.loaders.val_batches, self.task,
-                                                    self.runtime, self.autocast_dtype, lockstep=model.is_fsdp)
-        self._emit({"split": "val", "step": self.step, "epoch": epoch, **self.position.last_val, "time": time.time()})
-        return self.position.last_val
-
-    def _emit(self, record: dict[str, Any]) -> None:
-        if self.writer is not None:
-            self.writer.write(record)
-        self.reporter.log(record)
+        model, ema = self.trained.model, self.trained.ema
+        on_ema = ema is not None and ema.validate
+        with self.heartbeat.in_phase("validation"), ema.swapped_in() if on_ema else contextlib.nullcontext():
+            val = evaluate_exact(model.eval, self.loaders.val, self.loaders.val_batches, self.task, self.runtime,
+                                 self.autocast_dtype, lockstep=model.is_fsdp)
+        if ema is not None:  # which weights were validated, where a run has both
+            val["weights"] = "ema" if on_ema else "model"
+        self.position.last_val = val
+        self.outputs.emit({"split": "val", "step": self.step, "epoch": epoch, **val, "time": time.time()})
+        return val
 
     def _info(self, steps_per_epoch: int) -> dict[str, Any]:
         data, runtime, trainer = self.cfg.data, self.runtime, self.cfg.trainer
@@ -336,11 +345,14 @@ class Trainer:
             "precision": trainer.precision,
         }
 
-    def close(self) -> None:
-        """Close files and drop the model, optimizer and loaders (tracebacks may keep this object alive)."""
-        if self.writer is not None:
-            self.writer.close()
-            self.writer = None
+    def finish_tracking(self, status: str) -> None:
+        """Finish the experiment trackers' runs (rank 0; once) with ``status``: finished, failed or preempted."""
+        self.outputs.finish_tracking(status)
+
+    def close(self, status: str = "failed") -> None:
+        """Finish the trackers' runs with ``status`` (unless done), close files, and drop the model, optimizer and
+        loaders (tracebacks may keep this object alive)."""
+        self.outputs.close(status)
         if self.heartbeat is not None:
             self.heartbeat.stop()
         for name in ("trained", "loaders", "intervals", "checkpoints"):

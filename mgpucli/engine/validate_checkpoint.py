@@ -32,16 +32,28 @@ class Loaded:
     info: dict[str, Any]
 
 
-def _state_dict_of(obj: Any, path: str) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(weights, info) from an mgpu checkpoint or a plain state_dict."""
+WEIGHTS = ("model", "ema")
+
+
+def _state_dict_of(obj: Any, path: str, weights: str = "model") -> tuple[dict[str, Any], dict[str, Any]]:
+    """(weights, info) from an mgpu checkpoint or a plain state_dict. ``weights``: the model's own (``model``) or
+    their moving average (``ema``, in checkpoints of runs with trainer.ema)."""
+    if weights not in WEIGHTS:
+        raise UsageError(f"weights {weights!r}: choose model or ema.")
     if is_mgpu_checkpoint(obj):
         info = {k: obj.get(k) for k in ("step", "world_size")}
         mid = bool(obj.get("mid_epoch"))  # the epoch of its last step, numbered from 1 (see state.epoch_label)
-        info.update(epoch=obj.get("epoch", 0) + 1 if mid else obj.get("epoch"), mid_epoch=mid)
-        return obj["model"], {**info, "format": "mgpu", "recipe_text": obj.get("recipe")}
+        info.update(epoch=obj.get("epoch", 0) + 1 if mid else obj.get("epoch"), mid_epoch=mid, weights=weights)
+        if weights == "ema" and obj.get("ema") is None:
+            raise CheckpointError(f"{path} holds no EMA weights: its run was trained without trainer.ema.",
+                                  "Use --weights model (the default), or train with trainer.ema={decay: 0.999}.")
+        return obj[weights], {**info, "format": "mgpu", "recipe_text": obj.get("recipe")}
+    if weights == "ema":
+        raise CheckpointError(f"{path} is not an mgpu checkpoint, so it holds no EMA weights.",
+                              "EMA weights are in checkpoints of runs trained with trainer.ema; use --weights model.")
     if isinstance(obj, dict) and obj and all(isinstance(v, torch.Tensor) for v in obj.values()):
         return obj, {"format": "state_dict", "epoch": None, "mid_epoch": None, "step": None, "world_size": None,
-                     "recipe_text": None}
+                     "weights": "model", "recipe_text": None}
     if isinstance(obj, dict) and isinstance(obj.get("state_dict"), dict):
         return _state_dict_of(obj["state_dict"], path)
     raise CheckpointError(
@@ -57,7 +69,7 @@ def resolve_recipe(info: dict[str, Any], path: str, overrides: list[str], recipe
     must pass the allowlist before anything is imported from outside it or called."""
     if recipe is not None:
         cfg = load_recipe(recipe, overrides)
-        check_recipe(cfg, recipe)
+        check_recipe(cfg, recipe, trackers=None)
         return cfg
     if not info.get("recipe_text"):
         raise UsageError(
@@ -74,23 +86,25 @@ def resolve_recipe(info: dict[str, Any], path: str, overrides: list[str], recipe
                 "Fix the overrides, or give the recipe the checkpoint was trained with: --recipe RECIPE.")) from None
     if not trust_recipe:
         require_trusted(cfg, list(TOP_COMPONENTS), path)
-    check_recipe(cfg, f"stored in {path}")
+    check_recipe(cfg, f"stored in {path}", trackers=None)
     return cfg
 
 
 def load_checkpoint(path: str | Path, overrides: list[str] | None = None, *, recipe: str | None = None,
-                    trust_recipe: bool = False, map_location: str | torch.device = "cpu") -> Loaded:
+                    trust_recipe: bool = False, map_location: str | torch.device = "cpu",
+                    weights: str = "model") -> Loaded:
     """Load a checkpoint's model with its weights (Python API; same safety rules as ``mgpu validate``).
 
     ``weights_only=True`` loading, the allowlist for the checkpoint's own recipe, key normalisation for
     ``module.``/``_orig_mod.`` prefixes, and a fit check that lists missing, unexpected and mismatched keys.
+    ``weights="ema"`` loads the weights' moving average (runs trained with ``trainer.ema``) instead.
     """
     path = str(path)
-    weights, info = _state_dict_of(read_file(path, map_location=map_location), path)
+    state, info = _state_dict_of(read_file(path, map_location=map_location), path, weights)
     cfg = resolve_recipe(info, path, list(overrides or []), recipe, trust_recipe)
     torch.manual_seed(int(cfg.seed))
     model = build_component("model", cfg.model, source=path)
-    load_model_state(model, weights, path)
+    load_model_state(model, state, path)
     model.to(map_location).eval()
     info.pop("recipe_text", None)
     return Loaded(model=model, recipe=cfg, info={"path": path, **info})
@@ -108,7 +122,7 @@ def validation_dataset(cfg: DictConfig, split: str, source: str):
 
 
 def run_validation(checkpoint: str, overrides: list[str], *, recipe: str | None, split: str, trust_recipe: bool,
-                   env, prefer_cpu: bool = False) -> dict[str, Any]:
+                   env, prefer_cpu: bool = False, weights: str = "model") -> dict[str, Any]:
     """Evaluate ``checkpoint`` on this process (one worker of N when RANK/WORLD_SIZE are set)."""
     from mgpucli.distributed import collectives
     from mgpucli.distributed.runtime import choose_device, setup_process_group, teardown
@@ -119,13 +133,13 @@ def run_validation(checkpoint: str, overrides: list[str], *, recipe: str | None,
 
     ensure_cwd_on_path()
     device = choose_device("cpu" if prefer_cpu else "auto", env)
-    weights, info = _state_dict_of(read_file(checkpoint, map_location=device), checkpoint)
+    state, info = _state_dict_of(read_file(checkpoint, map_location=device), checkpoint, weights)
     cfg = resolve_recipe(info, checkpoint, overrides, recipe, trust_recipe)
     runtime = setup_process_group(env, cfg.trainer.device, cfg.trainer.timeout_s, cfg.trainer.cpu_threads)
     try:
         torch.manual_seed(int(cfg.seed))
         model = build_component("model", cfg.model, source=checkpoint)
-        load_model_state(model, weights, checkpoint)
+        load_model_state(model, state, checkpoint)
         model.to(runtime.device)
         if cfg.trainer.channels_last:
             model.to(memory_format=torch.channels_last)

@@ -3,7 +3,8 @@
 The launcher's side, lightest first (only ``runner`` imports torch):
 
 - ``plan``: options + recipe facts + machine -> torchrun argument list (pure, unit-tested);
-  ``slurm``, ``ports``: SLURM variables and port checks used by the plan
+  ``slurm``, ``ports``: SLURM variables and port checks used by the plan; ``script``: a user's own script as the
+  job (its target and checks, the legacy --local_rank spelling, its run dir)
 - ``main``: the command's flow (check the recipe once, plan, run, end a failure with the post-mortem)
 - ``runner``: torch's elastic agent in this process, configured from the plan; records every attempt in
   ``launch.json`` (:mod:`mgpucli.run_records`)
@@ -13,7 +14,8 @@ The launcher's side, lightest first (only ``runner`` imports torch):
 
 The workers' side (never imports mgpu's CLI, typer or rich):
 
-- ``worker``: ``python -m mgpucli.launch.worker JOB ...``, the job run as this rank inside the launcher's rules
+- ``worker``: ``python -m mgpucli.launch.worker JOB ...``, the job run as this rank inside the launcher's rules;
+  ``script_job``: the job that runs a user's script as ``python`` would
 - ``parent_watch``: a worker dies with its launcher; ``progress_file``: rank 0's progress for the live view
 
 Processes are started and killed through :mod:`mgpucli.proctree`.

@@ -4,7 +4,8 @@ Every worker's output goes to its log files (torch's ``--redirects``). Without a
 copies local rank 0's lines to the launcher's output with a ``[rank0]:`` prefix. On a terminal the launcher does it
 itself: a thread follows local rank 0's ``stdout.log`` and ``stderr.log`` of the latest attempt (from the launch
 record, so a restart is followed too), prints their lines, and draws a bar from the progress file rank 0 keeps
-(:mod:`mgpucli.launch.progress_file`).
+(:mod:`mgpucli.launch.progress_file`; a user's script keeps none: lines only). ``--show-rank N`` follows local rank
+N instead; ``--show-rank all`` every rank, each line prefixed ``[rankN]:`` as torch's tee would.
 """
 
 from __future__ import annotations
@@ -44,17 +45,20 @@ class _Follow:
 
 
 class LiveView(threading.Thread):
-    """Shows local rank 0 of ``record``'s latest attempt on ``console`` until :meth:`finish`."""
+    """Shows local rank 0 (or ``show``: a local rank, or "all") of ``record``'s latest attempt on ``console`` until
+    :meth:`finish`; a bar from ``progress_path`` (None: no bar)."""
 
-    def __init__(self, record: LaunchRecord, progress_path: str, console=None):
+    def __init__(self, record: LaunchRecord, progress_path: str | None, console=None, show: str | None = None):
         super().__init__(name="mgpu-live-view", daemon=True)
         from mgpucli.console import err_console
 
         self.record, self.progress_path = record, progress_path
+        self.show_all = show == "all"
+        self.local_rank = 0 if show is None or self.show_all else int(show)
         self.console = console or err_console()
         self._finished = threading.Event()
         self._attempt: int | None = None
-        self._files: list[_Follow] = []
+        self._files: list[tuple[str, _Follow]] = []  # (the prefix of its lines, the file)
         self._bar = None
         self._task = None
         self._seen: float | None = None
@@ -74,24 +78,28 @@ class LiveView(threading.Thread):
 
     def _tick(self, final: bool = False) -> None:
         self._follow_latest_attempt()
-        for follow in self._files:
-            for line in follow.lines(final):
-                self.console.print(line, markup=False, highlight=False)
+        self._show(final)
         if not final:
             self._update_bar()
+
+    def _show(self, final: bool) -> None:
+        for prefix, follow in self._files:
+            for line in follow.lines(final):
+                self.console.print(prefix + line, markup=False, highlight=False)
 
     def _follow_latest_attempt(self) -> None:
         latest = self.record.attempts[-1] if self.record.attempts else None
         if latest is None or latest.attempt == self._attempt:
             return
-        rank0 = next((f for f in latest.ranks.values() if f.local_rank == 0), None)
-        for follow in self._files:  # the end of the previous attempt first
-            for line in follow.lines(final=True):
-                self.console.print(line, markup=False, highlight=False)
+        self._show(final=True)  # the end of the previous attempt first
         self._attempt = latest.attempt
-        self._files = [_Follow(p) for p in (rank0.stdout, rank0.stderr) if p] if rank0 else []
+        shown = [f for _, f in sorted(latest.ranks.items()) if self.show_all or f.local_rank == self.local_rank]
+        self._files = [(f"[rank{f.rank}]:" if self.show_all else "", _Follow(path))
+                       for f in shown for path in (f.stdout, f.stderr) if path]
 
     def _update_bar(self) -> None:
+        if self.progress_path is None:
+            return
         try:
             stamp = os.stat(self.progress_path).st_mtime
         except OSError:

@@ -1,4 +1,4 @@
-"""``mgpu launch`` end to end: check the recipe once, build the plan, then run it (or print it)."""
+"""``mgpu launch`` end to end: check the recipe (or find the script) once, build the plan, then run it (or print it)."""
 
 from __future__ import annotations
 
@@ -9,13 +9,24 @@ import socket
 import sys
 import threading
 import time
+from dataclasses import replace
 from typing import Any
 
 from mgpucli import __version__
 from mgpucli.cpus import available_cores, omp_threads_problem
-from mgpucli.errors import EXIT_FAILED, EXIT_USAGE, UsageError
-from mgpucli.launch.plan import LaunchOptions, LaunchPlan, Machine, RecipeFacts, build_plan, worker_overrides
-from mgpucli.run_files import check_start, holds_a_run
+from mgpucli.errors import UsageError
+from mgpucli.launch.plan import (
+    LaunchOptions,
+    LaunchPlan,
+    Machine,
+    RecipeFacts,
+    build_plan,
+    check_job_options,
+    script_facts,
+    worker_overrides,
+)
+from mgpucli.launch.script import check_target, default_run_dir, local_rank_flag
+from mgpucli.run_files import check_start, holds_a_run, unwritable
 
 
 def load_recipe_facts(opts: LaunchOptions) -> RecipeFacts:
@@ -37,7 +48,7 @@ def _check_recipe(opts: LaunchOptions):
     cfg = _compose_while_torch_loads(opts.recipe, overrides)
     if cfg is None:
         cfg = load_recipe(opts.recipe, overrides)
-    check_recipe(cfg, opts.recipe)
+    check_recipe(cfg, opts.recipe, trackers="import")  # imports the trackers it names: exit 2 here
     check_builds(cfg, opts.recipe)  # the optimizer, scheduler, task and model (meta device): before any worker
     threads = OmegaConf.select(cfg, "trainer.cpu_threads", default=None)
     facts = RecipeFacts(
@@ -102,17 +113,47 @@ def prepare(opts: LaunchOptions) -> LaunchPlan:
     return _prepare(opts)[0]
 
 
-def _prepare(opts: LaunchOptions):
+def _prepare(opts: LaunchOptions, claim_run_dir: bool = False):
+    """(the plan, the checked recipe: None for a script). ``claim_run_dir``: a script launched without --run-dir
+    creates its new run dir now (a real launch); else it is only named (--dry-run)."""
+    check_job_options(opts)
     problem = omp_threads_problem(os.environ)
     if problem:  # every worker would inherit it
         raise UsageError(f"{problem}.", "Unset it (`unset OMP_NUM_THREADS`) and mgpu gives each CPU worker cores / "
                          "processes threads, or give a count: export OMP_NUM_THREADS=4.")
+    if opts.script is not None:
+        return _prepare_script(opts, claim_run_dir), None
     facts, cfg = _check_recipe(opts)
     machine = this_machine(need_gpus=not opts.cpu and facts.device != "cpu")
     plan = build_plan(opts, facts, machine)
     if plan.node_rank == 0:  # this node's rank 0 takes the run dir: refuse here what it would refuse there
         check_run_dir(plan.run_dir, opts, sharded=str(cfg.trainer.checkpoint_format) == "sharded")
     return plan, cfg
+
+
+def _prepare_script(opts: LaunchOptions, claim_run_dir: bool) -> LaunchPlan:
+    """The plan for the user's own script: it exists (nothing of it is run here), the spelling of --local-rank-arg
+    its source declares, and a run dir of its own."""
+    script = opts.script
+    if script is None:
+        raise ValueError("not a script launch")
+    source = check_target(script)
+    notes = []
+    if opts.local_rank_arg:
+        flag, note = local_rank_flag(source)
+        script = replace(script, local_rank_flag=flag)
+        opts = replace(opts, script=script)
+        notes.append(note)
+    if opts.run_dir is not None:
+        problem = unwritable(opts.run_dir)
+        if problem:
+            raise UsageError(f"cannot create run dir {opts.run_dir}: {problem}.",
+                             "Choose another location with --run-dir DIR (or fix the path/permissions).")
+    machine = this_machine(need_gpus=not opts.cpu)
+    plan = build_plan(opts, script_facts(opts), machine, name_run_dir=lambda nnodes, rdzv_id: default_run_dir(
+        script.name, nnodes, rdzv_id, claim=claim_run_dir))
+    plan.notes += notes
+    return plan
 
 
 def check_run_dir(run_dir: str, opts: LaunchOptions, sharded: bool = False):
@@ -153,19 +194,23 @@ def _parents(path: str) -> list[str]:
     return out
 
 
-def _banner(plan: LaunchPlan) -> list[str]:
+def _banner(plan: LaunchPlan, opts: LaunchOptions) -> list[str]:
     devices = plan.devices
+    script = plan.script
     if devices.kind == "cpu":
         threads = os.environ.get("OMP_NUM_THREADS") or plan.env.get("OMP_NUM_THREADS")
-        what = f"{plan.nproc_per_node} CPU worker(s) (gloo), {threads} thread(s) each"
+        backend = "(gloo)" if script is None else "(no GPU visible to them: gloo)"
+        what = f"{plan.nproc_per_node} CPU worker(s) {backend}, {threads} thread(s) each"
     else:
         gpus = ",".join(str(i) for i in devices.gpu_indices)
         what = (f"1 worker on GPUs {gpus} (DataParallel)" if plan.nproc_per_node == 1 and len(devices.gpu_indices) > 1
                 else f"{plan.nproc_per_node} GPU worker(s) on GPU(s) {gpus}")
     node = plan.node_rank if plan.node_rank is not None else "?"
     nodes = f", node {node} of {plan.nnodes}" if plan.nnodes > 1 else ""
-    lines = [f"mgpu launch: {what}{nodes}; run dir {plan.run_dir}",
-             f"  logs of every rank: {plan.log_dir} (local rank 0 shown here); torchrun equivalent in "
+    job = f"; script {script.shown}" if script is not None else ""
+    shown = {None: "local rank 0", "all": "every rank"}.get(opts.show_rank, f"local rank {opts.show_rank}")
+    lines = [f"mgpu launch: {what}{nodes}{job}; run dir {plan.run_dir}",
+             f"  logs of every rank: {plan.log_dir} ({shown} shown here); torchrun equivalent in "
              f"{plan.launch_json}"]
     return lines + [f"  {note}" for note in plan.notes]
 
@@ -191,22 +236,23 @@ def launch(opts: LaunchOptions, dry_run: bool = False) -> int:
 
     postpone_full_gc()  # until the workers start: see mgpucli/heap.py
     try:
-        plan, cfg = _prepare(opts)
+        plan, cfg = _prepare(opts, claim_run_dir=not dry_run)
     except BaseException:
         resume_full_gc()
         raise
     if dry_run:
         resume_full_gc()
-        for line in _banner(plan):
+        for line in _banner(plan, opts):
             err_console().print(line, markup=False, highlight=False)
         print(plan.command(), flush=True)
         return 0
     _make_run_dir(plan.run_dir)
-    _hand_over(cfg, opts, plan)
+    if cfg is not None:
+        _hand_over(cfg, opts, plan)
     from mgpucli.launch.runner import run_plan
     from mgpucli.run_records.launch_record import LaunchRecord
 
-    for line in _banner(plan):
+    for line in _banner(plan, opts):
         err_console().print(line, markup=False, highlight=False)
     # Full collections resume once the workers are running and this process only watches them: resumed now, the
     # first one (over all of the start-up's objects) would land while torch's agent starts the workers.
@@ -214,28 +260,35 @@ def launch(opts: LaunchOptions, dry_run: bool = False) -> int:
     resume_gc_timer.daemon = True
     resume_gc_timer.start()
     record = LaunchRecord(_record_path(plan), record_header(plan, opts), final_path=plan.launch_json)
-    code = run_plan(plan, record, live=sys.stderr.isatty())
-    if code in (EXIT_FAILED, EXIT_USAGE):  # end the failure summary with the post-mortem (`mgpu doctor RUN_DIR`)
+    code = run_plan(plan, record, live=sys.stderr.isatty(), show_rank=opts.show_rank)
+    if record.data["result"].get("status") == "failed":  # end the summary with the post-mortem (mgpu doctor RUN_DIR)
         from mgpucli.postmortem import after_launch_failure
 
         after_launch_failure(os.path.dirname(record.path) if not record.promoted else plan.run_dir)
     if not record.promoted:
         err_console().print(
-            f"mgpu launch: no worker started training, so {plan.run_dir}'s records of its earlier run are untouched; "
-            f"this launch's record: {record.path}", markup=False, highlight=False)
+            f"mgpu launch: no worker started {'the script' if plan.script else 'training'}, so {plan.run_dir}'s "
+            f"records of its earlier run are untouched; this launch's record: {record.path}", markup=False,
+            highlight=False)
     return code
 
 
 def record_header(plan: LaunchPlan, opts: LaunchOptions, argv: list[str] | None = None) -> dict[str, Any]:
     """What ``launch.json`` says about this launch before any worker starts (``argv``: the command line after
-    ``mgpu``, default this process's)."""
+    ``mgpu``, default this process's). A script's launch says so (``job``) and names it (``script``)."""
+    script = plan.script
     return {
         "mgpu_version": __version__,
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "cwd": os.getcwd(),
         "argv": ["mgpu", *(sys.argv[1:] if argv is None else argv)],
-        "recipe": opts.recipe,
-        "overrides": list(opts.overrides),
+        "job": plan.job,
+        "recipe": opts.recipe if script is None else None,
+        "overrides": list(opts.overrides) if script is None else [],
+        "script": None if script is None else {
+            "path": script.path, "module": script.module, "args": list(script.args),
+            "local_rank_flag": script.local_rank_flag,
+        },
         "run_dir": plan.run_dir,
         "devices": {
             "kind": plan.devices.kind,
@@ -249,6 +302,7 @@ def record_header(plan: LaunchPlan, opts: LaunchOptions, argv: list[str] | None 
         "max_restarts": opts.max_restarts,
         "torchrun": plan.command(),
         "torchrun_args": list(plan.torchrun_args),
+        "notes": list(plan.notes),
         "set_by_mgpu": dict(plan.env),
         "log_dir": plan.log_dir,
     }

@@ -1,7 +1,9 @@
 """Translate ``mgpu launch`` options into a torchrun argument list (pure: machine facts are passed in).
 
 The result, a :class:`LaunchPlan`, is what ``torch.distributed.run`` gets (``torchrun_args``), the
-environment mgpu adds for the workers (``env``), and where the logs and ``launch.json`` go. Nothing here
+environment mgpu adds for the workers (``env``), and where the logs and ``launch.json`` go. The job is a recipe
+(every worker runs ``train RECIPE ...``) or the user's own script (``script SCRIPT.py ARGS``, see
+:mod:`mgpucli.launch.script`); the launcher's side of both is the same. Nothing here
 starts a process or imports torch, so every rule is unit-tested with the GPU count, the environment and the
 port check faked.
 
@@ -28,6 +30,7 @@ from dataclasses import dataclass, field
 from mgpucli.distributed.select import DeviceSelection, select_devices
 from mgpucli.errors import UsageError
 from mgpucli.launch.ports import check_port_number, port_problem, require_free_port
+from mgpucli.launch.script import ScriptTarget
 from mgpucli.launch.slurm import SlurmInfo, read_slurm
 from mgpucli.run_files import unwritable
 
@@ -41,9 +44,10 @@ SLURM_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"
 
 @dataclass(frozen=True)
 class LaunchOptions:
-    """What the user asked ``mgpu launch`` for (the CLI's parsed options)."""
+    """What the user asked ``mgpu launch`` for (the CLI's parsed options). ``script`` set: the job is that script
+    (``recipe`` and ``overrides`` unused); else the recipe."""
 
-    recipe: str
+    recipe: str = ""
     overrides: tuple[str, ...] = ()
     gpus: str | None = None
     cpu: bool = False
@@ -58,11 +62,17 @@ class LaunchOptions:
     log_dir: str | None = None
     resume: str | None = None
     overwrite: bool = False
+    script: ScriptTarget | None = None
+    run_dir: str | None = None  # a script's run dir (a recipe's is its run_dir value)
+    local_rank_arg: bool = False  # a script: pass it --local_rank=N (the spelling is script.local_rank_flag)
+    show_rank: str | None = None  # the local rank whose output is shown ("all": every rank's); default 0
+    probe_steps: int | None = None  # the workers run the fit probe (mgpu train --probe) instead of training
+    probe_result: str | None = None  # where rank 0 writes the probe's report
 
 
 @dataclass(frozen=True)
 class RecipeFacts:
-    """The few resolved recipe values launch needs."""
+    """The few resolved recipe values launch needs (for a script: what its options say, :func:`script_facts`)."""
 
     run_dir: str
     device: str = "auto"  # auto | cpu | cuda
@@ -101,10 +111,27 @@ class LaunchPlan:
     slurm: SlurmInfo | None = None
     notes: list[str] = field(default_factory=list)
 
+    script: ScriptTarget | None = None  # the user's script, when the job is one (else a recipe)
+    shown_args: list[str] | None = None  # a script: what a user would give torchrun without mgpu
+
+    def split_at_job(self) -> tuple[list[str], list[str]]:
+        """(torchrun's options up to the worker's job name, the job's own arguments). Only the first part goes
+        through torchrun's parser: argparse reads every token that looks like an option, also after the script, and
+        refuses a script's ``--nproc 4`` as an ambiguous abbreviation of ``--nproc-per-node``."""
+        at = len(self.torchrun_args) - len(self.worker_args) + 1
+        return self.torchrun_args[:at], self.torchrun_args[at:]
+
+    @property
+    def job(self) -> str:
+        """The workers' job (mgpucli.launch.worker.JOBS): "train" (a recipe) or "script"."""
+        return self.worker_args[0]
+
     def command(self) -> str:
-        """The equivalent shell command: the variables mgpu sets, then ``torchrun`` and its arguments."""
+        """The equivalent shell command: the variables mgpu sets, then ``torchrun`` and its arguments. For a script,
+        the script itself where mgpu runs it through its worker (what a user would type without mgpu)."""
         prefix = [f"{k}={shlex.quote(v)}" for k, v in sorted(self.env.items())]
-        return " ".join([*prefix, "torchrun", *(shlex.quote(a) for a in self.torchrun_args)])
+        args = self.torchrun_args if self.shown_args is None else self.shown_args
+        return " ".join([*prefix, "torchrun", *(shlex.quote(a) for a in args)])
 
 
 def worker_overrides(opts: LaunchOptions) -> list[str]:
@@ -125,13 +152,66 @@ def worker_overrides(opts: LaunchOptions) -> list[str]:
 
 
 def worker_args(opts: LaunchOptions) -> list[str]:
-    """``train RECIPE [overrides] [train options]``: what each worker runs through mgpu's CLI."""
+    """``train RECIPE [overrides] [train options]`` (or the script job, :meth:`ScriptTarget.worker_args`): what
+    each worker runs."""
+    if opts.script is not None:
+        return opts.script.worker_args()
     args = ["train", opts.recipe, *worker_overrides(opts)]
     if opts.resume is not None:
         args += ["--resume", opts.resume]
     if opts.overwrite:
         args.append("--overwrite")
+    if opts.probe_steps is not None:
+        args += ["--probe", "--probe-steps", str(opts.probe_steps)]
+        if opts.probe_result:
+            args += ["--probe-result", opts.probe_result]
     return args
+
+
+def check_job_options(opts: LaunchOptions) -> None:
+    """Options that belong to the other kind of job: UsageError (exit 2) before anything is read or started."""
+    if opts.script is not None:
+        refused = [flag for flag, given in (("--resume", opts.resume is not None), ("--overwrite", opts.overwrite))
+                   if given]
+        if refused:
+            raise UsageError(
+                f"{refused[0]} is for recipes: mgpu does not checkpoint your script, so it has nothing to resume.",
+                "Give your script its own option for that after the script (mgpu launch ... main.py --resume "
+                "ckpt.pt): mgpu's options go before the script, the script's after it.",
+            )
+        return
+    if opts.run_dir is not None:
+        raise UsageError("--run-dir is for scripts: a recipe's run dir is its run_dir value.",
+                         f"Give it as an override: mgpu launch ... {opts.recipe} run_dir={opts.run_dir}")
+    if opts.local_rank_arg:
+        raise UsageError("--local-rank-arg is for scripts that declare --local_rank: a recipe's workers know "
+                         "their rank.", "Drop --local-rank-arg.")
+
+
+def script_facts(opts: LaunchOptions) -> RecipeFacts:
+    """A script's stand-in for the recipe's facts: its run dir ("" until :func:`build_plan` names one), the device
+    ``--cpu`` asks for, and what identifies the job for a run id every node agrees on."""
+    if opts.script is None:
+        raise ValueError("not a script launch")
+    words = "\0".join(opts.script.words())
+    return RecipeFacts(run_dir=opts.run_dir or "", device="cpu" if opts.cpu else "auto",
+                       fingerprint=hashlib.sha1(words.encode()).hexdigest()[:16])
+
+
+def _tee(show_rank: str | None, nproc: int) -> str:
+    """torchrun's ``--tee``: which local rank's stdout+stderr (3) are copied to the launcher's output."""
+    if show_rank is None:
+        return "0:3"
+    if show_rank.strip() == "all":
+        return "3"
+    try:
+        rank = int(show_rank)
+    except ValueError:
+        rank = -1
+    if not 0 <= rank < nproc:
+        raise UsageError(f"--show-rank {show_rank}: give a local rank of this node, 0..{nproc - 1}, or 'all'.",
+                         "Example: --show-rank 1 (rank 1's output instead of rank 0's), --show-rank all.")
+    return f"{rank}:3"
 
 
 def _select(opts: LaunchOptions, facts: RecipeFacts, machine: Machine) -> DeviceSelection:
@@ -186,8 +266,12 @@ def build_plan(
     machine: Machine,
     port_check: Callable[[int], str | None] = port_problem,
     new_id: Callable[[], str] = lambda: f"mgpu-{uuid.uuid4().hex[:12]}",
+    name_run_dir: Callable[[int, str], str] | None = None,
 ) -> LaunchPlan:
-    """Validate the options against the machine and build the torchrun arguments (UsageError on bad input)."""
+    """Validate the options against the machine and build the torchrun arguments (UsageError on bad input).
+
+    ``name_run_dir(nnodes, rdzv_id)`` names the run dir when ``facts.run_dir`` is empty (a script launched
+    without ``--run-dir``: :func:`mgpucli.launch.script.default_run_dir`)."""
     if opts.max_restarts < 0:
         raise UsageError(f"--max-restarts {opts.max_restarts}: must be 0 or more.", "Example: --max-restarts 2.")
     selection = _select(opts, facts, machine)
@@ -279,18 +363,27 @@ def build_plan(
         notes.append(f"SLURM job {slurm.job_id}: {nnodes} nodes, {where}, rendezvous at {endpoint}.")
     if opts.max_restarts:
         args += ["--max-restarts", str(opts.max_restarts)]
-    log_dir = os.path.abspath(opts.log_dir or os.path.join(facts.run_dir, "logs"))
-    if opts.log_dir and (problem := unwritable(log_dir)):  # torch's agent would fail on it with a traceback
+    if opts.log_dir and (problem := unwritable(os.path.abspath(opts.log_dir))):  # torch's agent: a traceback
         raise UsageError(f"--log-dir {opts.log_dir}: {problem}.", "Give a directory (created if missing), or leave "
                          "--log-dir out for RUN_DIR/logs.")
-    # Every rank's stdout+stderr to files (redirects 3), local rank 0 also to this terminal (tee 0:3).
-    args += ["--log-dir", log_dir, "--redirects", "3", "--tee", "0:3"]
+    tee = _tee(opts.show_rank, nproc)
+    run_dir = facts.run_dir
+    if not run_dir:  # named last: every check above has passed
+        if name_run_dir is None:
+            raise ValueError("no run dir, and nothing to name one")
+        run_dir = name_run_dir(nnodes, rdzv_id)
+    log_dir = os.path.abspath(opts.log_dir or os.path.join(run_dir, "logs"))
+    # Every rank's stdout+stderr to files (redirects 3), local rank 0 (or --show-rank) also to this terminal (tee).
+    args += ["--log-dir", log_dir, "--redirects", "3", "--tee", tee]
     if slurm is not None:
         args += ["--signals-to-handle", SLURM_SIGNALS]
     worker_argv = worker_args(opts)
+    shown = None if opts.script is None else [*args, *opts.script.words()]
     args += ["-m", WORKER_MODULE, *worker_argv]
 
-    env = {"TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": LOG_PREFIX_TEMPLATE, "MGPU_RUN_DIR": facts.run_dir}
+    # A script may write its own files there: an absolute path, whatever directory it changes to.
+    env = {"TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": LOG_PREFIX_TEMPLATE,
+           "MGPU_RUN_DIR": run_dir if opts.script is None else os.path.abspath(run_dir)}
     if backend == "c10d" and opts.max_restarts > 0:
         # torch 2.13's c10d rendezvous hands every restart round the same bootstrap TCPStore, so the restarted
         # workers read the previous attempt's gloo/NCCL addresses and fail to connect ("Connection refused";
@@ -301,6 +394,12 @@ def build_plan(
         env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
     if selection.kind == "cuda" and selection.cuda_visible_devices is not None:
         env["CUDA_VISIBLE_DEVICES"] = selection.cuda_visible_devices
+    if selection.kind == "cpu" and opts.script is not None:
+        # A recipe's workers are told trainer.device=cpu; a script decides for itself, so CPU workers see no GPU.
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    if opts.script is not None and "PYTHONUNBUFFERED" not in machine.environ:
+        # torch starts the workers with `python -u`; this also reaches the Python processes a script starts itself.
+        env["PYTHONUNBUFFERED"] = "1"
     if selection.kind == "cpu" and not machine.environ.get("OMP_NUM_THREADS"):
         # torchrun alone pins every worker to 1 thread; share the cores instead (or use the recipe's count).
         threads = facts.cpu_threads or max(1, machine.cpu_count // nproc)
@@ -313,12 +412,14 @@ def build_plan(
         rdzv_backend=backend,
         rdzv_endpoint=endpoint,
         rdzv_id=rdzv_id,
-        run_dir=facts.run_dir,
+        run_dir=run_dir,
         log_dir=log_dir,
-        launch_json=os.path.join(facts.run_dir, _launch_json_name(nnodes, node_rank, machine.hostname)),
+        launch_json=os.path.join(run_dir, _launch_json_name(nnodes, node_rank, machine.hostname)),
         worker_args=worker_argv,
         torchrun_args=args,
         env=env,
         slurm=slurm,
         notes=notes,
+        script=opts.script,
+        shown_args=shown,
     )

@@ -41,7 +41,7 @@ from mgpucli.launch.plan import LaunchPlan
 from mgpucli.launch.restart import stop_reason
 from mgpucli.proctree import kill_children
 from mgpucli.run_files import METRICS, last_checkpoint
-from mgpucli.run_records.first_failure import all_refused, collect, failure_records, preempted
+from mgpucli.run_records.first_failure import all_refused, collect, failure_records, job_exit_code, preempted
 from mgpucli.run_records.launch_record import LaunchRecord, build_attempt
 
 _MGPU_SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -154,20 +154,33 @@ class _PromoteWhenStarted(threading.Thread):
             self._record.promote()
 
 
-def run_plan(plan: LaunchPlan, record: LaunchRecord, live: bool = False) -> int:
+def _failure_code(failures: list, script: bool) -> int:
+    """``mgpu launch``'s exit code for a failed job: a recipe's is 1, or 2 when every rank refused its input; a
+    script's is its own (:func:`mgpucli.run_records.first_failure.job_exit_code`)."""
+    if script:
+        return job_exit_code(failures)
+    return EXIT_USAGE if all_refused(failures) else EXIT_FAILED
+
+
+def run_plan(plan: LaunchPlan, record: LaunchRecord, live: bool = False, show_rank: str | None = None) -> int:
     """Start the job, wait for it, report; returns the exit code for ``mgpu launch``. ``live``: this process shows
-    rank 0's output under a progress bar itself (a terminal: :mod:`mgpucli.launch.live_view`) instead of torch's
-    ``--tee``."""
+    rank 0's output (or ``show_rank``'s: a local rank, or "all") itself, under a progress bar for a recipe (a
+    terminal: :mod:`mgpucli.launch.live_view`) instead of torch's ``--tee``."""
     os.environ.update(plan.env)
     os.environ[LAUNCH_PID_ENV] = str(os.getpid())
-    args = torchrun.parse_args(plan.torchrun_args)
+    script = plan.script is not None
+    options, job_args = plan.split_at_job()
+    args = torchrun.parse_args(options)
     view = None
     if live:
-        args.tee = "0"  # the live view shows rank 0's lines
-        progress = os.path.join(plan.log_dir, f".progress-{plan.rdzv_id}.json")
-        os.environ[progress_file.ENV] = progress
-        view = LiveView(record, progress)
+        args.tee = "0"  # the live view shows the lines
+        progress = None
+        if not script:  # a recipe's rank 0 keeps a progress file for the bar; a script has no bar, lines only
+            progress = os.path.join(plan.log_dir, f".progress-{plan.rdzv_id}.json")
+            os.environ[progress_file.ENV] = progress
+        view = LiveView(record, progress, show=show_rank)
     config, cmd, cmd_args = torchrun.config_from_args(args)
+    cmd_args = [*cmd_args, *job_args]  # untouched by torchrun's parser: they come last, as torchrun puts them
     config.logs_specs = IndexingLogsSpecs(
         record, log_dir=args.log_dir, redirects=Std.from_str(args.redirects), tee=Std.from_str(args.tee)
     )
@@ -191,10 +204,10 @@ def run_plan(plan: LaunchPlan, record: LaunchRecord, live: bool = False) -> int:
             promoter.finish()
             if view is not None:
                 view.finish()
-                with contextlib.suppress(OSError):
+                with contextlib.suppress(OSError, KeyError):
                     os.unlink(os.environ.pop(progress_file.ENV))
     except ChildFailedError as err:
-        if record.attempts and all(f.exitcode == EXIT_PREEMPTED for f in err.failures.values()):
+        if not script and record.attempts and all(f.exitcode == EXIT_PREEMPTED for f in err.failures.values()):
             return _preempted(plan, record, record.attempts[-1], None)
         if not record.attempts:
             record.set_result("failed", EXIT_FAILED)
@@ -203,31 +216,34 @@ def run_plan(plan: LaunchPlan, record: LaunchRecord, live: bool = False) -> int:
         attempt = record.attempts[-1]
         found = collect(attempt, {rank: f.exitcode for rank, f in err.failures.items()})
         first = found[0].rank if found else None
-        code = EXIT_USAGE if all_refused(found) else EXIT_FAILED
+        code = _failure_code(found, script)
         record.set_result("failed", code, first_failed_rank=first, attempts=len(record.attempts),
                           exitcodes={str(rank): f.exitcode for rank, f in err.failures.items()})
         print_error(summarize(found, attempt, total, record.path))
         return code
     except RestartRefused as err:
         attempt = record.attempt(err.failed_attempt) or record.attempts[-1]
-        if preempted(attempt):
+        if not script and preempted(attempt):
             return _preempted(plan, record, attempt, None)
         found = collect(attempt)
         first = found[0].rank if found else None
-        record.set_result("failed", EXIT_FAILED, first_failed_rank=first, attempts=len(record.attempts),
+        code = job_exit_code(found) if script else EXIT_FAILED
+        record.set_result("failed", code, first_failed_rank=first, attempts=len(record.attempts),
                           restart_refused=err.reason)
         print_error(summarize(found, attempt, total, record.path)
                     + f"\n  not restarted: {err.reason}.")
-        return EXIT_FAILED
+        return code
     except SignalException as err:
         sig = int(err.sigval)
-        if record.attempts and preempted(record.attempts[-1]):
+        if not script and record.attempts and preempted(record.attempts[-1]):
             return _preempted(plan, record, record.attempts[-1], signal.Signals(sig).name)
         code = 128 + sig
         record.set_result("stopped", code, signal=signal.Signals(sig).name)
+        again = "" if script else "Continue with: mgpu launch ... --resume auto "
         err_console().print(
-            f"mgpu launch: stopped by {signal.Signals(sig).name}; the workers have exited. "
-            f"Continue with: mgpu launch ... --resume auto (logs: {plan.log_dir})"
+            f"mgpu launch: stopped by {signal.Signals(sig).name}; the workers have exited. {again}"
+            f"(logs: {plan.log_dir})",
+            markup=False, highlight=False,
         )
         return code
     finally:

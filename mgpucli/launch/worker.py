@@ -6,6 +6,8 @@ The job (:func:`parse_job`):
   ``mgpu train`` does (:func:`mgpucli.engine.train_entry.train_recipe`), but without mgpu's CLI (no typer, no
   rich). Rank 0 reports in plain lines, and keeps the progress file a launcher on a terminal draws its bar from
   (:mod:`mgpucli.launch.progress_file`).
+- ``script [--local-rank-flag FLAG] (PATH | -m MODULE) [ARGS...]``: run the user's own script as ``python``
+  would (:mod:`mgpucli.launch.script_job`).
 
 Around any job, the worker adds what only a launched worker needs:
 
@@ -15,8 +17,7 @@ Around any job, the worker adds what only a launched worker needs:
 3. on failure, ``mgpu_failure.json`` next to torch's ``@record`` error file: the exception type, message, step
    and whether a retry can help, so the launcher can stop retrying a failure that repeats.
 
-A job is an object with ``for_restart()`` and ``run()``: another kind of job (a user's own script) is one more
-class and one more entry in :data:`JOBS`.
+A job is an object with ``for_restart()`` and ``run()``, registered in :data:`JOBS`.
 """
 
 from __future__ import annotations
@@ -30,8 +31,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol
 
-from mgpucli.errors import EXIT_PREEMPTED, Preempted, UsageError
+from mgpucli.errors import EXIT_PREEMPTED, EXIT_USAGE, Preempted, UsageError
 from mgpucli.launch import parent_watch, progress_file, restart
+from mgpucli.launch.script_job import USAGE as SCRIPT_USAGE
+from mgpucli.launch.script_job import ScriptJob
+from mgpucli.run_records import stacks
 from mgpucli.run_records.worker_records import (
     ERROR_FILE_ENV,
     FailureRecord,
@@ -58,6 +62,8 @@ class RecipeJob:
     overrides: tuple[str, ...] = ()
     resume: str | None = None
     overwrite: bool = False
+    probe_steps: int | None = None  # the fit probe instead of training (mgpu launch --probe)
+    probe_result: str | None = None  # where rank 0 writes the probe's report
 
     @classmethod
     def parse(cls, args: Sequence[str]) -> RecipeJob:
@@ -66,6 +72,7 @@ class RecipeJob:
             raise _usage("train needs a recipe first")
         overrides: list[str] = []
         resume, overwrite = None, False
+        probe: dict[str, str | int] = {}
         rest = iter(args[1:])
         for token in rest:
             if token == "--resume":
@@ -76,25 +83,40 @@ class RecipeJob:
                 resume = token.split("=", 1)[1]
             elif token == "--overwrite":
                 overwrite = True
+            elif token == "--probe":
+                probe["steps"] = probe.get("steps", 20)
+            elif token in ("--probe-steps", "--probe-result"):
+                value = next(rest, None)
+                if value is None:
+                    raise _usage(f"{token} needs a value")
+                probe["steps" if token == "--probe-steps" else "result"] = value
             elif token.startswith("-"):
                 raise _usage(f"unknown option {token}")
             else:
                 overrides.append(token)
-        return cls(args[0], tuple(overrides), resume, overwrite)
+        if probe and "steps" not in probe:
+            raise _usage("--probe-result needs --probe")
+        steps = int(probe["steps"]) if probe else None
+        return cls(args[0], tuple(overrides), resume, overwrite, steps, probe.get("result"))
 
     def for_restart(self, environ: Mapping[str, str] | None = None) -> RecipeJob:
         return replace(self, resume=restart.resume_arg_for_restart(self.resume, environ=environ),
                        overwrite=restart.overwrite_for_restart(self.overwrite, environ))
 
     def run(self) -> None:
-        from mgpucli.engine.train_entry import train_recipe
+        from mgpucli.engine import train_entry
 
-        train_recipe(self.recipe, list(self.overrides), resume=self.resume, overwrite=self.overwrite,
-                     rank0_reporter=rank0_reporter)
+        if self.probe_steps is not None:
+            train_entry.probe_recipe(self.recipe, list(self.overrides), steps=self.probe_steps,
+                                     result_file=self.probe_result, rank0_reporter=rank0_reporter)
+            return
+        train_entry.train_recipe(self.recipe, list(self.overrides), resume=self.resume, overwrite=self.overwrite,
+                                 rank0_reporter=rank0_reporter)
 
 
-JOBS: dict[str, Callable[[Sequence[str]], Job]] = {"train": RecipeJob.parse}
-USAGE = "train RECIPE [overrides] [--resume PATH|auto] [--overwrite]"
+JOBS: dict[str, Callable[[Sequence[str]], Job]] = {"train": RecipeJob.parse, "script": ScriptJob.parse}
+USAGE = ("train RECIPE [overrides] [--resume PATH|auto] [--overwrite] [--probe [--probe-steps N] [--probe-result "
+         f"FILE]], or {SCRIPT_USAGE}")
 
 
 def _usage(problem: str) -> UsageError:
@@ -181,12 +203,15 @@ def _run(args: list[str]) -> None:
 def main(argv: list[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
     parent_watch.install_parent_watch()
+    stacks.install(os.environ.get(ERROR_FILE_ENV))  # SIGUSR2: every thread's stack into stacks.txt
     try:
         _run(args)
     except SystemExit as exc:
         code = _exit_code(exc)
         if code not in (0, None):
             _record_failure(exc)
+            if code not in (EXIT_USAGE, EXIT_PREEMPTED):  # a failure: where were the others?
+                stacks.request_siblings(os.environ.get(ERROR_FILE_ENV))
         if code == EXIT_PREEMPTED:
             _exit_through_signals()
         raise
@@ -194,6 +219,7 @@ def main(argv: list[str] | None = None) -> None:
         raise  # the agent forwarded Ctrl-C: not a failure of this worker
     except BaseException as exc:
         _record_failure(exc)
+        stacks.request_siblings(os.environ.get(ERROR_FILE_ENV))
         raise
 
 

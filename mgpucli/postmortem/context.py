@@ -1,5 +1,6 @@
-"""What the run's own records add to a diagnosis: its settings in the fixes, nodes that were launched
-differently, whether the launcher still runs, and the command that continues the run."""
+"""What the run's own records add to a diagnosis: its settings in the fixes (for a user's script, what the fixes'
+recipe settings are in a script's words), nodes that were launched differently, whether the launcher still runs,
+and the command that continues the run."""
 
 from __future__ import annotations
 
@@ -19,7 +20,9 @@ _SETTINGS = ("data.batch_size", "data.num_workers", "trainer.grad_accum", "train
 
 def tailor(match: Match, run: RunRecord) -> None:
     """Put this run's own values into the fix ("data.batch_size (now 64)"), and tell a port mgpu was given
-    from one torch picked."""
+    from one torch picked. A script's run gets fixes in its own terms (:func:`_for_a_script`)."""
+    if run.is_script:
+        _for_a_script(match, run)
     for key in _SETTINGS:
         value = run.recipe_value(key)
         if value is not None:
@@ -39,9 +42,56 @@ def tailor(match: Match, run: RunRecord) -> None:
                          f":{port}`).")
 
 
+# The fixes name a recipe's settings; a script has the same knobs under other names, and no checkpoint to resume.
+_SCRIPT_WORDS = (
+    (r"\boptim\.lr\b", "the learning rate"),
+    (r"set trainer\.clip_grad_norm=1\.0", "clip the gradients (torch.nn.utils.clip_grad_norm_)"),
+    (r"trainer\.precision=bf16", "bf16 autocast"),
+    (r"trainer\.strategy=fsdp", "FSDP (fully_shard)"),
+    (r"trainer\.grad_accum", "gradient accumulation"),
+    (r"data\.batch_size", "the batch size"),
+    (r"data\.num_workers=0", "num_workers=0 in the DataLoader"),
+    (r"data\.num_workers", "the DataLoader's num_workers"),
+    (r"raise trainer\.timeout_s", "raise the process group's timeout (init_process_group(timeout=...))"),
+    (r"trainer\.ddp\.find_unused_parameters=true", "DDP(..., find_unused_parameters=True)"),
+    (r"trainer\.ddp\.find_unused_parameters=false", "find_unused_parameters=False"),
+    (r"trainer\.ddp\.static_graph=true", "DDP(..., static_graph=True)"),
+    (r"the same recipe and code: the same recipe file and overrides",
+     "the same script, arguments and code: the same script file and arguments"),
+    (r"\(and --log-dir\)", "(and --run-dir)"),
+    (r"\brun_dir\b", "the script's output directory"),
+    (r"[;,]? ?(?:then )?continue (?:it )?(?:from the last checkpoint )?with --resume auto(?: \([^)]*\))?(?::[^.]*)?",
+     ""),
+    (r" ?Continue with --resume auto\.", ""),
+)
+_SCRIPT_EXCEPTION_FIX = ("This is an ordinary Python exception in the script (the model, the data, a transform), not a "
+                         "distributed problem: the other ranks only stopped because this one did. Fix it where the "
+                         "traceback points; it usually reproduces on one process (--cpu --nproc 1).")
+
+
+def _for_a_script(match: Match, run: RunRecord) -> None:
+    """A fix for a user's script: the recipe settings it names in the script's terms, and the command that adds (or
+    drops) --local-rank-arg for the legacy local-rank failures."""
+    if match.signature == "python_exception":
+        match.fix = _SCRIPT_EXCEPTION_FIX
+    for pattern, words in _SCRIPT_WORDS:
+        match.fix = re.sub(pattern, words, match.fix)
+    argv = [str(a) for a in run.launch.get("argv") or []]
+    if match.signature == "legacy_local_rank" and argv[1:2] == ["launch"]:
+        drop = match.details.get("kind") == "unrecognized" and match.details.get("wants") is None
+        fixed = [a for a in argv if a != "--local-rank-arg"] if drop else \
+            argv if "--local-rank-arg" in argv else [*argv[:2], "--local-rank-arg", *argv[2:]]
+        if fixed != argv:
+            match.fix += " Run: " + shlex.join(fixed)
+    if match.signature in ("nccl_without_gpus", "cuda_without_gpus") and \
+            (run.launch.get("devices") or {}).get("kind") == "cpu":
+        match.fix = ("This launch ran CPU workers (--cpu), which see no GPU (their CUDA_VISIBLE_DEVICES is empty). "
+                     + match.fix)
+
+
 # What every node of one job must agree on (the recipe's path may differ between machines; its content and the
 # overrides give the rendezvous id, so a different recipe shows there).
-_NODE_KEYS = (("overrides", "overrides"), ("nnodes", "nnodes"), ("devices", "nproc_per_node"),
+_NODE_KEYS = (("overrides", "overrides"), ("script", "args"), ("nnodes", "nnodes"), ("devices", "nproc_per_node"),
               ("rendezvous", "id"), ("mgpu_version", "mgpu_version"))
 
 

@@ -20,6 +20,7 @@ from mgpucli.postmortem.lines import LogLine
 from mgpucli.postmortem.matchers import Match, explain, signal_fix
 from mgpucli.postmortem.reader import RankRun, RunRecord, rank_runs, read_run, steps_per_epoch
 from mgpucli.postmortem.report import Failure, Preemption, Report, fate, verdict
+from mgpucli.run_records import stacks
 from mgpucli.run_records.first_failure import RankFailure, collect
 from mgpucli.run_records.launch_record import Attempt
 from mgpucli.run_records.worker_records import FailureRecord
@@ -43,6 +44,12 @@ def _unknown(run: RankRun) -> Match:
         return Match("killed_by_signal", f"rank {run.rank} died without an error: killed by a signal (the exit "
                      "code was not recorded; most likely SIGKILL, the host's out-of-memory killer)", run.rank,
                      shown[-3:], signal_fix(None), details={"signal": None, "inferred": True})
+    if run.record is not None and run.record.type == "SystemExit" and run.error_message is None:
+        code = run.record.exit_code if run.record.exit_code is not None else run.exitcode
+        return Match("script_exit", f"rank {run.rank} ended itself with exit code {code} (sys.exit, no exception)",
+                     run.rank, shown, "The code's own sys.exit(...) stopped this rank; its last lines above say why "
+                     f"(the full log is {run.files.stderr or run.files.stdout}). An exit code of 2 usually means the "
+                     "command line was refused (argparse).", details={"exit_code": code})
     first = (run.error_message or "").strip().splitlines()
     title = f"rank {run.rank} failed: {first[0]}" if first else f"rank {run.rank} failed (exit code {run.exitcode})"
     return Match("unknown", title, run.rank, shown,
@@ -129,7 +136,8 @@ def _explain_timeouts(ordered: list[Failure], runs: dict[int, RankRun]) -> None:
     if fates:
         main.details["late_rank_fates"] = fates
     if late:
-        ranks = ", ".join(str(r) for r in late)
+        steps = main.details.get("rank_steps") or {}  # a script's mgpucli.progress
+        ranks = ", ".join(str(r) + (f" (at step {steps[str(r)]})" if str(r) in steps else "") for r in late)
         main.title += f"; rank{'s' if len(late) > 1 else ''} {ranks} never arrived"
         explained = {f.rank: f.match for f in ordered}
         for rank in late[:2]:  # what the late rank said, else the last line of its own log
@@ -181,8 +189,9 @@ def diagnose_run(run_dir: str) -> Report:
     report = Report(run_dir=run.run_dir, status=status, finished=status == "succeeded", verdict="",
                     attempts=len(run.attempts), world_size=world, last_train=run.last_metrics("train"),
                     last_val=run.last_metrics("val"), checkpoint=run.checkpoint, launch_json=run.launch_paths[0],
+                    trackers=run.trackers,
                     logs=run.attempts[-1].dir if run.attempts else launch.get("log_dir"))
-    report.resume_command = resume_command(launch) if run.checkpoint else None
+    report.resume_command = resume_command(launch) if run.checkpoint and not run.is_script else None
     if status == "running" and launcher_alive(launch):
         report.verdict = running_verdict(run)
         return report
@@ -211,8 +220,17 @@ def diagnose_run(run_dir: str) -> Report:
             report.first_failure = None
     elif status == "stopped" and (report.first_failure is None or not report.first_failure.match.cause):
         report.first_failure = _stopped(run)
+    if report.first_failure is not None and run.attempts:
+        report.stacks = _stacks_at_failure(run.attempts[-1], report.first_failure)
     report.verdict = verdict(report, run, status)
     return report
+
+
+def _stacks_at_failure(attempt: Attempt, first: Failure) -> dict:
+    """The other ranks' stacks, asked for by the failing rank before teardown (run_records/stacks.py)."""
+    since = first.time - 60 if first.time is not None else None
+    return stacks.dumps_of({rank: stacks.stacks_path(files.error_file) for rank, files in attempt.ranks.items()
+                            if files.error_file and rank != first.rank}, since=since)
 
 
 def _stopped(run: RunRecord) -> Failure:
@@ -221,6 +239,7 @@ def _stopped(run: RunRecord) -> Failure:
     sig = result.get("signal") or "a signal"
     attempt = run.attempts[-1].attempt if run.attempts else 0
     match = Match("stopped", f"the launcher was stopped by {sig}", None, [], signal_fix(str(sig)), cause=False)
+    tailor(match, run)
     failure = Failure(None, None, attempt, match)
     if isinstance(result.get("step"), int):
         failure.step, failure.step_source = result["step"], "failure record"

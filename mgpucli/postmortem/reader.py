@@ -2,9 +2,9 @@
 
 ``mgpu launch`` writes ``RUN_DIR/launch.json`` (node K of a multi-node job: ``launch.nodeK.json``) with an
 index from global rank to its stdout/stderr/error files for every restart attempt; the workers leave torch's
-``error.json`` and mgpu's ``mgpu_failure.json`` beside them; rank 0 writes ``metrics.jsonl``, ``recipe.yaml``
-and ``checkpoints/``. A run dir copied elsewhere (from a cluster to a laptop) still reads: recorded paths
-that no longer exist are looked up again under the directory actually given.
+``error.json`` and mgpu's ``mgpu_failure.json`` beside them; rank 0 writes ``metrics.jsonl``, ``recipe.yaml``,
+``checkpoints/`` and, with experiment trackers, ``trackers.json``. A run dir copied elsewhere (from a cluster to a
+laptop) still reads: recorded paths that no longer exist are looked up again under the directory actually given.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from mgpucli.run_records.first_failure import failure_record_of
 from mgpucli.run_records.json_files import read_json_object
 from mgpucli.run_records.launch_record import LAUNCH_JSON, Attempt, RankFiles, record_problem
 from mgpucli.run_records.worker_records import FailureRecord, read_error_file, record_path
+from mgpucli.trackers import read_state
 
 _SPE = re.compile(r"\b(\d+) steps per epoch\b")
 
@@ -64,10 +65,16 @@ class RunRecord:
     metrics: list[dict[str, Any]] = field(default_factory=list)  # the last records of metrics.jsonl
     recipe: dict[str, Any] | None = None
     checkpoint: str | None = None
+    trackers: dict[str, dict[str, Any]] = field(default_factory=dict)  # trackers.json: W&B/MLflow runs, failures
 
     @property
     def result(self) -> dict[str, Any]:
         return self.launch.get("result") or {}
+
+    @property
+    def is_script(self) -> bool:
+        """The run was the user's own script (``mgpu launch SCRIPT.py``), not a recipe."""
+        return self.launch.get("job") == "script"
 
     def last_metrics(self, split: str) -> dict[str, Any] | None:
         return next((m for m in reversed(self.metrics) if m.get("split") == split), None)
@@ -126,6 +133,7 @@ def read_run(path: str) -> RunRecord:
     run.metrics = _read_metrics(os.path.join(run_dir, "metrics.jsonl"))
     run.recipe = _read_recipe(os.path.join(run_dir, "recipe.yaml"))
     run.checkpoint = _last_checkpoint(os.path.join(run_dir, "checkpoints"))
+    run.trackers = read_state(run_dir)
     return run
 
 

@@ -6,6 +6,7 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from mgpucli.postmortem.report import Failure, Report, fate, short_path
+from mgpucli.run_records import stacks
 from mgpucli.run_records.json_files import write_json
 from mgpucli.run_records.launch_record import POSTMORTEM_JSON
 
@@ -92,6 +93,10 @@ def render(report: Report, console: Console | None = None, compact: bool = False
                 room = max(100, min(MAX_TEXT, console.width - len(line.cite()) - 7))
                 console.print(Text(f"    {line.cite()}  ", style="dim") + Text(_short(line.text, room)))
         console.print(Text("  fix: ", style="bold cyan") + Text(f.match.fix, style="cyan"))
+    if report.stacks:
+        console.print(Text("  where the other ranks were when it failed (their stacks):", style="bold"))
+        for rank, dump in sorted(report.stacks.items()):
+            console.print(Text(f"    {stacks.describe(rank, dump)}"))
     if compact:
         return
     if report.others:
@@ -109,9 +114,32 @@ def render(report: Report, console: Console | None = None, compact: bool = False
         at = f" (step {p.checkpoint_step})" if p is not None and p.checkpoint_step is not None else ""
         name = short_path(report.checkpoint) if report.checkpoint else "the last checkpoint"
         console.print(Text(f"  continue from {name}{at}: ", style="bold") + Text(report.resume_command))
+    for line, problem in tracker_lines(report.trackers):
+        console.print(Text(f"  {line}", style="yellow" if problem else "dim"))
     if report.logs:
         gone = "" if os.path.exists(report.logs) else " (gone: deleted or moved; read from launch.json alone)"
         console.print(Text(f"  logs: {report.logs}{gone}", style="dim"))
+
+
+def tracker_lines(trackers: dict[str, dict[str, Any]]) -> list[tuple[str, bool]]:
+    """One line per experiment tracker of the run (trackers.json): where its run is, or that it failed and training
+    went on without it; (line, whether it is a problem)."""
+    from mgpucli.trackers import SPECS
+
+    out = []
+    for name, entry in sorted(trackers.items()):
+        title = SPECS[name].title if name in SPECS else name
+        run = f"{title} run {entry.get('id') or '(not started)'}"
+        failures = entry.get("failures") or []
+        if failures:
+            last = failures[-1]
+            out.append((f"{run}: failed while {last.get('while')} ({_short(str(last.get('error')), 120)}); training "
+                        "went on without it, and metrics.jsonl has every record", True))
+            continue
+        where = entry.get("sync") or entry.get("url") or entry.get("tracking_uri")
+        mode = f", {entry['mode']}" if entry.get("mode") else ""
+        out.append((f"{run} ({entry.get('status', '?')}{mode})" + (f": {where}" if where else ""), False))
+    return out
 
 
 def after_launch_failure(run_dir: str) -> str | None:

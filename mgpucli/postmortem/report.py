@@ -78,6 +78,8 @@ class Report:
     logs: str | None = None
     launch_json: str | None = None
     preemption: Preemption | None = None
+    trackers: dict[str, dict[str, Any]] = field(default_factory=dict)  # W&B/MLflow runs (trackers.json)
+    stacks: dict[int, Any] = field(default_factory=dict)  # rank -> its stacks dump (run_records.stacks.Dump)
 
     @property
     def preempted(self) -> bool:
@@ -103,7 +105,9 @@ class Report:
             "earlier_attempts": [_brief(f) for f in self.earlier_attempts],
             "last_metrics": {"train": self.last_train, "val": self.last_val},
             "checkpoint": self.checkpoint, "resume_command": self.resume_command, "logs": self.logs,
-            "launch_json": self.launch_json, "diagnosed_at": _iso(time.time()),
+            "launch_json": self.launch_json, "trackers": self.trackers,
+            "stacks": {str(rank): dump.to_json() for rank, dump in sorted(self.stacks.items())},
+            "diagnosed_at": _iso(time.time()),
         }
 
 

@@ -138,6 +138,18 @@ def all_refused(failures: list[RankFailure]) -> bool:
     return bool(failures) and all(refused(f) for f in failures)
 
 
+def job_exit_code(failures: list[RankFailure]) -> int:
+    """The exit code ``mgpu launch`` passes on for a user's script that failed: the exit code of the rank that failed
+    first (``failures[0]``, see :func:`collect`), so a script that exits 3 on every rank makes the launch exit 3;
+    128+N for a rank killed by signal N, as a shell reports it; 1 when the code is unknown. Never 0."""
+    code = failures[0].exitcode if failures else None
+    if code is None or code == 0:
+        return 1
+    if code < 0:
+        return 128 + (-code)
+    return code
+
+
 def preempted(attempt: Attempt) -> list[FailureRecord]:
     """The ranks of ``attempt`` (on this node) that stopped gracefully on a signal with a checkpoint saved (exit
     code EXIT_PREEMPTED), or [] unless every rank that left a record did."""

@@ -20,7 +20,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from mgpucli.run_records.json_files import write_json
+from mgpucli.run_records.json_files import read_json_object, write_json
 from mgpucli.run_records.worker_records import started
 
 LAUNCH_JSON = "launch.json"
@@ -86,8 +86,9 @@ class LaunchRecord:
 
     ``header`` is the launch's own description, written first as given. ``path`` is where the record is written
     now; ``final_path`` the run dir's ``launch.json``. The two differ while an earlier run's records are in the
-    run dir and this launch's training has not started: :meth:`promote` moves the record there once it has (and
-    drops the earlier run's ``postmortem.json``, which no longer describes it).
+    run dir and this launch's training has not started (``LOG_DIR/launch-<id>/launch.json``): :meth:`promote`
+    moves the record there once it has, and moves the earlier launch's ``launch.json`` and ``postmortem.json`` to a
+    folder of its own beside it (``LOG_DIR/launch-<its id>/``): no launch's record is ever overwritten.
     """
 
     def __init__(self, path: str, header: Mapping[str, Any], final_path: str | None = None):
@@ -126,13 +127,30 @@ class LaunchRecord:
             if self.promoted:
                 return
             pending, self.path = self.path, self.final_path
+            self._keep_earlier(os.path.dirname(os.path.dirname(pending)))
             self._write()
-            stale = os.path.join(os.path.dirname(self.final_path), POSTMORTEM_JSON)
-            for path in (pending, stale):
-                with contextlib.suppress(OSError):
-                    os.unlink(path)
+            with contextlib.suppress(OSError):
+                os.unlink(pending)
             with contextlib.suppress(OSError):
                 os.rmdir(os.path.dirname(pending))  # its own folder, now empty
+
+    def _keep_earlier(self, log_dir: str) -> None:
+        """Move the earlier launch's ``launch.json`` and ``postmortem.json`` out of the way, into
+        ``log_dir/launch-<its rendezvous id>/`` (the layout a pending record has)."""
+        run_dir = os.path.dirname(self.final_path)
+        earlier = read_json_object(self.final_path) or {}
+        name = f"launch-{(earlier.get('rendezvous') or {}).get('id') or 'earlier'}"
+        dest = os.path.join(log_dir, name)
+        number = 1
+        while os.path.exists(dest):
+            number += 1
+            dest = os.path.join(log_dir, f"{name}-{number}")
+        for path in (self.final_path, os.path.join(run_dir, POSTMORTEM_JSON)):
+            if not os.path.isfile(path):
+                continue
+            with contextlib.suppress(OSError):
+                os.makedirs(dest, exist_ok=True)
+                os.replace(path, os.path.join(dest, os.path.basename(path)))
 
     def write(self) -> None:
         with self._lock:

@@ -44,9 +44,12 @@ def test_help_shows_plain_flags_and_named_values(tmp_path, command):
 def test_launch_help_names_what_each_option_takes(tmp_path):
     r = mgpu("launch", "--help", cwd=tmp_path, env={"COLUMNS": "160", "TERM": "dumb"}, timeout=30)
     assert r.returncode == 0 and "<bool>" not in r.output, r.output
-    assert re.search(r"Usage: .*launch \[OPTIONS\] RECIPE \[OVERRIDES\]\.\.\.", r.output), r.output
-    for flag in ("--cpu", "--dry-run", "--overwrite", "--check"):
-        assert re.search(rf"{flag}\s+(Run|Check|Passed)", r.output), (flag, r.output)
+    usage = r"Usage: .*launch \[OPTIONS\] \[RECIPE\|SCRIPT\.py\]\s+\[OVERRIDES\|ARGS\]\.\.\."
+    assert re.search(usage, r.output), r.output
+    assert "mgpu's options go before the recipe or the script" in r.output
+    for flag in ("--cpu", "--dry-run", "--overwrite", "--check", "--local-rank-arg"):
+        assert re.search(rf"{flag}\s+(Run|Check|Passed|Pass)", r.output), (flag, r.output)
     for option, metavar in (("--gpus", "N|LIST|all"), ("--nproc", "N"), ("--master-port", "PORT"),
-                            ("--resume", "PATH|auto"), ("--log-dir", "DIR")):
+                            ("--resume", "PATH|auto"), ("--log-dir", "DIR"), ("-m", "MODULE"), ("--run-dir", "DIR"),
+                            ("--show-rank", "N|all")):
         assert re.search(rf"{option}\s+{re.escape(metavar)}\s", r.output), (option, r.output)

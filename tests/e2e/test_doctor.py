@@ -173,7 +173,7 @@ def test_human_output_is_a_table_and_a_verdict_on_stderr(tmp_path):
     assert rc in (0, 1)
 
 
-def test_the_doctor_process_never_imports_torch(tmp_path):
+def test_the_doctor_process_never_imports_torch_nor_a_tracker(tmp_path):
     code = (
         "import sys\n"
         "import mgpucli.cli.app\n"
@@ -181,6 +181,8 @@ def test_the_doctor_process_never_imports_torch(tmp_path):
         "from mgpucli.doctor.examine import DoctorOptions, run_doctor\n"
         "report = run_doctor(DoctorOptions(quick=True))\n"
         "assert report.checks and 'torch' not in sys.modules, 'the doctor imported torch'\n"
+        "assert not {'wandb', 'mlflow'} & set(sys.modules), 'the doctor imported a tracker'\n"
+        "assert {'W&B', 'MLflow'} <= {c.name for c in report.checks}\n"
         "print('clean')\n"
     )
     env = {k: v for k, v in os.environ.items() if k not in STALE}

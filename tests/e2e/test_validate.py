@@ -125,6 +125,14 @@ def test_weights_that_do_not_fit_the_model(trained):
                        "shape mismatch", "unexpected in the checkpoint")
 
 
+@pytest.mark.parametrize("args, fragment", [
+    ((CKPT, "--weights", "ema"), "holds no EMA weights: its run was trained without trainer.ema"),
+    ((CKPT, "--weights", "average"), "--weights 'average': choose model"),
+])
+def test_ema_weights_of_a_run_without_them(trained, args, fragment):
+    assert_usage_error(validate(trained, *args), fragment)
+
+
 def test_recipe_without_a_validation_dataset(trained):
     assert_usage_error(validate(trained, CKPT, "data.val=null"), "has no data.val dataset", "--split")
 

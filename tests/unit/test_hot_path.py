@@ -59,12 +59,18 @@ def _counting(monkeypatch, counts: Counter) -> None:
         monkeypatch.setattr(dist, name, collective)
 
 
-def test_100_steps_sync_and_reduce_once_per_log_interval(tmp_path, monkeypatch, group_of_one):
+@pytest.mark.parametrize("features", [
+    [],
+    ["trainer.ema.decay=0.99"],  # the average: one fused device op per step, no sync, no collective
+], ids=["plain", "ema"])
+def test_100_steps_sync_and_reduce_once_per_log_interval(tmp_path, monkeypatch, group_of_one, features):
     cfg = load_recipe(str(RECIPES / "quickstart.yaml"),
                       [f"run_dir={tmp_path / 'run'}", "trainer.device=cpu", f"trainer.log_every={LOG_EVERY}",
-                       "data.train.num_samples=8192", "data.val=null", "trainer.tensorboard=false"])
+                       "data.train.num_samples=8192", "data.val=null", "trainer.tensorboard=false", *features])
     trainer = Trainer(cfg, group_of_one, NullReporter())
     trainer.setup()
+    ema = trainer.trained.ema
+    start = [t.clone() for t in ema.shadow] if ema is not None else []
     records = []
     trainer.intervals.emit = records.append
     try:
@@ -81,6 +87,8 @@ def test_100_steps_sync_and_reduce_once_per_log_interval(tmp_path, monkeypatch, 
     finally:
         trainer.close()
     assert trainer.step == LOG_EVERY + STEPS
+    if ema is not None:  # the average did move, every step
+        assert all(not torch.equal(a, b) for a, b in zip(start, ema.shadow, strict=True))
     reads = STEPS // LOG_EVERY - 1
     syncs = sum(n for k, n in counts.items() if k.startswith("sync"))
     collectives = sum(n for k, n in counts.items() if k.startswith("collective"))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shlex
 
 import pytest
@@ -13,8 +14,11 @@ from mgpucli.launch.plan import (
     Machine,
     RecipeFacts,
     build_plan,
+    check_job_options,
+    script_facts,
     worker_args,
 )
+from mgpucli.launch.script import ScriptTarget
 
 
 def machine(gpus: int = 0, cores: int = 8, **env: str) -> Machine:
@@ -89,6 +93,8 @@ def test_train_options_pass_through_to_every_worker():
     opts = LaunchOptions(recipe="r.yaml", overrides=("optim.lr=0.1",), cpu=True, resume="auto", overwrite=True)
     assert worker_args(opts) == ["train", "r.yaml", "optim.lr=0.1", "trainer.device=cpu", "--resume", "auto",
                                  "--overwrite"]
+    probe = LaunchOptions(recipe="r.yaml", probe_steps=5, probe_result="/tmp/x.json")
+    assert worker_args(probe) == ["train", "r.yaml", "--probe", "--probe-steps", "5", "--probe-result", "/tmp/x.json"]
 
 
 # ---------------------------------------------------------------------------------------------- GPUs
@@ -285,3 +291,88 @@ def test_torch_parses_the_arguments_as_torchrun_would(monkeypatch, tmp_path):
     assert (config.nproc_per_node, config.max_restarts, config.rdzv_backend) == (2, 1, "static")
     assert config.rdzv_endpoint == "127.0.0.1:29555"
     assert cmd_args == ["-u", "-m", WORKER_MODULE, *plan.worker_args]
+
+
+# ------------------------------------------------------------------------------------------- scripts
+SCRIPT = ScriptTarget(path="main.py", args=("--epochs", "10", "--nproc", "9"))
+
+
+def script_plan(machine_=None, script=SCRIPT, run_dir=None, named=None, **opts):
+    opts = LaunchOptions(script=script, run_dir=run_dir, **opts)
+    calls = named if named is not None else []
+    return build_plan(opts, script_facts(opts), machine_ or machine(), port_check=lambda port: None,
+                      new_id=lambda: "mgpu-fresh",
+                      name_run_dir=lambda nnodes, rdzv_id: calls.append((nnodes, rdzv_id)) or f"runs/main-{rdzv_id}")
+
+
+def test_a_script_runs_in_the_script_job_and_shows_as_plain_torchrun():
+    plan = script_plan(cpu=True, nproc=2, run_dir="runs/exp1")
+    assert plan.job == "script" and plan.worker_args == ["script", "main.py", "--epochs", "10", "--nproc", "9"]
+    assert plan.torchrun_args[-len(plan.worker_args) - 2:] == ["-m", WORKER_MODULE, *plan.worker_args]
+    words = shlex.split(plan.command())
+    assert words[words.index("torchrun") + 1:] == [*plan.torchrun_args[:plan.torchrun_args.index("-m")],
+                                                   "main.py", "--epochs", "10", "--nproc", "9"]
+    assert plan.env["CUDA_VISIBLE_DEVICES"] == "" and plan.env["OMP_NUM_THREADS"] == "4"  # 8 cores / 2
+    assert plan.env["PYTHONUNBUFFERED"] == "1"
+    assert plan.env["MGPU_RUN_DIR"] == os.path.abspath("runs/exp1") and plan.run_dir == "runs/exp1"
+    assert plan.log_dir == os.path.abspath("runs/exp1/logs")
+
+
+def test_the_script_gets_no_recipe_override_and_gpus_are_not_hidden_on_gpus():
+    plan = script_plan(machine(gpus=4), gpus="0,2", run_dir="r")
+    assert plan.worker_args == ["script", *SCRIPT.words()] and "trainer.device=cpu" not in plan.worker_args
+    assert plan.env["CUDA_VISIBLE_DEVICES"] == "0,2" and plan.nproc_per_node == 2
+    assert "--cpu --nproc N" in str(pytest.raises(UsageError, script_plan, machine(gpus=0), run_dir="r").value)
+
+
+def test_a_modules_words_and_the_legacy_local_rank_flag():
+    target = ScriptTarget(module="pkg.train", args=("--lr", "1"), local_rank_flag="--local_rank")
+    plan = script_plan(script=target, cpu=True, run_dir="r")
+    assert plan.worker_args == ["script", "--local-rank-flag", "--local_rank", "-m", "pkg.train", "--lr", "1"]
+    assert plan.command().endswith(" -m pkg.train --lr 1")
+    assert target.argv("3") == ["--local_rank=3", "--lr", "1"] and target.name == "train"
+
+
+def test_only_the_options_reach_torchruns_parser():
+    plan = script_plan(cpu=True, nproc=2, run_dir="r")
+    options, job_args = plan.split_at_job()
+    assert options[-3:] == ["-m", WORKER_MODULE, "script"] and job_args == list(SCRIPT.words())
+    recipe = plan_for(cpu=True)
+    options, job_args = recipe.split_at_job()
+    assert options[-1] == "train" and job_args == recipe.worker_args[1:]
+
+
+def test_the_run_dir_is_named_once_the_plan_stands_and_with_the_nodes_id():
+    named: list = []
+    plan = script_plan(cpu=True, named=named)
+    assert named == [(1, "mgpu-fresh")] and plan.run_dir == "runs/main-mgpu-fresh"
+    named.clear()
+    with pytest.raises(UsageError):
+        script_plan(cpu=True, named=named, show_rank="5")
+    assert named == []  # refused before a run dir was named (or created)
+    named.clear()
+    script_plan(cpu=True, named=named, nnodes=2, master_addr="10.0.0.1", master_port=29500, node_rank=1)
+    assert named[0][0] == 2 and named[0][1] != "mgpu-fresh"  # the id every node derives alike
+
+
+@pytest.mark.parametrize("show, tee", [(None, "0:3"), ("1", "1:3"), ("all", "3")])
+def test_show_rank_picks_what_torch_tees(show, tee):
+    assert arg(plan_for(cpu=True, nproc=2, show_rank=show), "--tee") == tee
+
+
+@pytest.mark.parametrize("show", ["2", "-1", "rank0"])
+def test_show_rank_out_of_range(show):
+    assert "--show-rank" in usage_error(cpu=True, nproc=2, show_rank=show)
+
+
+@pytest.mark.parametrize("kw, said", [
+    ({"script": SCRIPT, "resume": "auto"}, "--resume is for recipes"),
+    ({"script": SCRIPT, "overwrite": True}, "--overwrite is for recipes"),
+    ({"recipe": "q.yaml", "run_dir": "x"}, "run_dir=x"),
+    ({"recipe": "q.yaml", "local_rank_arg": True}, "--local-rank-arg is for scripts"),
+])
+def test_options_of_the_other_kind_of_job_are_refused(kw, said):
+    with pytest.raises(UsageError) as info:
+        check_job_options(LaunchOptions(**kw))
+    assert said in str(info.value)
+    check_job_options(LaunchOptions(script=SCRIPT, run_dir="x", local_rank_arg=True))

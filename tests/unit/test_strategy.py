@@ -9,7 +9,8 @@ from omegaconf import OmegaConf
 from mgpucli.config.schema import TrainerSchema
 from mgpucli.distributed.env import RankEnv
 from mgpucli.distributed.runtime import Runtime
-from mgpucli.engine.strategy import _fsdp_targets, check_combinations, resolve_strategy
+from mgpucli.engine.activation_checkpointing import blocks_to_checkpoint, select_blocks
+from mgpucli.engine.strategy import check_combinations, resolve_strategy
 from mgpucli.errors import UsageError
 
 
@@ -64,7 +65,34 @@ def test_fsdp_wrap_targets():
     from mgpucli.components.models import CharTransformer
 
     model = CharTransformer(d_model=16, n_head=2, n_layer=3)
-    assert len(_fsdp_targets(model, None)) == 3  # default: the blocks of the ModuleList
-    assert [type(m).__name__ for m in _fsdp_targets(model, ["LayerNorm"])].count("LayerNorm") == 7
-    with pytest.raises(UsageError, match=r"names 'Blok' \(did you mean 'Block'\?\), which the model doesn't contain"):
-        _fsdp_targets(model, ["Blok"])
+    assert len(select_blocks(model, None, "trainer.fsdp.wrap")) == 3  # default: the blocks of the ModuleList
+    assert [type(m).__name__ for m in select_blocks(model, ["LayerNorm"], "x")].count("LayerNorm") == 7
+    with pytest.raises(UsageError, match=r"trainer.fsdp.wrap names 'Blok' \(did you mean 'Block'\?\), which the model"):
+        select_blocks(model, ["Blok"], "trainer.fsdp.wrap")
+
+
+@pytest.mark.parametrize("overrides, expected", [
+    ({}, []),
+    ({"activation_checkpointing": True}, ["Block"] * 3),  # the same rule as FSDP's blocks
+    ({"activation_checkpointing": ["LayerNorm"]}, ["LayerNorm"] * 7),
+    ({"strategy": "fsdp", "fsdp.activation_checkpointing": True}, ["Block"] * 3),  # the FSDP option is an alias
+    ({"strategy": "fsdp", "fsdp.wrap": ["Embedding"], "activation_checkpointing": True}, ["Embedding"] * 2),
+])
+def test_blocks_to_checkpoint(overrides, expected):
+    from mgpucli.components.models import CharTransformer
+
+    model = CharTransformer(d_model=16, n_head=2, n_layer=3)
+    assert [type(m).__name__ for m in blocks_to_checkpoint(model, trainer(**overrides))] == expected
+
+
+def test_activation_checkpointing_without_blocks_names_the_classes():
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU())
+    with pytest.raises(UsageError, match="Linear, ReLU") as info:
+        blocks_to_checkpoint(model, trainer(activation_checkpointing=True))
+    assert "trainer.activation_checkpointing=[" in info.value.hint
+
+
+def test_the_fsdp_alias_with_another_strategy_points_to_the_general_option():
+    with pytest.raises(UsageError) as info:
+        check_combinations(trainer(strategy="ddp", **{"fsdp.activation_checkpointing": True}), rt())
+    assert "trainer.activation_checkpointing=true" in info.value.hint

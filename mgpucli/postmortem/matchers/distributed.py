@@ -23,6 +23,9 @@ _MGPU_LATE = re.compile(r"had not arrived: (?P<late>.+?)(?:\. \(|\.$|$)")
 _STORE_TIMEOUT = re.compile(r"wait timeout after (?P<tmo>\d+)ms, keys: (?P<keys>\S+)|\bSocket Timeout\b")
 _HEARTBEAT = re.compile(r"watchdog got stuck for (?P<tmo_s>\d+) seconds without making progress")
 _TIMEOUTS = (_MGPU_TIMEOUT, _NCCL_TIMEOUT, _BARRIER, _GLOO_TIMEOUT, _HEARTBEAT, _STORE_TIMEOUT)
+# The note a user's script gets on a timeout when it calls mgpucli.progress (mgpucli.distributed.step_progress).
+_SCRIPT_STEPS = re.compile(r"mgpu: steps each rank had reached \(mgpucli\.progress\): (?P<steps>.*?)\."
+                           r"(?: Ranks that had not arrived: (?P<late>.*))?$")
 # Where in mgpu's (or DDP's) code a traceback's frames say the collective was called.
 _CALLERS = (("read_reduction", "the log-interval all-reduce of metrics and flags"),  # waited for here
             ("close_and_reduce", "the log-interval all-reduce of metrics and flags"),  # started here
@@ -77,9 +80,17 @@ def collective_timeout(lines: Sequence[LogLine]) -> Match | None:
         details["collective"] = "a store wait (rendezvous or barrier)"
         if found.groupdict().get("tmo"):
             details["timeout_s"] = int(found["tmo"]) / 1000
+    steps = first(of_rank(lines, anchor.rank), _SCRIPT_STEPS)
+    if steps is not None:
+        rank_steps = {int(r): int(v) for r, v in re.findall(r"rank (\d+): (\d+)", steps[1]["steps"])}
+        details["rank_steps"] = {str(r): v for r, v in sorted(rank_steps.items())}
+        late = late or [int(r) for r in re.findall(r"rank (\d+) \(", steps[1]["late"] or "")]
+        step = step if step is not None else rank_steps.get(anchor.rank) if anchor.rank is not None else None
     if late:
         details["late_ranks"] = late
     evidence = [anchor] + [line for line, _ in hits if line.rank != anchor.rank][:2]
+    if steps is not None:
+        evidence.insert(1, steps[0])
     collective = details.get("collective", "a collective")
     title = f"a collective timed out on rank {anchor.rank}: {collective}"
     fix = ("The late rank(s) never reached this collective; their last lines show where they were. Usual causes: "

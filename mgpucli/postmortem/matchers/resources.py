@@ -132,8 +132,19 @@ def killed_by_signal(lines: Sequence[LogLine]) -> Match | None:
     anchor, found = hits[0]
     name = _FATAL_SIG[found["what"]] if found.re is _FATAL else _signal_name(found)
     note = " (probably the host's out-of-memory killer)" if name == "SIGKILL" else ""
-    return Match("killed_by_signal", f"rank {anchor.rank} was killed by {name}{note}", anchor.rank, [anchor],
-                 signal_fix(name), cause=name not in _TEARDOWN, details={"signal": name})
+    evidence, fix = [anchor], signal_fix(name)
+    terminate = find_all([line for line in lines if line.rank == anchor.rank], _TERMINATE) if name == "SIGABRT" else []
+    if terminate:
+        evidence.insert(0, terminate[0][0])
+        fix += _TERMINATE_FIX
+    return Match("killed_by_signal", f"rank {anchor.rank} was killed by {name}{note}", anchor.rank, evidence,
+                 fix, cause=name not in _TEARDOWN, details={"signal": name})
+
+
+# C++'s std::terminate, as a rank aborts when it tears the process group down while another rank still uses it.
+_TERMINATE = re.compile(r"terminate called without an active exception")
+_TERMINATE_FIX = (" If it happened as the job ended (at or after destroy_process_group), one rank tore the process "
+                  "group down while another still used it: call dist.barrier() before dist.destroy_process_group().")
 
 
 def _signal_name(found: re.Match[str]) -> str | None:

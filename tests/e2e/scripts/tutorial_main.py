@@ -39,4 +39,5 @@ for epoch in range(args.epochs):
 if rank == 0:
     out = args.out or os.environ.get("MGPU_RUN_DIR", ".")
     torch.save(model.module.state_dict(), os.path.join(out, "final_weights.pt"))
+dist.barrier()  # torch 2.13's gloo can abort a rank that tears down while another still uses the group
 dist.destroy_process_group()

@@ -1,0 +1,129 @@
+"""The worker's ``script`` job: run the user's own training script as this rank, as ``python`` would run it.
+
+``python -m mgpucli.launch.worker script [--local-rank-flag FLAG] (PATH | -m MODULE) [ARGS...]`` runs
+
+- ``PATH`` with :func:`runpy.run_path` as ``__main__``, ``sys.argv = [PATH, *ARGS]`` and ``sys.path[0]`` the
+  script's directory, as ``python PATH ARGS`` does;
+- ``-m MODULE`` with :func:`runpy.run_module` (``alter_sys``), the working directory first on ``sys.path``, as
+  ``python -m MODULE ARGS`` does;
+
+with ``FLAG=LOCAL_RANK`` before the arguments when the launcher was given ``--local-rank-arg``. Nothing heavy
+(torch included) is imported before the script's first line: a script that sets environment variables before
+``import torch`` keeps working.
+
+The worker (:mod:`mgpucli.launch.worker`) wraps it as it wraps a recipe: the launcher-death watch, and on failure
+``mgpu_failure.json`` beside torch's error file. Here, an exception that ends the script is handled as torch's
+``@record`` would (the exception and its traceback into torch's error file, even when the script has no
+``@record``) and printed as Python prints it, without mgpu's own frames; the process then exits 1, as Python does.
+A ``SystemExit`` keeps the script's own exit code. :func:`mgpucli.progress` is enabled: a failure is recorded with
+the step the script reached, and a collective timeout names the step every rank had reached.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import os
+import runpy
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from types import TracebackType
+
+from mgpucli.errors import UsageError
+from mgpucli.launch.script import LOCAL_RANK_FLAGS, ScriptTarget
+
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+USAGE = "script [--local-rank-flag FLAG] (PATH | -m MODULE) [ARGS...]"
+
+
+@dataclass(frozen=True)
+class ScriptJob:
+    """``script [--local-rank-flag FLAG] (PATH | -m MODULE) [ARGS...]``: what ``mgpu launch`` passes for a script."""
+
+    target: ScriptTarget
+
+    @classmethod
+    def parse(cls, args: Sequence[str]) -> ScriptJob:
+        """The job from the arguments after ``script``; everything after the target is the script's."""
+        rest = list(args)
+        flag = None
+        if rest[:1] == ["--local-rank-flag"]:
+            if len(rest) < 2 or rest[1] not in LOCAL_RANK_FLAGS:
+                raise UsageError(f"python -m mgpucli.launch.worker: --local-rank-flag takes one of "
+                                 f"{', '.join(LOCAL_RANK_FLAGS)}.", f"A launched worker runs {USAGE}.")
+            flag, rest = rest[1], rest[2:]
+        if rest[:1] == ["-m"] and len(rest) >= 2:
+            return cls(ScriptTarget(module=rest[1], args=tuple(rest[2:]), local_rank_flag=flag))
+        if rest and rest[0] != "-m":
+            return cls(ScriptTarget(path=rest[0], args=tuple(rest[1:]), local_rank_flag=flag))
+        raise UsageError("python -m mgpucli.launch.worker: script needs a script path or -m MODULE.",
+                         f"A launched worker runs {USAGE}.")
+
+    def for_restart(self, environ: Mapping[str, str] | None = None) -> ScriptJob:
+        """A restart runs the script as it was given: a script resumes itself (TORCHELASTIC_RESTART_COUNT tells it)."""
+        return self
+
+    def run(self) -> None:
+        from mgpucli.distributed import step_progress
+        from mgpucli.run_records.worker_records import mark_started
+
+        argv = self.target.argv(os.environ.get("LOCAL_RANK"))
+        step_progress.enable()
+        faulthandler.enable(all_threads=True)  # a crash in native code prints every thread's stack, as under @record
+        mark_started()  # the launch record becomes the run dir's launch.json (a --run-dir with an earlier launch)
+        try:
+            _run_script(self.target, argv)
+        except (SystemExit, KeyboardInterrupt):
+            raise
+        except BaseException as exc:
+            _fail(exc, step_progress.current_step(), step_progress.timeout_note(exc))
+            sys.exit(1)  # as Python ends on an uncaught exception; `exc` is its context, for the failure record
+
+
+def _run_script(target: ScriptTarget, argv: list[str]) -> None:
+    if target.module is not None:
+        sys.argv = [target.module, *argv]  # run_module puts the module's file in argv[0], as python -m does
+        runpy.run_module(target.module, run_name="__main__", alter_sys=True)
+        return
+    path = str(target.path)
+    sys.argv = [path, *argv]
+    sys.path[0] = os.path.dirname(os.path.abspath(path))  # python PATH: the script's directory, not the cwd
+    runpy.run_path(path, run_name="__main__")
+
+
+def _fail(exc: BaseException, step: int | None, note: str | None) -> None:
+    """What an exception that ends the script leaves: its step on it (for the failure record), the timeout note
+    in its traceback, torch's error file, and the traceback on stderr, all without mgpu's and runpy's frames."""
+    exc.__traceback__ = _user_frames(exc.__traceback__)
+    if step is not None and getattr(exc, "mgpu_step", None) is None:
+        try:
+            exc.mgpu_step = step  # type: ignore[attr-defined]
+        except AttributeError:
+            pass
+    if note:
+        exc.add_note(note)
+    _record_in_error_file(exc)
+    sys.excepthook(type(exc), exc, exc.__traceback__)  # the script's own hook, if it installed one
+    sys.stderr.flush()
+
+
+def _user_frames(tb: TracebackType | None) -> TracebackType | None:
+    """The traceback from the script's first frame on: mgpu's worker and runpy's frames above it left out."""
+    runpy_files = {os.path.abspath(runpy.__file__), "<frozen runpy>"}  # a frozen stdlib names its frames so
+    while tb is not None and tb.tb_next is not None:
+        filename = tb.tb_frame.f_code.co_filename
+        if filename not in runpy_files and not os.path.abspath(filename).startswith(_PACKAGE_DIR + os.sep):
+            break
+        tb = tb.tb_next
+    return tb
+
+
+def _record_in_error_file(exc: BaseException) -> None:
+    """Torch's ``@record`` for the script: the exception and its traceback in the error file torch's agent reads
+    (``TORCHELASTIC_ERROR_FILE``). Called while ``exc`` is being handled: torch formats the current exception."""
+    try:
+        from torch.distributed.elastic.multiprocessing.errors import get_error_handler
+
+        get_error_handler().record_exception(exc)
+    except Exception:  # noqa: BLE001 - torch missing or the log dir gone: the stderr log still has it all
+        pass

@@ -1,0 +1,1 @@
+"""A package whose module is launched with ``mgpu launch -m trainpkg.train``."""
