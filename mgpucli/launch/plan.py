@@ -32,6 +32,7 @@ from mgpucli.errors import UsageError
 from mgpucli.launch.ports import check_port_number, port_problem, require_free_port
 from mgpucli.launch.script import ScriptTarget
 from mgpucli.launch.slurm import SlurmInfo, read_slurm
+from mgpucli.run_files import unwritable
 
 WORKER_MODULE = "mgpucli.launch.worker"
 DEFAULT_STATIC_PORT = 29500  # torchrun's own default for a static rendezvous
@@ -363,6 +364,9 @@ def build_plan(
         notes.append(f"SLURM job {slurm.job_id}: {nnodes} nodes, {where}, rendezvous at {endpoint}.")
     if opts.max_restarts:
         args += ["--max-restarts", str(opts.max_restarts)]
+    if opts.log_dir and (problem := unwritable(os.path.abspath(opts.log_dir))):  # torch's agent: a traceback
+        raise UsageError(f"--log-dir {opts.log_dir}: {problem}.", "Give a directory (created if missing), or leave "
+                         "--log-dir out for RUN_DIR/logs.")
     tee = _tee(opts.show_rank, nproc)
     run_dir = facts.run_dir
     if not run_dir:  # named last: every check above has passed

@@ -119,7 +119,8 @@ def render(report: Report, console: Console | None = None, compact: bool = False
     for line, problem in tracker_lines(report.trackers):
         console.print(Text(f"  {line}", style="yellow" if problem else "dim"))
     if report.logs:
-        console.print(Text(f"  logs: {report.logs}", style="dim"))
+        gone = "" if os.path.exists(report.logs) else " (gone: deleted or moved; read from launch.json alone)"
+        console.print(Text(f"  logs: {report.logs}{gone}", style="dim"))
 
 
 def tracker_lines(trackers: dict[str, dict[str, Any]]) -> list[tuple[str, bool]]:
