@@ -22,21 +22,31 @@ import signal
 import time
 from functools import lru_cache
 
+from mgpucli.errors import UsageError
+
+KNOWN = ("crash", "nan", "sleep", "kill_in_save", "disk_full_in_save", "tracker")  # as listed above
+
 
 @lru_cache(maxsize=1)
 def _parsed(spec: str) -> tuple[tuple[str, int | None, int | None], ...]:
     faults = []
     for item in filter(None, (s.strip() for s in spec.split(","))):
         name, *quals = item.split("@")
-        rank = step = None
+        if name not in KNOWN:
+            raise _refused(spec, f"{name!r} is no fault (known: {', '.join(KNOWN)})")
+        where: dict[str, int] = {}
         for q in quals:
             key, _, value = q.partition("=")
-            if key == "rank":
-                rank = int(value)
-            elif key == "step":
-                step = int(value)
-        faults.append((name, rank, step))
+            if key not in ("rank", "step") or not value.strip().lstrip("-").isdigit():
+                raise _refused(spec, f"{q!r} is neither rank=N nor step=N")
+            where[key] = int(value)
+        faults.append((name, where.get("rank"), where.get("step")))
     return tuple(faults)
+
+
+def _refused(spec: str, problem: str) -> UsageError:
+    return UsageError(f"MGPU_FAULT={spec!r}: {problem}. MGPU_FAULT injects faults for mgpu's own tests.",
+                      "Unset it (`unset MGPU_FAULT`); a fault is NAME[@rank=R][@step=S], several comma-separated.")
 
 
 def _armed(name: str, rank: int | None, step: int | None) -> bool:
@@ -57,7 +67,18 @@ def _armed(name: str, rank: int | None, step: int | None) -> bool:
 
 
 def enabled() -> bool:
-    return bool(os.environ.get("MGPU_FAULT"))
+    """Whether faults are armed; a spec that does not parse is a UsageError here, before the run takes its run dir,
+    rather than a traceback at the first training step."""
+    spec = os.environ.get("MGPU_FAULT")
+    if spec:
+        _parsed(spec)
+        sleep = os.environ.get("MGPU_FAULT_SLEEP", "3600")
+        try:
+            float(sleep)
+        except ValueError:
+            raise UsageError(f"MGPU_FAULT_SLEEP={sleep!r} is not a number of seconds.",
+                             "Unset it (default 3600), or give seconds: MGPU_FAULT_SLEEP=30.") from None
+    return bool(spec)
 
 
 def maybe_fault(point: str, rank: int | None = None, step: int | None = None, path: str | None = None) -> bool:

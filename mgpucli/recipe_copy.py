@@ -90,8 +90,10 @@ def copy_recipe(source_name: str, dest: Path | None = None, force: bool = False,
     if target.exists() and not target.is_file():
         raise UsageError(f"{target} exists and is not a file; not overwriting it.")
     if not target.parent.is_dir():
-        raise UsageError(f"cannot write {target}: the directory {target.parent} does not exist.",
-                         "Create it first, or give another destination.")
+        blocker = next((p for p in target.parents if p.exists()), None)
+        why = (f"{blocker} is a file, not a directory" if blocker is not None and not blocker.is_dir()
+               else f"the directory {target.parent} does not exist")
+        raise UsageError(f"cannot write {target}: {why}.", "Give a destination in a directory that exists.")
     new_name = name if name is not None else name_from_file(target, source_name)
     text = rename(source.read_text(encoding="utf-8"), new_name)
     try:

@@ -155,6 +155,9 @@ def resolve(arg: str | os.PathLike[str]) -> Path:
     the file; a bare word that is no shipped name is reported with the list of names and a did-you-mean.
     """
     text = os.fspath(arg)
+    if not text.strip():  # an unset shell variable, usually: Path("") would mean the current directory
+        raise UsageError(f"the recipe is {text!r}: empty.", "Pass a recipe .yaml file, or a shipped recipe's name "
+                         "(`mgpu recipes` lists them).")
     path = Path(text)
     if path.is_file():
         return path

@@ -50,9 +50,14 @@ def resume_path(run_dir: str | Path, resume: str | None, sharded: bool = False) 
 def check_start(run_dir: str | Path, resume: str | None, overwrite: bool, sharded: bool = False) -> Path | None:
     """Raise UsageError when a run cannot start in ``run_dir`` as asked; else return the checkpoint it resumes.
 
-    Refused: ``--resume`` with ``--overwrite``; a ``--resume`` checkpoint that does not exist; a run dir holding
-    checkpoints that a fresh start would overwrite; a run dir that cannot be created or written.
+    Refused: ``--resume`` with ``--overwrite``; an empty ``--resume``; a ``--resume`` checkpoint that does not
+    exist or is no complete mgpu checkpoint (read without torch, nothing in it run); a run dir holding checkpoints
+    that a fresh start would overwrite; a run dir that cannot be created or written.
     """
+    if resume is not None and not resume.strip():
+        raise UsageError("--resume is empty: it takes a checkpoint's path or 'auto'.",
+                         f"Give a checkpoint (e.g. {last_checkpoint(run_dir, sharded)}), --resume auto, or leave "
+                         "--resume out for a fresh start.")
     if resume and overwrite:
         raise UsageError(
             f"--resume {resume} and --overwrite contradict each other: one continues the run, the other deletes "
@@ -62,13 +67,29 @@ def check_start(run_dir: str | Path, resume: str | None, overwrite: bool, sharde
     found = resume_path(run_dir, resume, sharded)
     if found is not None and not found.exists():
         raise UsageError(
-            f"--resume {resume}: no such checkpoint.",
+            f"--resume {resume}: no such checkpoint{_dangling(found)}.",
             f"Give an existing checkpoint (e.g. {last_checkpoint(run_dir, sharded)}), or --resume auto to continue "
             "the run dir's latest one (a fresh start when it has none).",
         )
+    if found is not None:
+        from mgpucli.postmortem.checkpoint_peek import resume_problem
+
+        problem = resume_problem(str(found))
+        if problem:
+            raise UsageError(f"--resume{' auto' if resume == 'auto' else ''}: {problem}.",
+                             "Resume from another checkpoint (RUN_DIR/checkpoints/last.pt, a step-*.pt, or a sharded "
+                             "run's last.dcp), or start afresh without --resume.")
     existing = existing_checkpoints(run_dir)
     if existing and found is None and not overwrite:
         names = ", ".join(p.name for p in existing[:3]) + (", ..." if len(existing) > 3 else "")
+        if resume == "auto":  # there are checkpoints, but not the one --resume auto continues from
+            last = last_checkpoint(run_dir, sharded)
+            raise UsageError(
+                f"--resume auto continues from {last}{_dangling(last) or ', which does not exist'}; run dir "
+                f"{run_dir} holds {names} (trainer.checkpoint_format={'sharded' if sharded else 'full'}).",
+                "Name the checkpoint to continue from (--resume PATH), start afresh with --overwrite (deletes "
+                "them), or set run_dir=... (or name=...) for a new run dir.",
+            )
         raise UsageError(
             f"run dir {run_dir} already holds checkpoints ({names}); a new run would overwrite them.",
             "Continue it with --resume auto, start afresh with --overwrite (deletes them), or set run_dir=... "
@@ -79,6 +100,12 @@ def check_start(run_dir: str | Path, resume: str | None, overwrite: bool, sharde
         raise UsageError(f"cannot create run dir {run_dir}: {problem}.",
                          "Choose another location with run_dir=PATH (or fix the path/permissions).")
     return found
+
+
+def _dangling(path: Path) -> str:
+    """``" (a link to X, which is gone)"`` for a symlink whose target is missing (a sharded run's ``last.dcp``
+    after its step directory was deleted or moved), else ``""``."""
+    return f" (a link to {os.readlink(path)}, which is gone)" if path.is_symlink() else ""
 
 
 def unwritable(run_dir: str | Path) -> str | None:

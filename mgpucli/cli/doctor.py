@@ -23,6 +23,7 @@ import typer
 if TYPE_CHECKING:  # the command imports its machinery lazily: `mgpu --help` stays light
     from mgpucli.doctor.examine import Report
 
+STACK_LINES = 12  # frames of each rank's main thread shown, innermost first
 STYLE = {"ok": "[green]ok[/]", "warn": "[yellow]warn[/]", "fail": "[bold red]FAIL[/]", "skipped": "[dim]skipped[/]"}
 
 
@@ -44,6 +45,10 @@ def doctor(
         None, "--timeout", metavar="SECONDS", help="Seconds allowed for each probe and for the live test (default 30).",
         show_default=False,
     ),
+    stacks: bool = typer.Option(
+        False, "--stacks", help="With RUN_DIR of a running job: ask every rank (on this machine) for its Python "
+        "stacks now and print them; the job goes on training.",
+    ),
 ) -> None:
     """Check this machine for multi-process training and say how to fix what is wrong.
 
@@ -60,12 +65,53 @@ def doctor(
     With RUN_DIR: 0 finished, 75 preempted with a complete checkpoint, 1 failed or unfinished, 2 not a run dir.
     """
     if run_dir is None:
+        if stacks:
+            from mgpucli.console import print_error
+
+            print_error("--stacks asks a running job for its ranks' stacks: give its run directory "
+                        "(mgpu doctor RUN_DIR --stacks).")
+            sys.exit(2)
         machine_check(gpus, cpu, nproc, json_out, quick, timeout)
         return
     # Every machine-check option defaults to "not given" (None, or False for a flag): those given are refused.
     given = {"--gpus": gpus is not None, "--cpu": cpu, "--nproc": nproc is not None, "--quick": quick,
              "--timeout": timeout is not None}
-    postmortem(run_dir, json_out, [name for name, used in given.items() if used])
+    used = [name for name, on in given.items() if on]
+    if stacks:
+        running_stacks(run_dir, json_out, used)
+        return
+    postmortem(run_dir, json_out, used)
+
+
+def running_stacks(run_dir: str, json_out: bool, machine_only: list[str]) -> None:
+    """``mgpu doctor RUN_DIR --stacks``: every running rank's stacks now; exit 0, 1 when none is running here."""
+    from mgpucli.console import err_console, print_error
+    from mgpucli.errors import EXIT_USAGE, MgpuError
+    from mgpucli.postmortem.live_stacks import running_stacks as ask
+    from mgpucli.run_records import stacks
+
+    if machine_only:
+        print_error(f"{', '.join(machine_only)} check(s) this machine; --stacks asks a run's ranks. Drop "
+                    f"{', '.join(machine_only)}.")
+        sys.exit(EXIT_USAGE)
+    try:
+        dumps = ask(run_dir)
+    except MgpuError as err:
+        print_error(str(err))
+        sys.exit(err.exit_code)
+    if json_out:
+        sys.stdout.write(json.dumps({str(rank): dump.to_json() for rank, dump in dumps.items()}, indent=2) + "\n")
+        return
+    console = err_console()
+    for rank, dump in dumps.items():
+        console.print(f"{stacks.describe(rank, dump)}  (pid {dump.pid})", markup=False, highlight=False)
+        main = dump.main
+        for frame in (main.frames if main else [])[:STACK_LINES]:
+            console.print(f"    {frame.cite()}", markup=False, highlight=False, style="dim")
+        others = len(dump.threads) - 1
+        if others > 0:
+            console.print(f"    (and {others} other thread(s): see --json)", markup=False, highlight=False,
+                          style="dim")
 
 
 def machine_check(gpus: str | None, cpu: bool, nproc: int | None, json_out: bool, quick: bool,

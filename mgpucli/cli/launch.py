@@ -103,6 +103,11 @@ def launch(
         help="Show local rank N's output here instead of rank 0's, or every rank's, each line prefixed with its "
         "rank (every rank's output is in the logs either way).",
     ),
+    stall_s: float | None = typer.Option(
+        None, "--stall-s", metavar="SECONDS", show_default=False,
+        help="Stop the job when a rank makes no progress for this long, showing every rank's Python stack first "
+        "(a recipe's trainer.stall_s; a script's progress comes from mgpucli.progress(step)). Default: off.",
+    ),
     audit: bool = typer.Option(
         False, "--audit", help="Run your script with checks for the DDP tutorial's traps (a model not wrapped in DDP, "
         "no DistributedSampler, no set_epoch, padded evaluation, every rank saving one file, unused parameters, "
@@ -135,6 +140,7 @@ def launch(
             rdzv_endpoint=rdzv_endpoint, rdzv_id=rdzv_id, max_restarts=max_restarts, log_dir=log_dir, resume=resume,
             overwrite=overwrite, script=script, run_dir=run_dir, local_rank_arg=local_rank_arg, show_rank=show_rank,
             audit=audit,
+            stall_s=stall_s,
         )
         recipe_only = "--check" if check else "--probe" if probe else None
         if recipe_only and script is not None:

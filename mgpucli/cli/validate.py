@@ -83,7 +83,7 @@ def _parent(checkpoint: str, gpus: str | None, cpu: bool, nproc: int | None, **a
 
     overrides = args["overrides"] + (["trainer.device=cpu"] if cpu else [])
     args = {**args, "overrides": overrides}
-    if gpus is None and (nproc or 1) == 1:
+    if gpus is None and (nproc is None or (cpu and nproc == 1)):  # else select_devices checks the options
         return _worker(checkpoint, RankEnv(), cpu, **args)
     import torch
 

@@ -46,15 +46,42 @@ def problem(path: str, target: str, what: str, err: BaseException) -> str:
 
 
 def build_component(path: str, node: DictConfig | dict, *args: Any, source: str) -> Any:
-    """``build(node, *args)``, a failure turned into a RecipeError naming ``path`` in recipe ``source``."""
+    """``build(node, *args)``, a failure turned into a RecipeError naming ``path`` in recipe ``source``; so is a
+    result mgpu can't use there (:func:`kind_problem`)."""
     try:
-        return build(node, *args)
+        built = build(node, *args)
     except MgpuError:
         raise
     except Exception as err:
         raise RecipeError(source, [problem(path, str(node.get("_target_")), "building", err)],
                           f"Fix {path} in the recipe (or override it); {DEBUG_ENV}=1 shows the whole traceback.",
                           ) from err
+    wrong = kind_problem(path, node, built)
+    if wrong:
+        raise RecipeError(source, [wrong], f"Fix {path} in the recipe (or override it): its _target_ must build that.")
+    return built
+
+
+def kind_problem(path: str, node: DictConfig | dict, built: Any) -> str | None:
+    """Why ``built`` (what ``path``'s ``_target_`` returned) is not what mgpu uses there: a model that is no
+    ``nn.Module``, a dataset without a length and items, an optimizer that is no ``Optimizer``, a scheduler
+    without ``step()``; or a partial (``_partial_: true``) in place of any of them. None when it fits."""
+    import torch
+
+    needs = {
+        "model": ("a torch.nn.Module", lambda obj: isinstance(obj, torch.nn.Module)),
+        "optim": ("a torch.optim.Optimizer", lambda obj: isinstance(obj, torch.optim.Optimizer)),
+        "scheduler": ("a learning-rate scheduler (with step())", lambda obj: callable(getattr(obj, "step", None))),
+        "data.train": ("a map-style dataset (__len__ and __getitem__)",
+                       lambda obj: hasattr(obj, "__len__") and hasattr(obj, "__getitem__")),
+    }
+    need, fits = needs.get("data.train" if path == "data.val" else path, (None, None))
+    if fits is None or fits(built):
+        return None
+    target = node.get("_target_")
+    if node.get("_partial_"):
+        return f"{path}: _partial_ is true, so {target} gave a function still to call, where mgpu needs {need}"
+    return f"{path}: {target} gave a {type(built).__name__}, where mgpu needs {need}"
 
 
 def check_builds(cfg: DictConfig, source: str) -> None:
@@ -119,7 +146,10 @@ def _check_model(cfg: DictConfig, source: str, problems: list[str]) -> None:
 
     try:
         with torch.device("meta"):
-            build(cfg.model)
+            model = build(cfg.model)
+        wrong = kind_problem("model", cfg.model, model)
+        if wrong:
+            problems.append(wrong)
         return
     except MgpuError:
         raise

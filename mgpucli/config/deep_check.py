@@ -16,7 +16,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from mgpucli.config import check_recipe, load_recipe
-from mgpucli.config.components import check_builds, problem
+from mgpucli.config.components import check_builds, kind_problem, problem
 from mgpucli.config.targets import TOP_COMPONENTS, build, iter_targets
 from mgpucli.errors import RecipeError
 
@@ -68,6 +68,9 @@ def build_dataset(path: str, node: DictConfig) -> tuple[DatasetFacts | None, str
         dataset = build(node)
     except Exception as err:  # the user's (or a library's) dataset code: report it as a recipe problem
         return None, problem(path, target, "building", err)
+    wrong = kind_problem(path, node, dataset)
+    if wrong:
+        return None, wrong
     try:
         size = len(dataset)
     except TypeError:  # an IterableDataset without __len__

@@ -11,6 +11,8 @@ sections (``vars``, ``requires``) keep Hydra's rule: a new key there needs ``+ke
 
 from __future__ import annotations
 
+import difflib
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -46,6 +48,10 @@ def prepare_overrides(overrides: list[str], source: str) -> list[str]:
             )
             continue
         key = parsed.key_or_group
+        if not key.strip():
+            problems.append(f"override {text!r} names no key; use key=value, +key=value to add a key, or ~key to "
+                            "remove one")
+            continue
         if parsed.type == OverrideType.CHANGE and parsed.package is None and not _free_form(key):
             prepared.append("++" + text)
         else:
@@ -62,6 +68,26 @@ def _yaml_problem(err: Exception) -> str:
     context = getattr(err, "context", None)
     detail = f"{context}: {problem}" if context else problem
     return f"YAML syntax error{where}: {detail}"
+
+
+_NOTHING_TO_REMOVE = re.compile(r"Could not delete from config\. '([^']+)' does not exist")  # Hydra's, for ~key
+
+
+def _close_key(key: str, recipe: Path) -> str:
+    """`` (did you mean 'trainer.epochs'?)`` from the keys the recipe file sets, or ``""``."""
+    import yaml
+
+    def keys(node, prefix: str = ""):
+        for name, value in node.items() if isinstance(node, dict) else ():
+            yield f"{prefix}{name}"
+            yield from keys(value, f"{prefix}{name}.")
+
+    try:
+        known = list(keys(yaml.safe_load(recipe.read_text(encoding="utf-8"))))
+    except (OSError, yaml.YAMLError):
+        return ""
+    close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+    return f" (did you mean '{close[0]}'?)" if close else ""
 
 
 def unreadable(recipe: Path) -> str | None:
@@ -121,6 +147,10 @@ def compose_recipe(path: str | Path, overrides: list[str]) -> DictConfig:
         raise RecipeError(source, [_yaml_problem(err)]) from None
     except (HydraException, OmegaConfBaseException) as err:
         text = " ".join(line.strip() for line in str(err).splitlines() if line.strip())
+        gone = _NOTHING_TO_REMOVE.search(text)
+        if gone:
+            text = (f"~{gone[1]}: the recipe has no key {gone[1]} to remove{_close_key(gone[1], recipe)}; fix the "
+                    "key, or drop the override")
         raise RecipeError(source, [text]) from None
     finally:
         GlobalHydra.instance().clear()

@@ -91,6 +91,15 @@ def _missing(merged: DictConfig, user: dict) -> list[str]:
     return problems
 
 
+def _naming_problems(cfg: dict[str, Any]) -> list[str]:
+    """An empty ``name`` or ``run_dir`` (``name=`` on the command line, ``${oc.env:VAR,}`` of an unset variable)
+    would train into ``runs/`` itself or into the working directory."""
+    why = {"name": "it names the run dir (runs/${name}, unless run_dir says otherwise)",
+           "run_dir": "the run would write its checkpoints and records into the working directory"}
+    return [f"{key}: empty; {reason}" for key, reason in why.items()
+            if isinstance(cfg.get(key), str) and not cfg[key].strip()]
+
+
 def _at(cfg: dict[str, Any], path: str) -> Any:
     node: Any = cfg
     for key in path.split("."):
@@ -135,7 +144,7 @@ def _value_problems(cfg: dict[str, Any]) -> list[str]:
     at_least(data, "val_batch_size", "data.val_batch_size", 1, optional=True)
     for name in ("epochs", "grad_accum", "log_every", "timeout_s"):
         at_least(trainer, name, f"trainer.{name}", 1)
-    for name in ("max_steps", "cpu_threads", "checkpoint_every_steps"):
+    for name in ("max_steps", "cpu_threads", "checkpoint_every_steps", "stall_s"):
         at_least(trainer, name, f"trainer.{name}", 1, optional=True)
     for name in ("val_every", "checkpoint_every", "keep_checkpoints"):
         at_least(trainer, name, f"trainer.{name}", 0)
@@ -221,14 +230,16 @@ def validate_recipe(raw: DictConfig, source: str) -> DictConfig:
     problems: list[str] = []
     _merge_section(user, merged, "", problems)
     missing = _missing(merged, user)
+    refused = {p.split(":")[0] for p in problems}  # a value refused above is not reported missing as well
+    problems += [p for p in missing if p.split(":")[0] not in refused]
     unresolved: list[str] = []
     _resolve_leaves(merged, "", unresolved)
     early = run_length.misplaced(user)  # ${total_steps:} where it can't be known yet (said once per key)
     said = {p.split(":")[0] for p in early}
-    problems += missing + early + [p for p in unresolved if p.split(":")[0] not in said]
+    problems += early + [p for p in unresolved if p.split(":")[0] not in said]
     if not missing and not unresolved:  # value checks need a complete, resolvable recipe
         resolved = OmegaConf.to_container(merged, resolve=True)
-        problems += _value_problems(resolved)
+        problems += _naming_problems(resolved) + _value_problems(resolved)
         problems += [p for p in run_length.misplaced(resolved) if p.split(":")[0] not in said]  # via ${vars.x}
     if problems:
         raise RecipeError(source, problems)

@@ -62,6 +62,11 @@ def read_rank_env(environ: Mapping[str, str] | None = None, legacy_local_rank: i
     local_rank = _int(env, "LOCAL_RANK")
     if local_rank is None:
         local_rank = legacy
+    if local_rank is not None and local_rank < 0:
+        raise UsageError(
+            f"LOCAL_RANK={local_rank} is negative (local ranks run from 0 to the processes per node - 1).",
+            "Unset the stale variables (`unset RANK WORLD_SIZE LOCAL_RANK`) or launch with `mgpu launch`.",
+        )
     local_world = _int(env, "LOCAL_WORLD_SIZE")
     if world is None and rank is None:
         return RankEnv(0, local_rank or 0, 1, 1)

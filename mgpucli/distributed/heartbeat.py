@@ -3,7 +3,8 @@
 Each rank runs a small heartbeat thread that writes ``{step, phase, time}`` to the job's c10d store every
 second. The main thread only sets two attributes (``step``, ``phase``): no per-step I/O, no host sync. When a
 collective times out, the rank that noticed reads every rank's last heartbeat and names the ranks that had
-not arrived (behind it, or silent).
+not arrived (behind it, or silent). Under ``mgpu launch`` the same state also goes to ``mgpu_progress.json``
+beside the worker's logs, where the launcher watches for a rank that stopped making progress (``trainer.stall_s``).
 """
 
 from __future__ import annotations
@@ -16,6 +17,9 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
+
+from mgpucli.run_records.json_files import write_json
+from mgpucli.run_records.worker_records import ERROR_FILE_ENV, progress_path
 
 KEY = "mgpu/progress/{rank}"
 
@@ -36,29 +40,35 @@ class Heartbeat:
         self.step = 0
         self.phase = "setup"
         self._store = None
+        # Under mgpu launch, also a file beside the worker's logs: the launcher's stall watch reads it.
+        error_file = os.environ.get(ERROR_FILE_ENV)
+        self._file = progress_path(error_file) if error_file else None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
         """Connect to the job's store (MASTER_ADDR:MASTER_PORT, torchrun's agent store) and start beating."""
-        if self.world_size <= 1 or "MASTER_ADDR" not in os.environ:
-            return
-        import torch.distributed as dist
+        if self.world_size > 1 and "MASTER_ADDR" in os.environ:
+            import torch.distributed as dist
 
-        try:
-            self._store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
-                                        is_master=False, timeout=timedelta(seconds=10), wait_for_workers=False)
-        except Exception:  # progress reporting is best effort: never fail a run for it
-            self._store = None
+            try:
+                self._store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                                            is_master=False, timeout=timedelta(seconds=10), wait_for_workers=False)
+            except Exception:  # progress reporting is best effort: never fail a run for it
+                self._store = None
+        if self._store is None and self._file is None:
             return
         self._beat()
         self._thread = threading.Thread(target=self._run, name="mgpu-progress", daemon=True)
         self._thread.start()
 
     def _beat(self) -> None:
+        state = {"step": self.step, "phase": self.phase, "time": time.time()}
         if self._store is not None:
-            self._store.set(KEY.format(rank=self.rank),
-                            json.dumps({"step": self.step, "phase": self.phase, "time": time.time()}))
+            self._store.set(KEY.format(rank=self.rank), json.dumps(state))
+        if self._file is not None:
+            with contextlib.suppress(OSError):  # the log dir is gone: the store still has it
+                write_json(self._file, state)
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):

@@ -82,6 +82,7 @@ def setup_process_group(env: RankEnv, device_pref: str, timeout_s: int, cpu_thre
         torch.cuda.set_device(device)
     backend = None
     if env.distributed:
+        _require_rendezvous(env)
         backend = "nccl" if device.type == "cuda" else "gloo"
         kwargs: dict[str, Any] = {"backend": backend, "timeout": timedelta(seconds=timeout_s)}
         if device.type == "cuda":
@@ -91,6 +92,25 @@ def setup_process_group(env: RankEnv, device_pref: str, timeout_s: int, cpu_thre
             kwargs.update(store=store, rank=env.rank, world_size=env.world_size)
         dist.init_process_group(**kwargs)
     return Runtime(env=env, device=device, backend=backend, cpu_threads=threads)
+
+
+def _require_rendezvous(env: RankEnv) -> None:
+    """RANK and WORLD_SIZE without MASTER_ADDR/MASTER_PORT (a shell that kept a job's variables): torch's env://
+    rendezvous would fail with a ValueError traceback, or a bad port deep in its TCP store."""
+    missing = [key for key in ("MASTER_ADDR", "MASTER_PORT") if not os.environ.get(key, "").strip()]
+    port = os.environ.get("MASTER_PORT", "").strip()
+    if missing:
+        problem = f"{' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} not set"
+    elif not (port.isdigit() and 0 < int(port) < 65536):
+        problem = f"MASTER_PORT={port!r} is not a port number (1-65535)"
+    else:
+        return
+    raise UsageError(
+        f"RANK={env.rank} and WORLD_SIZE={env.world_size} make this process one rank of a job, but {problem}: "
+        "there is no rendezvous to join.",
+        "Unset the stale variables (`unset RANK WORLD_SIZE LOCAL_RANK`) to train in this one process, or start "
+        "the workers with `mgpu launch` (or torchrun), which sets them all.",
+    )
 
 
 def _attempt_store(env: RankEnv, timeout_s: int):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -32,8 +33,9 @@ class DoctorOptions:
 
     def validate(self) -> None:
         self.devices.validate()
-        if not self.timeout > 0:
-            raise UsageError(f"--timeout {self.timeout:g}: must be more than 0 seconds.", "Example: --timeout 30.")
+        if not 0 < self.timeout < math.inf:  # nan and inf too: a probe needs a deadline it can reach
+            raise UsageError(f"--timeout {self.timeout:g}: must be a finite number of seconds above 0.",
+                             "Example: --timeout 30.")
 
 
 @dataclass(frozen=True)

@@ -151,7 +151,11 @@ def clean_stale_temps(directory: str | Path) -> list[Path]:
 
 
 def read_file(path: str | Path, map_location: str | torch.device = "cpu") -> Any:
-    """``torch.load(weights_only=True)`` with every failure turned into a clear CheckpointError."""
+    """``torch.load(weights_only=True)`` with every failure turned into a clear CheckpointError (a checkpoint of a
+    newer mgpu's format too: its fields may mean something else)."""
+    if not str(path).strip():  # Path("") would be the current directory
+        raise CheckpointError(f"the checkpoint is {str(path)!r}: empty.", "Give a checkpoint file, e.g. "
+                              "RUN_DIR/checkpoints/last.pt.")
     path = Path(path)
     if not path.exists():
         raise CheckpointError(f"checkpoint {path} does not exist.", "Check the path; run dirs keep them in "
@@ -161,7 +165,7 @@ def read_file(path: str | Path, map_location: str | torch.device = "cpu") -> Any
     if path.stat().st_size == 0:
         raise CheckpointError(f"checkpoint {path} is empty (0 bytes): it was never completely written.")
     try:
-        return torch.load(path, map_location=map_location, weights_only=True)
+        obj = torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as err:
         code = re.search(r"GLOBAL (\S+)", str(err))
         if code:
@@ -176,6 +180,11 @@ def read_file(path: str | Path, map_location: str | torch.device = "cpu") -> Any
         reason = " ".join(str(err).split())[:200]
         raise CheckpointError(f"{path} is not a readable checkpoint (truncated or not a torch file: {reason}).",
                               "Use another checkpoint, e.g. RUN_DIR/checkpoints/last.pt.") from None
+    version = obj.get("mgpu_format") if isinstance(obj, dict) else None
+    if version is not None and not (isinstance(version, int) and version <= FORMAT_VERSION):
+        raise CheckpointError(f"{path} was written by a newer mgpu (checkpoint format {version!r}; this mgpu reads "
+                              f"format {FORMAT_VERSION}).", "Upgrade mgpu to use it.")
+    return obj
 
 
 def is_mgpu_checkpoint(obj: Any) -> bool:

@@ -27,7 +27,7 @@ from mgpucli.engine.rundir import prepare_run_dir
 from mgpucli.engine.sharded import load_sharded, save_sharded
 from mgpucli.engine.strategy import Wrapped
 from mgpucli.errors import UsageError
-from mgpucli.run_files import checkpoint_dir
+from mgpucli.run_files import check_start, checkpoint_dir
 
 
 @dataclass
@@ -77,17 +77,28 @@ class Checkpoints:
         self.best: float | None = None
         self.tracker_ids: Callable[[], dict[str, str]] | None = None  # rank 0's experiment trackers' run ids
 
-    def take_run_dir(self, resume: str | None, overwrite: bool) -> Path | None:
-        """Rank 0 takes (and creates) the run dir; every rank gets the same verdict and the same checkpoint to
-        resume from (None: a fresh start), so all fail or resume together."""
-        verdict: tuple = (None, None)  # (problem, checkpoint)
+    def check_run_dir(self, resume: str | None, overwrite: bool) -> Path | None:
+        """Whether the run may start in the run dir as asked (:func:`mgpucli.run_files.check_start`): rank 0 decides,
+        every rank gets the same verdict and the same checkpoint to resume from (None: a fresh start), so all fail or
+        resume together. Nothing is written yet: a checkpoint that turns out not to fit leaves the run dir as it was.
+        """
+        return self._agree("run-dir check", lambda: check_start(self.run_dir, resume, overwrite, self.sharded_format))
+
+    def take_run_dir(self, overwrite: bool) -> None:
+        """Rank 0 takes the run dir (creates it, writes the recipe; ``overwrite`` deletes the old checkpoints), once
+        :meth:`check_run_dir` allowed the start and any checkpoint to resume was loaded."""
+        self._agree("taking the run dir", lambda: prepare_run_dir(self.run_dir, overwrite, self.recipe_yaml))
+
+    def _agree(self, what: str, decide) -> Path | None:
+        """``decide()`` on rank 0, its result or its UsageError on every rank."""
+        verdict: tuple = (None, None)  # (problem, path)
         if self.runtime.is_main:
             try:
-                found = prepare_run_dir(self.run_dir, resume, overwrite, self.recipe_yaml, sharded=self.sharded_format)
+                found = decide()
                 verdict = (None, str(found) if found is not None else None)
             except UsageError as err:
                 verdict = ((err.message, err.hint), None)
-        with self.heartbeat.in_phase("setup: run-dir check (broadcast from rank 0)"):
+        with self.heartbeat.in_phase(f"setup: {what} (broadcast from rank 0)"):
             problem, found = collectives.broadcast_object(verdict, self.runtime)
         if problem:
             raise UsageError(*problem)

@@ -14,16 +14,14 @@ from typing import Any
 from mgpucli.engine.checkpoint import clean_stale_temps
 from mgpucli.engine.tbevents import ScalarWriter
 from mgpucli.errors import UsageError
-from mgpucli.run_files import METRICS, check_start, checkpoint_dir
+from mgpucli.run_files import METRICS, checkpoint_dir
 from mgpucli.trackers import STATE_FILE
 
 
-def prepare_run_dir(run_dir: str | Path, resume: str | None, overwrite: bool, recipe_yaml: str,
-                    sharded: bool = False) -> Path | None:
-    """Take the run dir for this run (the rule: :func:`mgpucli.run_files.check_start`), create it, write the
-    resolved recipe; returns the checkpoint to resume from (None: a fresh start)."""
+def prepare_run_dir(run_dir: str | Path, overwrite: bool, recipe_yaml: str) -> None:
+    """Take the run dir for this run, once the rule (:func:`mgpucli.run_files.check_start`) allowed it: create it,
+    delete the old checkpoints and metrics with ``overwrite``, write the resolved recipe."""
     path = Path(run_dir)
-    found = check_start(path, resume, overwrite, sharded)
     try:
         if overwrite:
             shutil.rmtree(checkpoint_dir(path), ignore_errors=True)
@@ -39,7 +37,6 @@ def prepare_run_dir(run_dir: str | Path, resume: str | None, overwrite: bool, re
             f"cannot create run dir {path}: {why}.",
             "Choose another location with run_dir=PATH (or fix the path/permissions).",
         ) from None
-    return found
 
 
 class MetricsWriter:

@@ -86,15 +86,17 @@ class Trainer:
         engine_state.seed_everything(self.cfg.seed + 1000 * runtime.rank + self.step)  # per-rank randomness
 
     def _take_run_dir(self) -> None:
-        """The run dir (rank 0 takes it), its records, the profiler window, and the checkpoint to resume from."""
-        found = self.checkpoints.take_run_dir(self.resume, self.overwrite)
-        run_dir = self.checkpoints.run_dir
-        self.profile = window_for(self.cfg.trainer.profile, self.total_steps, run_dir, self.runtime, self.reporter)
+        """The checkpoint to resume from, read before the run dir is touched (one that doesn't fit leaves it as it
+        was); then the run dir (rank 0 takes it), its records and the profiler window."""
+        found = self.checkpoints.check_run_dir(self.resume, self.overwrite)
         if found is not None:
             self._resumed = self.checkpoints.load(found, self.trained, self.position)
             sums = self._resumed.epoch_sums
             if sums is not None and len(sums) == len(self.task.stat_names):
                 self.intervals.epoch_sums = sums
+        self.checkpoints.take_run_dir(self.overwrite)
+        run_dir = self.checkpoints.run_dir
+        self.profile = window_for(self.cfg.trainer.profile, self.total_steps, run_dir, self.runtime, self.reporter)
         runtime = self.runtime
         tags = {"world_size": str(runtime.world_size), "device": runtime.device.type,
                 "strategy": self.trained.model.strategy}
@@ -166,6 +168,7 @@ class Trainer:
         ``batches`` one at a time (gradients synchronised on the last one only; an epoch's last, partial
         accumulation still steps), then the optimizer step and the log interval's bookkeeping. Returns False, having
         done nothing, when ``batches`` is exhausted."""
+        self.heartbeat.phase = "loading a batch"  # an attribute set: what a rank stalled here was doing
         batch = next(batches, None)
         if batch is None:
             return False

@@ -20,7 +20,7 @@ from mgpucli.config.targets import TOP_COMPONENTS
 from mgpucli.config.trust import require_trusted
 from mgpucli.engine.checkpoint import is_mgpu_checkpoint, read_file
 from mgpucli.engine.state import load_model_state
-from mgpucli.errors import CheckpointError, UsageError
+from mgpucli.errors import CheckpointError, RecipeError, UsageError
 
 
 @dataclass
@@ -79,10 +79,14 @@ def resolve_recipe(info: dict[str, Any], path: str, overrides: list[str], recipe
     with tempfile.TemporaryDirectory(prefix="mgpu-ckpt-recipe-") as tmp:
         stored = Path(tmp) / "checkpoint_recipe.yaml"
         stored.write_text(info["recipe_text"])
-        cfg = load_recipe(stored, overrides)
+        try:
+            cfg = load_recipe(stored, overrides)
+        except RecipeError as err:  # named after the checkpoint, not the temporary file it was composed from
+            raise RecipeError(f"stored in {path}", err.problems, err.hint or (
+                "Fix the overrides, or give the recipe the checkpoint was trained with: --recipe RECIPE.")) from None
     if not trust_recipe:
         require_trusted(cfg, list(TOP_COMPONENTS), path)
-    check_recipe(cfg, f"the recipe stored in {path}", trackers=None)
+    check_recipe(cfg, f"stored in {path}", trackers=None)
     return cfg
 
 

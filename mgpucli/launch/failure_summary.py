@@ -8,6 +8,7 @@ import os
 import re
 
 from mgpucli.errors import EXIT_USAGE
+from mgpucli.run_records import stacks
 from mgpucli.run_records.first_failure import RankFailure, all_refused
 from mgpucli.run_records.launch_record import Attempt
 
@@ -72,5 +73,11 @@ def summarize(failures: list[RankFailure], attempt: Attempt, total_attempts: int
     others = [f"rank {f.rank} ({f.describe()})" for f in failures if f is not first]
     if others:
         out.append(f"  also stopped: {', '.join(others)}")
+    since = first.time - 60 if first.time is not None else None  # dumps asked for at this failure, not earlier
+    dumps = stacks.dumps_of({rank: stacks.stacks_path(files.error_file) for rank, files in attempt.ranks.items()
+                             if files.error_file and rank != first.rank}, since=since)
+    if dumps:
+        out.append("  where the other ranks were when it failed (their Python stacks, stacks.txt beside their logs):")
+        out += [f"    {stacks.describe(rank, dump)}" for rank, dump in dumps.items()]
     out.append(f"  all logs: {attempt.dir or '(none)'}; index: {launch_json}")
     return "\n".join(out)

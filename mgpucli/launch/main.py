@@ -239,6 +239,8 @@ def launch(opts: LaunchOptions, dry_run: bool = False) -> int:
     from mgpucli.console import err_console
     from mgpucli.heap import postpone_full_gc, resume_full_gc
 
+    if opts.stall_s is not None and not opts.stall_s > 0:
+        raise UsageError(f"--stall-s {opts.stall_s:g}: must be a number of seconds > 0.", "Example: --stall-s 300.")
     postpone_full_gc()  # until the workers start: see mgpucli/heap.py
     try:
         plan, cfg = _prepare(opts, claim_run_dir=not dry_run)
@@ -265,8 +267,9 @@ def launch(opts: LaunchOptions, dry_run: bool = False) -> int:
     resume_gc_timer.daemon = True
     resume_gc_timer.start()
     record = LaunchRecord(_record_path(plan), record_header(plan, opts), final_path=plan.launch_json)
-    code = run_plan(plan, record, live=sys.stderr.isatty(), show_rank=opts.show_rank)
-    if record.data["result"].get("status") == "failed":  # end the summary with the post-mortem (mgpu doctor RUN_DIR)
+    stall_s = opts.stall_s if opts.stall_s is not None else (cfg.trainer.stall_s if cfg is not None else None)
+    code = run_plan(plan, record, live=sys.stderr.isatty(), show_rank=opts.show_rank, stall_s=stall_s)
+    if record.data["result"].get("status") in ("failed", "stalled"):  # end with the post-mortem (mgpu doctor RUN_DIR)
         from mgpucli.postmortem import after_launch_failure
 
         after_launch_failure(os.path.dirname(record.path) if not record.promoted else plan.run_dir)

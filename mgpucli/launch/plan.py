@@ -32,6 +32,7 @@ from mgpucli.errors import UsageError
 from mgpucli.launch.ports import check_port_number, port_problem, require_free_port
 from mgpucli.launch.script import ScriptTarget
 from mgpucli.launch.slurm import SlurmInfo, read_slurm
+from mgpucli.run_files import unwritable
 
 WORKER_MODULE = "mgpucli.launch.worker"
 DEFAULT_STATIC_PORT = 29500  # torchrun's own default for a static rendezvous
@@ -65,6 +66,7 @@ class LaunchOptions:
     run_dir: str | None = None  # a script's run dir (a recipe's is its run_dir value)
     local_rank_arg: bool = False  # a script: pass it --local_rank=N (the spelling is script.local_rank_flag)
     show_rank: str | None = None  # the local rank whose output is shown ("all": every rank's); default 0
+    stall_s: float | None = None  # stop a job whose rank makes no progress this long (default: trainer.stall_s)
     probe_steps: int | None = None  # the workers run the fit probe (mgpu train --probe) instead of training
     probe_result: str | None = None  # where rank 0 writes the probe's report
     audit: bool = False  # a script: every worker runs it with mgpu's checks (mgpucli.audit)
@@ -366,6 +368,9 @@ def build_plan(
         notes.append(f"SLURM job {slurm.job_id}: {nnodes} nodes, {where}, rendezvous at {endpoint}.")
     if opts.max_restarts:
         args += ["--max-restarts", str(opts.max_restarts)]
+    if opts.log_dir and (problem := unwritable(os.path.abspath(opts.log_dir))):  # torch's agent: a traceback
+        raise UsageError(f"--log-dir {opts.log_dir}: {problem}.", "Give a directory (created if missing), or leave "
+                         "--log-dir out for RUN_DIR/logs.")
     tee = _tee(opts.show_rank, nproc)
     run_dir = facts.run_dir
     if not run_dir:  # named last: every check above has passed

@@ -39,8 +39,10 @@ from mgpucli.launch.live_view import LiveView
 from mgpucli.launch.parent_watch import LAUNCH_PID_ENV
 from mgpucli.launch.plan import LaunchPlan
 from mgpucli.launch.restart import stop_reason
+from mgpucli.launch.stall_watch import Stall, StallWatch
 from mgpucli.proctree import kill_children
 from mgpucli.run_files import METRICS, last_checkpoint
+from mgpucli.run_records import stacks
 from mgpucli.run_records.first_failure import all_refused, collect, failure_records, job_exit_code, preempted
 from mgpucli.run_records.launch_record import LaunchRecord, build_attempt
 
@@ -162,7 +164,22 @@ def _failure_code(failures: list, script: bool) -> int:
     return EXIT_USAGE if all_refused(failures) else EXIT_FAILED
 
 
-def run_plan(plan: LaunchPlan, record: LaunchRecord, live: bool = False, show_rank: str | None = None) -> int:
+def _stalled(found: Stall, stall_s: float, attempt, record: LaunchRecord) -> int:
+    """A rank stopped making progress: the workers were stopped after their stacks were taken."""
+    record.set_result("stalled", EXIT_FAILED, stall={**found.to_json(), "stall_s": stall_s},
+                      first_failed_rank=found.rank, attempts=len(record.attempts))
+    dumps = stacks.dumps_of({rank: stacks.stacks_path(files.error_file) for rank, files in attempt.ranks.items()
+                             if files.error_file})
+    lines = [f"{found.describe(stall_s)}; the job was stopped.",
+             "  where every rank was (their Python stacks, stacks.txt beside their logs):",
+             *[f"    {stacks.describe(rank, dump)}" for rank, dump in dumps.items()],
+             f"  all logs: {attempt.dir or '(none)'}; index: {record.path}"]
+    print_error("\n".join(lines))
+    return EXIT_FAILED
+
+
+def run_plan(plan: LaunchPlan, record: LaunchRecord, live: bool = False, show_rank: str | None = None,
+             stall_s: float | None = None) -> int:
     """Start the job, wait for it, report; returns the exit code for ``mgpu launch``. ``live``: this process shows
     rank 0's output (or ``show_rank``'s: a local rank, or "all") itself, under a progress bar for a recipe (a
     terminal: :mod:`mgpucli.launch.live_view`) instead of torch's ``--tee``."""
@@ -194,6 +211,9 @@ def run_plan(plan: LaunchPlan, record: LaunchRecord, live: bool = False, show_ra
     promoter.start()
     if view is not None:
         view.start()
+    stall = StallWatch(record, stall_s, kill_children) if stall_s else None  # trainer.stall_s / --stall-s
+    if stall is not None:
+        stall.start()
     audit = _audit_watch(plan, record)
     start = time.monotonic()
     try:
@@ -203,6 +223,8 @@ def run_plan(plan: LaunchPlan, record: LaunchRecord, live: bool = False, show_ra
         finally:
             handler.active = False
             promoter.finish()
+            if stall is not None:
+                stall.finish()
             if view is not None:
                 view.finish()
                 with contextlib.suppress(OSError, KeyError):
@@ -217,6 +239,8 @@ def run_plan(plan: LaunchPlan, record: LaunchRecord, live: bool = False, show_ra
             print_error(str(err))
             return EXIT_FAILED
         attempt = record.attempts[-1]
+        if stall is not None and stall.stall is not None:
+            return _stalled(stall.stall, stall_s, attempt, record)
         found = collect(attempt, {rank: f.exitcode for rank, f in err.failures.items()})
         first = found[0].rank if found else None
         code = _failure_code(found, script)

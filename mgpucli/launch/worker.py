@@ -31,10 +31,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol
 
-from mgpucli.errors import EXIT_PREEMPTED, Preempted, UsageError
+from mgpucli.errors import EXIT_PREEMPTED, EXIT_USAGE, Preempted, UsageError
 from mgpucli.launch import parent_watch, progress_file, restart
 from mgpucli.launch.script_job import USAGE as SCRIPT_USAGE
 from mgpucli.launch.script_job import ScriptJob
+from mgpucli.run_records import stacks
 from mgpucli.run_records.worker_records import (
     ERROR_FILE_ENV,
     FailureRecord,
@@ -202,12 +203,15 @@ def _run(args: list[str]) -> None:
 def main(argv: list[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
     parent_watch.install_parent_watch()
+    stacks.install(os.environ.get(ERROR_FILE_ENV))  # SIGUSR2: every thread's stack into stacks.txt
     try:
         _run(args)
     except SystemExit as exc:
         code = _exit_code(exc)
         if code not in (0, None):
             _record_failure(exc)
+            if code not in (EXIT_USAGE, EXIT_PREEMPTED):  # a failure: where were the others?
+                stacks.request_siblings(os.environ.get(ERROR_FILE_ENV))
         if code == EXIT_PREEMPTED:
             _exit_through_signals()
         raise
@@ -215,6 +219,7 @@ def main(argv: list[str] | None = None) -> None:
         raise  # the agent forwarded Ctrl-C: not a failure of this worker
     except BaseException as exc:
         _record_failure(exc)
+        stacks.request_siblings(os.environ.get(ERROR_FILE_ENV))
         raise
 
 

@@ -8,6 +8,8 @@ sharded checkpoint (``last.dcp``, a directory) keeps the same dict in its ``meta
 
 A file that is not a complete zip (truncated, or not a checkpoint) reads as None: the atomic writes of the
 checkpoint module never leave such a file under a final name, so a checkpoint that reads here is complete.
+``resume_problem`` says why a file given to ``--resume`` is no checkpoint to continue from, the same way: the
+launcher and ``--check`` refuse it before anything starts, and rank 0 before it touches the run dir.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import Any
 
 MAX_PICKLE_BYTES = 64 * 1024 * 1024  # a data.pkl past this is not one of mgpu's (they hold no tensor bytes)
 SHARDED_META = "meta.pt"  # mgpucli.engine.sharded.META
+FORMAT_VERSION = 1  # mgpucli.engine.checkpoint.FORMAT_VERSION: the newest format this mgpu reads
 
 
 @dataclass(frozen=True)
@@ -71,25 +74,60 @@ class _NoCodeUnpickler(pickle.Unpickler):
 def read_checkpoint_info(path: str) -> CheckpointInfo | None:
     """The step (and epoch) of the mgpu checkpoint at ``path`` (a file, or a sharded checkpoint's directory);
     None when it is missing, incomplete, or not one of mgpu's."""
-    target = os.path.join(path, SHARDED_META) if os.path.isdir(path) else path
-    try:
-        with zipfile.ZipFile(target) as archive:
-            entry = next((i for i in archive.infolist() if i.filename.rsplit("/", 1)[-1] == "data.pkl"), None)
-            if entry is None or entry.file_size > MAX_PICKLE_BYTES:
-                return None
-            data = archive.read(entry)
-    except (OSError, zipfile.BadZipFile, zipfile.LargeZipFile, RuntimeError, ValueError, EOFError):
-        return None
-    try:
-        payload = _NoCodeUnpickler(io.BytesIO(data)).load()
-    except Exception:  # noqa: BLE001 - any malformed pickle means "not a readable checkpoint", nothing more
-        return None
+    payload = _payload(path)
     if not isinstance(payload, dict) or "mgpu_format" not in payload or not _is_int(payload.get("step")):
         return None
     epoch, mid, world = payload.get("epoch"), payload.get("mid_epoch"), payload.get("world_size")
     return CheckpointInfo(path=path, step=payload["step"], epoch=epoch if _is_int(epoch) else None,
                           mid_epoch=mid if isinstance(mid, bool) else None,
                           world_size=world if _is_int(world) else None)
+
+
+def resume_problem(path: str) -> str | None:
+    """Why the checkpoint at ``path`` (an existing file or directory) cannot be resumed, read without torch and
+    without running anything from the file; None when it is a complete mgpu checkpoint this mgpu reads."""
+    sharded = os.path.isdir(path)
+    if sharded and not os.path.isfile(os.path.join(path, SHARDED_META)):
+        return f"{path} is a directory without {SHARDED_META}: not a sharded mgpu checkpoint"
+    target = os.path.join(path, SHARDED_META) if sharded else path
+    if os.path.getsize(target) == 0:
+        return f"{target} is empty (0 bytes): it was never completely written"
+    payload = _payload(path)
+    if payload is _UNREADABLE:
+        return f"{target} is not a checkpoint file that torch.save wrote (truncated, or another kind of file)"
+    if not isinstance(payload, dict) or "mgpu_format" not in payload:
+        return (f"{target} is not an mgpu checkpoint (none of mgpu's fields in it: a plain state_dict, or another "
+                "program's file), so it cannot be resumed")
+    version = payload["mgpu_format"]
+    if not _is_int(version) or version > FORMAT_VERSION:
+        return (f"{target} was written by a newer mgpu (checkpoint format {version!r}; this mgpu reads format "
+                f"{FORMAT_VERSION}): upgrade mgpu to resume it")
+    needed = ("step", "epoch") if sharded else ("step", "epoch", "model", "optimizer")
+    missing = [key for key in needed if key not in payload]
+    if missing or not _is_int(payload["step"]) or not _is_int(payload["epoch"]):
+        what = f"has no {', '.join(missing)}" if missing else "holds a step or epoch that is not a number"
+        return f"{target} {what}: not a complete mgpu checkpoint (edited, or written by another program)"
+    return None
+
+
+_UNREADABLE = object()  # what _payload returns for a file that is not a torch zip with a readable data.pkl
+
+
+def _payload(path: str) -> Any:
+    """The dict a checkpoint pickles (placeholders for every object it names), or _UNREADABLE."""
+    target = os.path.join(path, SHARDED_META) if os.path.isdir(path) else path
+    try:
+        with zipfile.ZipFile(target) as archive:
+            entry = next((i for i in archive.infolist() if i.filename.rsplit("/", 1)[-1] == "data.pkl"), None)
+            if entry is None or entry.file_size > MAX_PICKLE_BYTES:
+                return _UNREADABLE
+            data = archive.read(entry)
+    except (OSError, zipfile.BadZipFile, zipfile.LargeZipFile, RuntimeError, ValueError, EOFError):
+        return _UNREADABLE
+    try:
+        return _NoCodeUnpickler(io.BytesIO(data)).load()
+    except Exception:  # noqa: BLE001 - any malformed pickle means "not a readable checkpoint", nothing more
+        return _UNREADABLE
 
 
 def _is_int(value: Any) -> bool:

@@ -20,6 +20,7 @@ from mgpucli.postmortem.lines import LogLine
 from mgpucli.postmortem.matchers import Match, explain, signal_fix
 from mgpucli.postmortem.reader import RankRun, RunRecord, rank_runs, read_run, steps_per_epoch
 from mgpucli.postmortem.report import Failure, Preemption, Report, fate, verdict
+from mgpucli.run_records import stacks
 from mgpucli.run_records.first_failure import RankFailure, collect
 from mgpucli.run_records.launch_record import Attempt
 from mgpucli.run_records.worker_records import FailureRecord
@@ -219,8 +220,34 @@ def diagnose_run(run_dir: str) -> Report:
             report.first_failure = None
     elif status == "stopped" and (report.first_failure is None or not report.first_failure.match.cause):
         report.first_failure = _stopped(run)
+    if status == "stalled" and run.attempts:
+        report.first_failure = _stalled(run)
+        report.stacks = stacks.dumps_of({rank: stacks.stacks_path(files.error_file) for rank, files in
+                                         run.attempts[-1].ranks.items() if files.error_file})
+    elif report.first_failure is not None and run.attempts:
+        report.stacks = _stacks_at_failure(run.attempts[-1], report.first_failure)
     report.verdict = verdict(report, run, status)
     return report
+
+
+def _stacks_at_failure(attempt: Attempt, first: Failure) -> dict:
+    """The other ranks' stacks, asked for by the failing rank before teardown (run_records/stacks.py)."""
+    since = first.time - 60 if first.time is not None else None
+    return stacks.dumps_of({rank: stacks.stacks_path(files.error_file) for rank, files in attempt.ranks.items()
+                            if files.error_file and rank != first.rank}, since=since)
+
+
+def _stalled(run: RunRecord) -> Failure:
+    """mgpu launch stopped the job: a rank made no progress for trainer.stall_s / --stall-s seconds."""
+    stall = run.result.get("stall") or {}
+    rank = stall.get("rank")
+    title = (f"rank {rank} made no progress for {stall.get('seconds')} s (stall_s={stall.get('stall_s')}): still at "
+             f"step {stall.get('step')} in '{stall.get('phase')}'")
+    fix = ("The stacks below show where each rank was: the stalled rank's innermost frame of your code is where it "
+           "was stuck (a read that never answers, a lock, a rank that took another branch). If it was legitimately "
+           "busy there (a long validation or save), raise stall_s.")
+    match = Match("stalled", title, rank, [], fix, details=stall)
+    return Failure(rank, None, run.attempts[-1].attempt, match, step=stall.get("step"), step_source="heartbeat")
 
 
 def _stopped(run: RunRecord) -> Failure:

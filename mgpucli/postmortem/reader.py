@@ -23,7 +23,7 @@ from mgpucli.postmortem.lines import LogLine, parse, read_log
 from mgpucli.run_records.audit_records import AUDIT_JSON, findings_path, from_rank_files, read_audit
 from mgpucli.run_records.first_failure import failure_record_of
 from mgpucli.run_records.json_files import read_json_object
-from mgpucli.run_records.launch_record import LAUNCH_JSON, Attempt, RankFiles
+from mgpucli.run_records.launch_record import LAUNCH_JSON, Attempt, RankFiles, record_problem
 from mgpucli.run_records.worker_records import FailureRecord, read_error_file, record_path
 from mgpucli.trackers import read_state
 
@@ -92,6 +92,9 @@ class RunRecord:
 
 def read_run(path: str) -> RunRecord:
     """Read ``path`` (a run dir, or its launch.json); UsageError (exit 2) when it is not a run directory."""
+    if not path.strip():  # an unset shell variable, usually: it would read the current directory
+        raise UsageError(f"RUN_DIR is {path!r}: empty.", "Give the run directory of a `mgpu launch` run, e.g. "
+                         "mgpu doctor runs/quickstart (the run_dir of its recipe).")
     if os.path.isfile(path) and not re.fullmatch(r"launch(\.node\d+)?\.json", os.path.basename(path)):
         raise UsageError(f"{path} is a file, not a run directory.", "Give the directory `mgpu launch` trained into "
                          "(its recipe's run_dir, e.g. runs/quickstart), or its launch.json.")
@@ -112,6 +115,14 @@ def read_run(path: str) -> RunRecord:
     if records[0] is None:
         raise UsageError(f"{paths[0]} cannot be read as JSON (truncated or not written by mgpu launch).",
                          "Give the run directory of a `mgpu launch` run.")
+    for where, record in zip(paths, records, strict=True):
+        problem = record_problem(record) if record is not None else None
+        if problem:
+            written = f" (written by mgpu {record['mgpu_version']})" if isinstance(record.get("mgpu_version"),
+                                                                                  str) else ""
+            raise UsageError(f"{where} is no launch record mgpu doctor can read{written}: {problem}.",
+                             "Give the run directory of a `mgpu launch` run, with its launch.json as mgpu launch "
+                             "wrote it (edited by hand, it may no longer read).")
     launch = records[0]
     recorded_root = str(launch.get("run_dir") or run_dir)
     attempts = _merge_attempts([r for r in records if r], run_dir, recorded_root)

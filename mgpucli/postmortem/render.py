@@ -6,6 +6,7 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from mgpucli.postmortem.report import Failure, Report, fate, short_path
+from mgpucli.run_records import stacks
 from mgpucli.run_records.json_files import write_json
 from mgpucli.run_records.launch_record import POSTMORTEM_JSON
 
@@ -92,6 +93,12 @@ def render(report: Report, console: Console | None = None, compact: bool = False
                 room = max(100, min(MAX_TEXT, console.width - len(line.cite()) - 7))
                 console.print(Text(f"    {line.cite()}  ", style="dim") + Text(_short(line.text, room)))
         console.print(Text("  fix: ", style="bold cyan") + Text(f.match.fix, style="cyan"))
+    if report.stacks:
+        what = "where the ranks were" if f is not None and f.match.signature == "stalled" else \
+            "where the other ranks were when it failed"
+        console.print(Text(f"  {what} (their stacks):", style="bold"))
+        for rank, dump in sorted(report.stacks.items()):
+            console.print(Text(f"    {stacks.describe(rank, dump)}"))
     if compact:
         return
     if report.others:
@@ -114,7 +121,8 @@ def render(report: Report, console: Console | None = None, compact: bool = False
     for line, style in audit_lines(report.audit):
         console.print(Text(line, style=style))
     if report.logs:
-        console.print(Text(f"  logs: {report.logs}", style="dim"))
+        gone = "" if os.path.exists(report.logs) else " (gone: deleted or moved; read from launch.json alone)"
+        console.print(Text(f"  logs: {report.logs}{gone}", style="dim"))
 
 
 def tracker_lines(trackers: dict[str, dict[str, Any]]) -> list[tuple[str, bool]]:

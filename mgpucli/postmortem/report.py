@@ -79,6 +79,7 @@ class Report:
     launch_json: str | None = None
     preemption: Preemption | None = None
     trackers: dict[str, dict[str, Any]] = field(default_factory=dict)  # W&B/MLflow runs (trackers.json)
+    stacks: dict[int, Any] = field(default_factory=dict)  # rank -> its stacks dump (run_records.stacks.Dump)
     audit: dict[str, Any] | None = None  # mgpu launch --audit's findings (audit.json); None: not audited
 
     @property
@@ -106,6 +107,7 @@ class Report:
             "last_metrics": {"train": self.last_train, "val": self.last_val},
             "checkpoint": self.checkpoint, "resume_command": self.resume_command, "logs": self.logs,
             "launch_json": self.launch_json, "trackers": self.trackers, "audit": self.audit,
+            "stacks": {str(rank): dump.to_json() for rank, dump in sorted(self.stacks.items())},
             "diagnosed_at": _iso(time.time()),
         }
 
@@ -139,6 +141,8 @@ def verdict(report: Report, run: RunRecord, status: str) -> str:
     f = report.first_failure
     if status == "preempted" and f is None and report.preemption is not None:
         return _preempted_verdict(where, report.preemption, report.checkpoint)
+    if status == "stalled" and f is not None:
+        return f"{where} was stopped by mgpu launch: {f.match.title}."
     what = {"failed": "failed", "stopped": "was stopped", "preempted": "was preempted", "launcher_gone":
             "did not finish: the launcher stopped without recording a result (killed, or the machine went down)"}
     head = f"{where} {what.get(status, 'did not finish')}"

@@ -159,3 +159,56 @@ class LaunchRecord:
     def _write(self) -> None:
         os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
         write_json(self.path, self.data, indent=2)
+
+
+# The shape of what mgpu launch writes, as far as ``mgpu doctor RUN_DIR`` reads it: a type, [item shape],
+# {key: shape} ({"*": shape} for any key, which must then be a rank number), or {} for any mapping. A field may be
+# null, or absent but for attempts and result.
+_RANK_FILES = {"rank": int, "local_rank": int, "stdout": str, "stderr": str, "error_file": str}
+_SHAPE = {
+    "mgpu_version": str, "argv": [str], "cwd": str, "run_dir": str, "log_dir": str, "nnodes": int, "overrides": [str],
+    "devices": {"nproc_per_node": int}, "rendezvous": {}, "env": {},
+    "attempts": [{"attempt": int, "dir": str, "ranks": {"*": _RANK_FILES}}],
+    "result": {"status": str, "exitcodes": {"*": int}},
+}
+_JSON_NAMES = {str: "a string", int: "a number", list: "a list", dict: "an object"}
+
+
+def record_problem(data: Mapping[str, Any]) -> str | None:
+    """Why ``data`` (the JSON object in a launch.json) is no launch record that ``mgpu doctor`` can read: none of
+    mgpu launch's fields, or a field of another shape (edited by hand, or written by another program); else None."""
+    if not any(key in data for key in ("mgpu_version", "argv", "attempts")):
+        return "it holds none of the fields mgpu launch writes (mgpu_version, argv, attempts)"
+    missing = [key for key in ("attempts", "result") if key not in data]  # written from the first write on
+    if missing:
+        return f"it has no {' and no '.join(missing)}, which mgpu launch writes from its start on"
+    return _shape_problem(data, _SHAPE, "")
+
+
+def _shape_problem(value: Any, shape: Any, where: str) -> str | None:
+    if value is None:
+        return None
+    if isinstance(shape, type):
+        if isinstance(value, shape) and not (shape is int and isinstance(value, bool)):
+            return None
+        return f"its field {where} is {_json_name(value)}, where mgpu launch writes {_JSON_NAMES[shape]}"
+    kind = list if isinstance(shape, list) else dict
+    if not isinstance(value, kind):
+        return f"its field {where} is {_json_name(value)}, where mgpu launch writes {_JSON_NAMES[kind]}"
+    if isinstance(shape, list):
+        items: Iterable[tuple[str, Any, Any]] = ((f"{where}[{i}]", item, shape[0]) for i, item in enumerate(value))
+    elif "*" in shape:
+        bad = next((key for key in value if not str(key).lstrip("-").isdigit()), None)
+        if bad is not None:
+            return f"its field {where} has the key {bad!r}, where mgpu launch writes rank numbers"
+        items = ((f"{where}.{key}", item, shape["*"]) for key, item in value.items())
+    else:
+        items = ((f"{where}.{key}".lstrip("."), value.get(key), sub) for key, sub in shape.items())
+    return next((p for p in (_shape_problem(v, s, w) for w, v, s in items) if p), None)
+
+
+def _json_name(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true/false"
+    return next((name for kind, name in _JSON_NAMES.items() if isinstance(value, kind)),
+                "a number" if isinstance(value, float) else type(value).__name__)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import faulthandler
+import glob
 import linecache
 import os
 import re
@@ -171,3 +172,51 @@ def user_frame(thread: ThreadStack) -> Frame | None:
 def waiting_frame(thread: ThreadStack) -> Frame | None:
     """The innermost frame of any code: where the thread is waiting (a collective, a lock, a read)."""
     return thread.frames[0] if thread.frames else None
+
+
+def request_siblings(error_file: str | None, wait_s: float = 3.0) -> list[str]:
+    """From a failing worker, before it exits: ask the other live workers of its attempt on this node (whose
+    stacks files name their pids) for their stacks, so the post-mortem shows where they were, stuck or waiting,
+    before torch's agent tears them down. Returns the files asked."""
+    if not error_file:
+        return []
+    attempt_dir = os.path.dirname(os.path.dirname(error_file))
+    mine = os.path.dirname(error_file)
+    targets = []
+    for rank_dir in sorted(glob.glob(os.path.join(attempt_dir, "*"))):
+        path = os.path.join(rank_dir, STACKS_NAME)
+        pid = read_pid(path) if rank_dir != mine else None
+        if pid is not None and pid != os.getpid() and _alive(pid):
+            targets.append((pid, path))
+    if targets:
+        request([pid for pid, _ in targets], [path for _, path in targets], wait_s)
+    return [path for _, path in targets]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
+
+
+def dumps_of(stacks_files: dict[int, str], since: float | None = None) -> dict[int, Dump]:
+    """rank -> its latest dump, for ranks whose stacks file holds one (written after ``since`` when given)."""
+    found = {}
+    for rank, path in sorted(stacks_files.items()):
+        dump = parse(path)
+        if dump is not None and (since is None or (dump.time or 0) >= since):
+            found[rank] = dump
+    return found
+
+
+def describe(rank: int, dump: Dump) -> str:
+    """``rank 1 was in data.py:12 in __getitem__: time.sleep(3600)`` (its innermost frame of the user's code), or
+    where it was waiting when none of its frames is the user's."""
+    main = dump.main
+    frame = user_frame(main) if main else None
+    if frame is not None:
+        return f"rank {rank} was at {frame.cite()}"
+    waiting = waiting_frame(main) if main else None
+    return f"rank {rank} was waiting at {waiting.cite()}" if waiting else f"rank {rank}: no Python frame in its dump"

@@ -21,6 +21,7 @@ from mgpucli.run_records.json_files import read_json_object, write_json
 RECORD_NAME = "mgpu_failure.json"
 STARTED_NAME = "mgpu_started"  # a worker's mark that its training started (set-up done, run dir taken)
 ERROR_FILE_ENV = "TORCHELASTIC_ERROR_FILE"  # where torch's agent wants this worker's error file
+PROGRESS_NAME = "mgpu_progress.json"  # the rank's step and phase, rewritten every second by its heartbeat
 
 # A non-finite loss comes back on every retry from the same checkpoint: retrying only burns restarts.
 _NAN = re.compile(r"\b(nan|non-finite|not finite)\b", re.IGNORECASE)
@@ -98,6 +99,17 @@ def mark_started(environ: Mapping[str, str] | None = None) -> None:
 def started(error_file: str) -> bool:
     """Whether the worker whose error file is ``error_file`` marked its training as started."""
     return bool(error_file) and os.path.exists(os.path.join(os.path.dirname(error_file), STARTED_NAME))
+
+
+def progress_path(error_file: str) -> str:
+    """Where a worker's heartbeat writes its progress: beside its error file."""
+    return os.path.join(os.path.dirname(error_file), PROGRESS_NAME)
+
+
+def read_progress(error_file: str) -> dict | None:
+    """The worker's last ``{step, phase, time}`` (None when it wrote none yet)."""
+    data = read_json_object(progress_path(error_file)) if error_file else None
+    return data if data is not None and "step" in data else None
 
 
 def write_record(path: str, record: FailureRecord) -> None:

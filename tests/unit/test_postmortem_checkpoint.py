@@ -68,3 +68,11 @@ def test_nothing_in_the_file_runs(tmp_path: Path):
     info = read_checkpoint_info(str(path))
     assert info is not None and info.step == 5
     assert not marker.exists()
+
+
+def test_the_resume_check_reads_the_format_the_engine_writes():
+    from mgpucli.engine.checkpoint import FORMAT_VERSION
+    from mgpucli.engine.sharded import META
+    from mgpucli.postmortem import checkpoint_peek
+
+    assert (checkpoint_peek.FORMAT_VERSION, checkpoint_peek.SHARDED_META) == (FORMAT_VERSION, META)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from mgpucli.errors import UsageError
 from mgpucli.run_files import check_start, holds_a_run, unwritable
@@ -10,7 +11,13 @@ from mgpucli.run_files import check_start, holds_a_run, unwritable
 
 def _with_checkpoint(run_dir, name="last.pt"):
     (run_dir / "checkpoints").mkdir(parents=True)
-    (run_dir / "checkpoints" / name).write_bytes(b"x")
+    _checkpoint(run_dir / "checkpoints" / name)
+
+
+def _checkpoint(path, **fields):
+    """A file shaped like mgpu's checkpoints (what the resume check reads), written by torch.save."""
+    payload = {"mgpu_format": 1, "step": 4, "epoch": 1, "model": {"w": torch.zeros(2)}, "optimizer": {}, **fields}
+    torch.save({k: v for k, v in payload.items() if v is not None}, path)
 
 
 def test_a_new_or_empty_run_dir_is_a_fresh_start(tmp_path):
@@ -33,12 +40,46 @@ def test_checkpoints_without_resume_or_overwrite_are_refused_with_the_fixes(tmp_
 def test_only_other_checkpoints_still_refuse_a_fresh_start(tmp_path):
     _with_checkpoint(tmp_path, "best.pt")  # --resume auto finds no last.pt: it would start afresh over best.pt
     with pytest.raises(UsageError, match="already holds checkpoints"):
+        check_start(tmp_path, None, False)
+    with pytest.raises(UsageError, match=r"--resume auto continues from .*last.pt, which does not exist; run dir "
+                       r".* holds best.pt \(trainer.checkpoint_format=full\)") as err:
         check_start(tmp_path, "auto", False)
+    assert "--resume PATH" in err.value.hint and "--overwrite" in err.value.hint
 
 
 def test_sharded_runs_resume_their_checkpoint_directory(tmp_path):
-    (tmp_path / "checkpoints" / "last.dcp").mkdir(parents=True)
+    (tmp_path / "checkpoints" / "step-00000004.dcp").mkdir(parents=True)
+    _checkpoint(tmp_path / "checkpoints" / "step-00000004.dcp" / "meta.pt", model=None, optimizer=None)
+    (tmp_path / "checkpoints" / "last.dcp").symlink_to("step-00000004.dcp")
     assert check_start(tmp_path, "auto", False, sharded=True) == tmp_path / "checkpoints" / "last.dcp"
+
+
+def test_a_sharded_runs_link_to_a_deleted_step_is_named(tmp_path):
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "checkpoints" / "last.dcp").symlink_to("step-00000010.dcp")
+    with pytest.raises(UsageError, match=r"continues from .*last.dcp \(a link to step-00000010.dcp, which is gone\)"):
+        check_start(tmp_path, "auto", False, sharded=True)
+    with pytest.raises(UsageError, match=r"no such checkpoint \(a link to step-00000010.dcp, which is gone\)"):
+        check_start(tmp_path, str(tmp_path / "checkpoints" / "last.dcp"), False, sharded=True)
+
+
+@pytest.mark.parametrize("fields, problem", [
+    ({"mgpu_format": None}, "is not an mgpu checkpoint"),
+    ({"mgpu_format": 2}, "was written by a newer mgpu (checkpoint format 2; this mgpu reads format 1)"),
+    ({"optimizer": None}, "has no optimizer: not a complete mgpu checkpoint"),
+    ({"step": "4"}, "holds a step or epoch that is not a number"),
+])
+def test_a_resume_checkpoint_is_read_before_anything_starts(tmp_path, fields, problem):
+    _checkpoint(tmp_path / "c.pt", **fields)
+    with pytest.raises(UsageError) as err:
+        check_start(tmp_path / "run", str(tmp_path / "c.pt"), False)
+    assert problem in err.value.message and "start afresh without --resume" in err.value.hint
+    (tmp_path / "empty.pt").write_bytes(b"")
+    with pytest.raises(UsageError, match="is empty"):
+        check_start(tmp_path / "run", str(tmp_path / "empty.pt"), False)
+    with pytest.raises(UsageError, match="--resume is empty"):
+        check_start(tmp_path / "run", "", False)
+    assert not (tmp_path / "run").exists()
 
 
 def test_a_missing_resume_target_and_resume_with_overwrite_are_refused(tmp_path):

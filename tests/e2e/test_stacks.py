@@ -1,0 +1,91 @@
+"""Where a stuck rank is stuck: its Python stack, asked for before teardown, in the launch summary and the post-mortem;
+and `mgpu doctor RUN_DIR --stacks` on a running job. Real launches, 2 CPU workers (gloo)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tests.e2e.test_launch import Launch, run_launch, tag, wait_for_training  # noqa: F401 - tag is a fixture
+from tests.procs import REPO, mgpu
+
+BLOCKING = '''
+import os
+import time
+
+import torch
+from torch.utils.data import Dataset
+
+
+class Blocking(Dataset):
+    def __init__(self, num_samples=512, num_features=32, num_classes=4, **_):
+        gen = torch.Generator().manual_seed(0)
+        self.x = torch.randn(num_samples, num_features, generator=gen)
+        self.y = torch.randint(0, num_classes, (num_samples,), generator=gen)
+        self.calls = 0
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, i):
+        self.calls += 1
+        if os.environ.get("RANK") == "1" and self.calls > 200:
+            time.sleep(3600)  # a read that never answers
+        return self.x[i], self.y[i]
+'''
+
+
+def _launch_blocking(tmp_path: Path, tag: str, *extra: str):  # noqa: F811
+    """The quickstart with a training set whose rank 1 blocks after a few batches: (exit code, the launch)."""
+    (tmp_path / "blocking_data.py").write_text(BLOCKING)
+    code, launch = run_launch(["--cpu", "--nproc", "2", "quickstart", "data.train._target_=blocking_data.Blocking",
+                               "data.num_workers=0", *extra], tmp_path, tag, timeout=150)
+    return code, launch
+
+
+def test_a_rank_stuck_in_its_dataset_is_shown_at_its_line(tmp_path: Path, tag: str):  # noqa: F811
+    code, launch = _launch_blocking(tmp_path, tag, "trainer.timeout_s=10")
+    err = launch.err_path.read_text()
+    assert code == 1, launch.output
+    line = "rank 1 was at " + str(tmp_path / "blocking_data.py") + ":22 in __getitem__: time.sleep(3600)"
+    assert line in err, err
+    doctor = mgpu("doctor", "runs/quickstart", "--json", cwd=tmp_path, timeout=60)
+    frame = json.loads(doctor.stdout)["stacks"]["1"]["user_frame"]
+    assert (Path(frame["file"]).name, frame["line"], frame["function"]) == ("blocking_data.py", 22, "__getitem__")
+
+
+def test_a_scripts_stuck_rank_is_shown_at_its_line(tmp_path: Path, tag: str):  # noqa: F811
+    script = REPO / "tests" / "e2e" / "scripts" / "stuck_rank.py"
+    code, launch = run_launch(["--cpu", "--nproc", "2", "--run-dir", "run", str(script)], tmp_path, tag, timeout=150)
+    err = launch.err_path.read_text()
+    assert code != 0, launch.output
+    assert f"rank 1 was at {script}:13 in <module>: time.sleep(3600)  # stuck here" in err, err
+
+
+def test_doctor_stacks_shows_every_rank_of_a_running_job_which_goes_on(tmp_path: Path, tag: str):  # noqa: F811
+    launch = Launch(["--cpu", "--nproc", "2", "quickstart", "trainer.epochs=60", "trainer.cpu_threads=1"], tmp_path,
+                    tag)
+    try:
+        run_dir = tmp_path / "runs" / "quickstart"
+        wait_for_training(run_dir, launch)
+        shown = mgpu("doctor", str(run_dir), "--stacks", cwd=tmp_path, timeout=60)
+        assert shown.returncode == 0, shown.output
+        assert "rank 0 was " in shown.stderr and "rank 1 was " in shown.stderr, shown.stderr
+        assert "mgpucli/engine/trainer.py" in shown.stderr  # where in the loop each rank was
+        assert launch.wait(timeout=240) == 0, launch.output  # the job trained on, to its end
+    finally:
+        launch.cleanup()
+    after = mgpu("doctor", str(run_dir), "--stacks", cwd=tmp_path, timeout=60)
+    assert after.returncode == 1 and "no rank of its latest attempt is running" in after.stderr
+
+
+def test_a_stalled_rank_stops_the_job_with_every_ranks_stack(tmp_path: Path, tag: str):  # noqa: F811
+    """trainer.stall_s: no progress for that long and mgpu launch stops the job, naming the rank that is behind."""
+    code, launch = _launch_blocking(tmp_path, tag, "trainer.stall_s=5")
+    err = launch.err_path.read_text()
+    assert code == 1, launch.output
+    assert "rank 1 made no progress for 5 s (stall_s=5): still at step 6 in 'loading a batch'" in err, err
+    assert "rank 1 was at " + str(tmp_path / "blocking_data.py") + ":22 in __getitem__" in err, err
+    report = json.loads(mgpu("doctor", "runs/quickstart", "--json", cwd=tmp_path, timeout=60).stdout)
+    assert report["status"] == "stalled" and report["first_failure"]["signature"] == "stalled", report
+    assert report["stacks"]["1"]["user_frame"]["function"] == "__getitem__"
