@@ -246,6 +246,7 @@ class Divergence:
         if len(found) > 1 and not t.diverged:
             t.diverged = True
             self._report_diverged(t, f"at optimizer step {step}", found, step)
+            self.s.store().set(f"params/{t.index}/diverged", str(self.s.rank))  # the end need not say it again
 
     def _report_diverged(self, t: Tracked, when: str, found: list[list[int]], step: int | None) -> None:
         wrapped = bool(t.param_ids & self.s.ddp_params)
@@ -304,7 +305,8 @@ class Divergence:
             steps = [r["steps"] for r in per_rank]
             if len(set(steps)) > 1:
                 self._report_steps(t, index, steps, per_rank)
-            elif t is not None and not t.diverged and all(r["fp"] is not None for r in per_rank):
+            elif (t is not None and not t.diverged and all(r["fp"] is not None for r in per_rank)
+                  and not self.s.store().check([f"params/{index}/diverged"])):
                 found = groups([r["fp"] for r in per_rank])
                 if len(found) > 1:
                     t.diverged = True

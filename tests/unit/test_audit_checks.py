@@ -165,15 +165,19 @@ def _stepped(check: divergence.Divergence, opt: torch.optim.Optimizer, model: to
 def test_a_model_trained_apart_on_each_rank_is_found_at_the_first_comparison(ranks, no_backoff):
     s0, s1 = ranks(2)
     checks = [_divergence(s0), _divergence(s1)]
-    for rank, (s, check) in enumerate(zip((s0, s1), checks, strict=True)):
+    models = []
+    for rank in (1, 0):  # rank 1 steps first: rank 0 completes each comparison
         torch.manual_seed(rank)  # different weights: nothing synchronises them
         model = torch.nn.Linear(4, 1)
-        _stepped(check, torch.optim.SGD(model.parameters(), lr=0.1), model, 3)
-        s.finish(clean=True)
-    (f,) = found(s1)  # the last to arrive compared
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        _stepped(checks[rank], opt, model, 3)
+        models.append((model, opt))
+    s0.finish(clean=True)
+    s1.finish(clean=True)  # the last to finish compares the end: it need not say it again
+    (f,) = found(s0)
     assert f.kind == "params_diverged" and "not wrapped in DistributedDataParallel" in f.title
     assert f.details == {"optimizer": 0, "step": 1, "groups": [[0], [1]], "ddp": False}
-    assert "DDP(model" in f.fix and found(s0) == []
+    assert "DDP(model" in f.fix and found(s1) == []
 
 
 def test_the_same_training_on_every_rank_is_no_finding_and_different_step_counts_are(ranks, no_backoff):
