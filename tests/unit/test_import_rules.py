@@ -51,3 +51,16 @@ def test_nothing_below_the_cli_imports_it():
     below = [p for p in PACKAGE.rglob("*.py") if "cli" not in p.relative_to(PACKAGE).parts[:1]
              and p.name != "__main__.py"]
     assert len(below) > 50 and offenders(below, "mgpucli.cli") == {}
+
+
+def test_only_a_script_worker_with_audit_imports_the_audit_and_arming_it_imports_nothing_heavy():
+    """``mgpu launch --audit`` is the one way in: the script job imports ``mgpucli.audit`` (inside its ``run``, only
+    when asked), and the package itself imports only the standard library until the script imports torch."""
+    outside = [p for p in PACKAGE.rglob("*.py") if "audit" not in p.relative_to(PACKAGE).parts[:1]
+               and p.name != "script_job.py"]
+    assert offenders(outside, "mgpucli.audit") == {}
+    top = ast.parse((PACKAGE / "launch" / "script_job.py").read_text())
+    assert not [n for n in top.body if isinstance(n, (ast.Import, ast.ImportFrom))
+                and "audit" in ast.dump(n)]  # not at module top
+    for name in imports_of(PACKAGE / "audit" / "__init__.py"):
+        assert name.split(".")[0] in sys.stdlib_module_names or name.startswith("mgpucli.audit"), name
