@@ -1,9 +1,9 @@
 """Every rank writing the same file through ``torch.save`` (checkpoints that clobber each other).
 
 ``torch.save`` is wrapped: the first time this rank saves to a path (a file name or a file object with one), the
-path, with this machine's name, joins a set in the rendezvous store; a rank that finds other ranks in the set writes
-a file they write too. Rank 0 alone saving, or every rank saving to a name with its rank in it, is no finding. The
-save itself is untouched and never waits for the store.
+path, with this machine's name, joins a set in the rendezvous store; the second rank to join it says so, once. Rank 0
+alone saving, or every rank saving to a name with its rank in it, is no finding. The save itself is untouched and
+never waits for the store.
 """
 
 from __future__ import annotations
@@ -60,13 +60,15 @@ class Saves:
 
     def _meet(self, path: str, where) -> None:
         key = hashlib.sha1(f"{self._host}:{path}".encode()).hexdigest()
-        ranks = self.s.gather_names(f"save/{key}")
-        if not ranks or len(ranks) < 2:
-            return
+        joined = self.s.join(f"save/{key}")
+        if joined is None or joined[0] != 2:
+            return  # the first rank to write it, or a third one: the second says it, once
+        ranks = joined[1]
         shown = ", ".join(map(str, sorted(ranks)))
+        others = "" if len(ranks) >= self.s.world_size else f" (so far, of {self.s.world_size})"
         self.s.report(
             "same_save_path",
-            f"ranks {shown} all write {path} with torch.save",
+            f"ranks {shown}{others} all write {path} with torch.save",
             "Every rank writes the same file at about the same time: the writes clobber each other, and a reader "
             "(or a resume) can get a torn or mixed file. With DDP the ranks hold the same weights, so one write is "
             "all it takes.",

@@ -164,14 +164,15 @@ class Session:
                 store.delete_key(done)
         return values
 
-    def gather_names(self, key: str) -> set[int] | None:
-        """Add this rank to the set under ``key``; the ranks in it so far (this one included)."""
+    def join(self, key: str) -> tuple[int, set[int]] | None:
+        """Add this rank to the set under ``key``: (how many had joined with this one, which ranks are in it now).
+        The count comes from one atomic addition, so exactly one rank is the second to join."""
         store = self.store()
         if store is None:
             return None
-        store.append(key, f"{self.rank} ")
-        raw = store.get(key).decode()
-        return {int(r) for r in raw.split()}
+        store.append(f"{key}/ranks", f"{self.rank} ")
+        order = store.add(f"{key}/count", 1)
+        return order, {int(r) for r in store.get(f"{key}/ranks").decode().split()}
 
     # ------------------------------------------------------------------------------------------ the end
     def at_finish(self, callback: Callable[[bool], None]) -> None:

@@ -58,7 +58,8 @@ def test_a_wrong_tutorial_script_gets_each_trap_with_its_line_and_keeps_its_exit
     assert "every rank iterates all 64 samples" in summary["loader_not_distributed"]["title"]
     assert "over 101 samples on 2 ranks" in summary["padded_evaluation"]["title"]
     assert summary["set_epoch_missing"]["ranks"] == [0, 1] and summary["same_save_path"]["count"] == 1
-    assert {s["rank"] for s in audit["status"]} == {0, 1}
+    assert {s["rank"] for s in audit["status"]} <= {0, 1}  # a rank still finishing when the other exited 3 is
+    # stopped by torch's agent: its status line may be missing, never its findings (written as they are found)
     doctor_code, report = doctor_json(run_dir, work)
     assert doctor_code == 1, report  # the run failed: it exited 3
     assert sorted(g["kind"] for g in report["audit"]["summary"]) == sorted(expected)

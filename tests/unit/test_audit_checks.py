@@ -323,6 +323,14 @@ def test_two_ranks_saving_one_path_is_found_and_a_path_per_rank_is_not(ranks, tm
     assert "if dist.get_rank() == 0:" in f.fix
 
 
+def test_of_three_ranks_writing_one_path_the_second_says_so_once(ranks, tmp_path):
+    sessions = ranks(3)
+    for s in sessions:
+        saves.Saves(s)._meet(str(tmp_path / "model.pt"), None)
+    assert [len(found(s)) for s in sessions] == [0, 1, 0]
+    assert found(sessions[1])[0].title.startswith("ranks 0, 1 (so far, of 3) all write")
+
+
 # ------------------------------------------------------------------------------------------ DDP's unused parameters
 class TwoHeads(torch.nn.Module):
     def __init__(self):
