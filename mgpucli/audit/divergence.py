@@ -316,12 +316,12 @@ class Divergence:
         counts = ", ".join(f"rank {r}: {n}" for r, n in enumerate(steps))
         fewest = min(steps)
         unmatched = sorted({s for r in per_rank for s in r.get("checked") or [] if s > fewest})
-        never = ""
+        never = (" The audit compares through the rendezvous store, not a collective: a rank that never arrives "
+                 "holds nobody up, so nothing hung.")
         if unmatched:
             behind = [r for r, n in enumerate(steps) if n < unmatched[0]]
             never = (f" The audit's comparison at step {unmatched[0]} was never completed: rank"
-                     f"{'s' if len(behind) > 1 else ''} {', '.join(map(str, behind))} never got there. It compares "
-                     "through the rendezvous store, not a collective, so nothing hung.")
+                     f"{'s' if len(behind) > 1 else ''} {', '.join(map(str, behind))} never got there." + never)
         self.s.report(
             "optimizer_steps_differ",
             f"ranks took different numbers of optimizer steps ({counts})",

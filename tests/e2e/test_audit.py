@@ -82,7 +82,8 @@ def test_a_correct_script_has_no_findings_and_the_same_final_weights_as_without_
     assert audit["summary"] == [] and audit["findings"] == []
     checked = {s["rank"]: s["checked"] for s in audit["status"]}
     assert checked[0]["optimizer steps"] == 64 and checked[0]["DDP models"] == 1 and checked[0]["data loaders"] == 3
-    assert sum(c.get("parameter comparisons", 0) for c in checked.values()) >= 5  # steps 1, 2, 4 ... and the end
+    assert sum(c.get("parameter comparisons", 0) for c in checked.values()) >= 3  # steps 1, 2 (more unless they
+    # cost too much next to the steps: the audit backs off) and the end
     assert not (runs[False][0] / "audit.json").exists()
     audited, plain = (torch.load(r / "final.pt", weights_only=True) for r in (run_dir, runs[False][0]))
     assert audited.keys() == plain.keys()
@@ -105,7 +106,9 @@ def test_ranks_taking_different_numbers_of_steps_do_not_hang_the_audit_and_are_a
     (steps,) = [f for f in audit["findings"] if f["kind"] == "optimizer_steps_differ"]
     assert steps["details"]["steps"] == [20, 15], steps  # rank 1 skipped one step in each of 5 epochs
     assert "ranks took different numbers of optimizer steps (rank 0: 20, rank 1: 15)" in steps["title"]
-    assert "was never completed: rank 1 never got there" in steps["cost"] and "nothing hung" in steps["cost"]
+    assert "a rank that never arrives holds nobody up, so nothing hung" in steps["cost"]
+    unmatched = steps["details"]["unmatched_checks"]  # rank 0's comparisons past step 15 (how many: its timing's)
+    assert all(n > 15 for n in unmatched) and (not unmatched or "rank 1 never got there" in steps["cost"])
     assert steps["where"]["line"] == traps(work / "audit_uneven_steps.py")["optimizer_steps_differ"]
     assert "ranks took different numbers of optimizer steps" in out  # shown live
 
