@@ -21,6 +21,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from mgpucli.run_records.worker_records import RECORD_NAME
+
 STACKS_NAME = "stacks.txt"
 DUMP_SIGNAL = signal.SIGUSR2
 _REQUESTED = "# mgpu: stacks requested at"
@@ -86,6 +88,9 @@ def install(error_file: str | None) -> str | None:
     except OSError:
         return None
     handle.write(f"# mgpu: pid {os.getpid()} main thread 0x{threading.main_thread().ident:016x}\n")
+    # faulthandler puts the previous handler back when the interpreter shuts down: make that one "ignore", so a
+    # request that arrives while this worker exits cannot kill it (SIGUSR2's default action terminates).
+    signal.signal(DUMP_SIGNAL, signal.SIG_IGN)
     faulthandler.register(DUMP_SIGNAL, file=handle, all_threads=True, chain=False)
     _opened.append(handle)
     return path
@@ -185,7 +190,8 @@ def request_siblings(error_file: str | None, wait_s: float = 3.0) -> list[str]:
     targets = []
     for rank_dir in sorted(glob.glob(os.path.join(attempt_dir, "*"))):
         path = os.path.join(rank_dir, STACKS_NAME)
-        pid = read_pid(path) if rank_dir != mine else None
+        failed = os.path.exists(os.path.join(rank_dir, RECORD_NAME))  # it is on its way out already
+        pid = read_pid(path) if rank_dir != mine and not failed else None
         if pid is not None and pid != os.getpid() and _alive(pid):
             targets.append((pid, path))
     if targets:
