@@ -55,11 +55,14 @@ def validate(
         args = dict(overrides=list(overrides or []), recipe=recipe, split=split, trust_recipe=trust_recipe,
                     weights=weights)
         if env.distributed:  # a worker started by the parent below (or by the user's own torchrun)
+            from mgpucli.distributed.runtime import exit_after_teardown
+
             result = _worker(checkpoint, env, cpu, **args)
             if result_file and env.rank == 0:
                 Path(result_file).write_text(json.dumps(result))
-            if result_file:
-                return
+            if not result_file:
+                _render(result, as_json)
+            exit_after_teardown(0)
         else:
             result = _parent(checkpoint, gpus, cpu, nproc, **args)
         _render(result, as_json)

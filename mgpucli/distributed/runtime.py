@@ -5,10 +5,12 @@ The one place that turns a RankEnv into a device and an initialised process grou
 
 from __future__ import annotations
 
+import contextlib
 import os
+import sys
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 import torch.distributed as dist
@@ -132,3 +134,14 @@ def teardown() -> None:
     """Destroy the process group if one exists (success or failure)."""
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
+
+
+def exit_after_teardown(code: int = 0) -> NoReturn:
+    """End a worker whose process group is torn down and whose output is written: flush, then leave without the
+    interpreter's shutdown. In that shutdown torch 2.13 can abort a gloo process whose group objects are destroyed
+    late ("terminate called without an active exception", SIGABRT: a finished job reported as failed). Only for
+    mgpu's own workers, whose files are closed explicitly; a user's script gets the interpreter's normal exit."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
