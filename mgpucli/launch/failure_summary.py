@@ -46,7 +46,6 @@ def summarize(failures: list[RankFailure], attempt: Attempt, total_attempts: int
     first = failures[0]
     refused = all_refused(failures)
     if refused:  # the same bad input on every rank: rank 0 said it in full (the others stay quiet)
-        first = min(failures, key=lambda f: (f.exitcode != EXIT_USAGE, f.rank))  # a rank that exited 2 said it
         out = [f"every rank stopped on bad input (exit code {EXIT_USAGE}) in attempt {attempt.attempt + 1} of "
                f"{total_attempts}; rank {first.rank} said:"]
     else:

@@ -121,6 +121,8 @@ def collect(attempt: Attempt, exitcodes: Mapping[int, int] | None = None) -> lis
             stdout=files.stdout, stderr=files.stderr, error_file=files.error_file,
         ))
     failures.sort(key=lambda f: (f.category, f.time if f.time is not None else float("inf"), f.rank))
+    if all_refused(failures):  # which rank exited first is chance; the lowest (rank 0) said the message in full
+        failures.sort(key=lambda f: f.rank)
     return failures
 
 

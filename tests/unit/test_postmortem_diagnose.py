@@ -131,6 +131,20 @@ def test_sigkill_recorded_by_the_launcher_is_the_cause_not_the_peers_echo(tmp_pa
     assert f.match.evidence[0].source.endswith("launch.json")
 
 
+def test_a_recipe_every_rank_refused_is_a_recipe_problem_whichever_rank_exited_first(tmp_path: Path):
+    """Rank 1 (quiet) exited 2 first; the agent's SIGTERM reached rank 0 after it had said the problem in full."""
+    run = RunDir(tmp_path, first_failed_rank=1, exitcodes={"0": -15, "1": 2})
+    run.log(0, "error: [rank 0] 1 problem(s) in recipe quickstart:\n  - data.train: building X failed: TypeError: "
+               "bad size\nFix data.train in the recipe (or override it); MGPU_DEBUG=1 shows the whole traceback.")
+    for rank in (0, 1):
+        files = run.attempts[-1].ranks[rank]
+        write_record(record_path(files.error_file), FailureRecord(rank, rank, 0, 100.0 + rank, "RecipeError",
+                                                                  "1 problem(s) in recipe quickstart:", None, 2))
+    f = diagnose_run(str(tmp_path)).first_failure
+    assert (f.rank, f.match.signature) == (0, "recipe_problem")
+    assert f.match.title.startswith("a problem in the recipe, not a crash: data.train: building X failed")
+
+
 def test_sigkill_without_recorded_exit_codes_is_inferred_from_silence(tmp_path: Path):
     run = RunDir(tmp_path, first_failed_rank=0)
     run.log(0, "step 8 epoch 0  loss 1.1\nval step 8  loss 0.97  accuracy 0.78  (101 samples)")

@@ -34,8 +34,8 @@ from mgpucli.postmortem.matchers.script import cuda_without_gpus, legacy_local_r
 
 MATCHERS: tuple[Matcher, ...] = (
     cuda_oom, nccl_without_gpus, cuda_without_gpus, legacy_local_rank, disk_full, nan_loss, address_in_use,
-    ddp_unused_parameters, ddp_ready_twice, dataloader_worker, ranks_disagree, collective_timeout, killed_by_signal,
-    mgpu_error, python_exception, peer_lost,
+    ddp_unused_parameters, ddp_ready_twice, dataloader_worker, ranks_disagree, collective_timeout, mgpu_error,
+    killed_by_signal, python_exception, peer_lost,
 )
 
 
