@@ -20,7 +20,7 @@ from typing import Any
 from omegaconf import DictConfig
 
 from mgpucli.config.targets import build
-from mgpucli.errors import MgpuError, RecipeError
+from mgpucli.errors import MgpuError, RecipeError, UsageError
 
 DEBUG_ENV = "MGPU_DEBUG"
 
@@ -164,6 +164,21 @@ def metric_problems(cfg: DictConfig, task: Any) -> list[str]:
     return [f"trainer.best_metric: '{wanted}' is not a metric the task reports ({', '.join(names)}){hint}"]
 
 
+def block_problems(cfg: DictConfig, model: Any) -> list[str]:
+    """Module class names in ``trainer.fsdp.wrap`` (under fsdp) and ``trainer.activation_checkpointing`` must be
+    classes of the model, or every worker would refuse the recipe once it had built its model."""
+    from mgpucli.engine.activation_checkpointing import blocks_to_checkpoint, select_blocks
+
+    trainer = cfg.trainer
+    try:
+        if trainer.strategy == "fsdp" and trainer.fsdp.wrap:
+            select_blocks(model, [str(n) for n in trainer.fsdp.wrap], "trainer.fsdp.wrap")
+        blocks_to_checkpoint(model, trainer)
+    except UsageError as err:
+        return [f"{err.message} {err.hint}" if err.hint and not err.hint.startswith("Fix ") else err.message]
+    return []
+
+
 def _check_model(cfg: DictConfig, source: str, problems: list[str]) -> None:
     """The model built on the meta device; a failure there is confirmed on the CPU before it is reported (a model
     whose code can't run on meta tensors is not the user's mistake)."""
@@ -173,8 +188,7 @@ def _check_model(cfg: DictConfig, source: str, problems: list[str]) -> None:
         with torch.device("meta"):
             model = build(cfg.model)
         wrong = kind_problem("model", cfg.model, model)
-        if wrong:
-            problems.append(wrong)
+        problems.extend([wrong] if wrong else block_problems(cfg, model))
         return
     except MgpuError:
         raise

@@ -108,6 +108,8 @@ def shard_model(model: nn.Module, trainer_cfg, runtime: Runtime) -> nn.Module:
 def wrap_model(model: nn.Module, trainer_cfg, runtime: Runtime) -> Wrapped:
     """Move the model to its device and wrap it for the strategy; ``raw`` keeps clean state-dict keys."""
     check_combinations(trainer_cfg, runtime)
+    if trainer_cfg.strategy == "fsdp" and trainer_cfg.fsdp.wrap:  # on one process too: the recipe is wrong either way
+        select_blocks(model, [str(n) for n in trainer_cfg.fsdp.wrap], "trainer.fsdp.wrap")
     strategy = resolve_strategy(trainer_cfg.strategy, runtime)
     if trainer_cfg.sync_batchnorm and strategy == "ddp":
         model = nn.SyncBatchNorm.convert_sync_batchnorm(model)

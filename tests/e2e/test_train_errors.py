@@ -150,11 +150,19 @@ def test_a_dataset_that_fails_in_the_workers_is_reported_as_a_recipe_problem(tmp
     ("trainer.clip_grad_norm=-1", ["trainer.clip_grad_norm: must be > 0", "got -1.0"]),
     ("trainer.best_metric=acc", ["trainer.best_metric: 'acc' is not a metric the task reports (loss, accuracy) "
                                  "(did you mean 'accuracy'?)"]),
+    ("trainer.strategy=fsdp trainer.fsdp.wrap=[Nope]", ["trainer.fsdp.wrap names 'Nope', which the model doesn't "
+                                                        "contain (its module classes: Linear, MLP, ReLU, Sequential)"]),
+    ("trainer.activation_checkpointing=[Linearr]", ["trainer.activation_checkpointing names 'Linearr' (did you mean "
+                                                    "'Linear'?)"]),
+    ("trainer.activation_checkpointing=true", ["activation checkpointing found no blocks to checkpoint",
+                                               "e.g. trainer.activation_checkpointing=[Bottleneck]"]),
 ])
 def test_values_that_type_check_but_make_no_sense_are_refused(tmp_path, command, override, fragments):
-    r = mgpu(*command, "quickstart", override, cwd=tmp_path, timeout=90)
+    r = mgpu(*command, "quickstart", *override.split(), cwd=tmp_path, timeout=90)
     assert_usage_error(r, *fragments)
     assert not list(tmp_path.glob("runs/quickstart/checkpoints/*.pt"))
+    if command[0] == "launch":  # the launcher's own check: no worker started, nothing written
+        assert not (tmp_path / "runs").exists() and "[rank" not in r.output
 
 
 @pytest.mark.parametrize("command", [["train", "quickstart"], ["launch", "--cpu", "--nproc", "2", "quickstart"]])
