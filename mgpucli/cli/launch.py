@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import typer
 
-from mgpucli.cli.train import PROBE_STEPS_OPTION
+from mgpucli.cli.train import PROBE_STEPS, PROBE_STEPS_OPTION, probe_only_problem
 from mgpucli.errors import MgpuError
 
 
@@ -117,7 +117,7 @@ def launch(
         False, "--probe", help="Will it fit? Every worker builds everything and times a few optimizer steps "
         "(mgpu train --probe); the report gathers every rank. No checkpoint written, the run dir left alone."
     ),
-    probe_steps: int = PROBE_STEPS_OPTION,
+    probe_steps: int | None = PROBE_STEPS_OPTION,
     as_json: bool = typer.Option(False, "--json", help="With --probe: print the report as one JSON object on stdout."),
 ) -> None:
     """Train a recipe, or run your own training script, on all visible GPUs (or --gpus, or --cpu --nproc N) with one
@@ -148,6 +148,11 @@ def launch(
 
             raise UsageError(f"{recipe_only} is for recipes: it goes through mgpu's trainer, which a script does not.",
                              f"Drop {recipe_only}; --dry-run shows what would run, without starting anything.")
+        unused = probe_only_problem(probe, as_json, probe_steps)
+        if unused:
+            from mgpucli.errors import UsageError
+
+            raise UsageError(unused)
         if check:  # the recipe as every worker gets it (with --cpu's override); no devices or processes needed
             from mgpucli.cli.check import check_and_print
             from mgpucli.launch.main import check_run_dir
@@ -157,11 +162,8 @@ def launch(
             check_and_print(recipe, worker_overrides(opts),
                             check_run_dir=lambda run_dir, sharded: check_run_dir(run_dir, opts, sharded))
             sys.exit(0)
-        if as_json and not probe:
-            from mgpucli.errors import UsageError
-
-            raise UsageError("--json is the probe's report format: use it with --probe.")
-        code = _probe(opts, probe_steps, as_json, dry_run) if probe else run_launch(opts, dry_run=dry_run)
+        code = (_probe(opts, PROBE_STEPS if probe_steps is None else probe_steps, as_json, dry_run) if probe
+                else run_launch(opts, dry_run=dry_run))
     except MgpuError as err:
         print_error(str(err))
         sys.exit(err.exit_code)

@@ -12,8 +12,19 @@ import sys
 import typer
 
 # the fit probe's timed steps (also mgpu launch's option)
-PROBE_STEPS_OPTION = typer.Option(20, "--probe-steps", metavar="N", help="Optimizer steps the probe times (after its "
-                                  "warm-up).")
+PROBE_STEPS = 20
+PROBE_STEPS_OPTION = typer.Option(None, "--probe-steps", metavar="N", show_default=False,
+                                  help=f"With --probe: the optimizer steps it times, after its warm-up (default "
+                                  f"{PROBE_STEPS}).")
+PROBE_ONLY = ("--json is the probe's report format: use it with --probe (training writes metrics.jsonl).",
+              "--probe-steps sets how many steps the probe times: use it with --probe.")
+
+
+def probe_only_problem(probe: bool, as_json: bool, probe_steps: int | None) -> str | None:
+    """--json and --probe-steps without --probe would be ignored: the message that refuses them, or None."""
+    if probe:
+        return None
+    return PROBE_ONLY[0] if as_json else PROBE_ONLY[1] if probe_steps is not None else None
 
 
 def train(
@@ -36,7 +47,7 @@ def train(
         False, "--probe", help="Will it fit? Build everything for real, time a few optimizer steps after a warm-up, "
         "print each rank's peak memory, step time, samples/s and the epoch's estimated time. Writes nothing."
     ),
-    probe_steps: int = PROBE_STEPS_OPTION,
+    probe_steps: int | None = PROBE_STEPS_OPTION,
     as_json: bool = typer.Option(False, "--json", help="With --probe: print one JSON object on stdout."),
     probe_result: str | None = typer.Option(None, "--probe-result", hidden=True),
 ) -> None:
@@ -45,12 +56,14 @@ def train(
 
     overrides = list(overrides or [])
     if probe:
-        _probe(recipe, overrides, probe_steps, as_json, probe_result, resume=resume, overwrite=overwrite, check=check)
+        _probe(recipe, overrides, PROBE_STEPS if probe_steps is None else probe_steps, as_json, probe_result,
+               resume=resume, overwrite=overwrite, check=check)
         return
-    if as_json:
+    unused = probe_only_problem(probe, as_json, probe_steps)
+    if unused:
         from mgpucli.console import print_error
 
-        print_error("--json is the probe's report format: use it with --probe (training writes metrics.jsonl).")
+        print_error(unused)
         raise typer.Exit(2)
     if check:
         from mgpucli.cli.check import check_and_print

@@ -53,6 +53,9 @@ def test_options_that_do_not_combine_with_the_probe(tmp_path):
     assert_usage_error(mgpu("train", QUICK, "--probe", "--resume", "auto", cwd=tmp_path), "--probe and --resume")
     assert_usage_error(mgpu("train", QUICK, "--probe", "--probe-steps", "0", cwd=tmp_path), "at least one step")
     assert_usage_error(mgpu("train", QUICK, "--json", cwd=tmp_path), "use it with --probe")
+    for command in (["train", QUICK], ["launch", "--cpu", "--nproc", "2", QUICK], ["train", QUICK, "--check"]):
+        assert_usage_error(mgpu(*command, "--probe-steps", "5", cwd=tmp_path), "--probe-steps",
+                           "use it with --probe")  # not silently ignored
     assert list(tmp_path.iterdir()) == []
 
 
