@@ -74,6 +74,11 @@ class Checkpoints:
         self.sharded_format = trainer.checkpoint_format == "sharded"
         self.keep = int(trainer.keep_checkpoints)
         self.best_metric, self.best_mode = trainer.best_metric, trainer.best_mode
+        never = "the recipe has no data.val" if cfg.data.get("val") is None else \
+            "trainer.val_every=0" if trainer.val_every == 0 else None
+        if self.best_metric and never:
+            reporter.warn(f"trainer.best_metric={self.best_metric} picks best.pt by validation, but {never}: this run "
+                          "writes no best.pt (set trainer.best_metric=null to say so).")
         self.best: float | None = None
         self.tracker_ids: Callable[[], dict[str, str]] | None = None  # rank 0's experiment trackers' run ids
 

@@ -19,6 +19,18 @@ def metrics(run_dir) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.parametrize("never", ["trainer.val_every=0", "data.val=null"])
+def test_a_best_metric_without_validation_is_said_not_silent(tmp_path, never):
+    r = mgpu("train", QUICK, *SMALL, "trainer.max_steps=4", never, cwd=tmp_path)
+    assert r.returncode == 0, r.output
+    assert "warning: trainer.best_metric=accuracy picks best.pt by validation, but" in r.stderr
+    assert "this run writes no best.pt (set trainer.best_metric=null to say so)" in r.stderr
+    assert not (tmp_path / "runs/quickstart/checkpoints/best.pt").exists()
+    quiet = mgpu("train", QUICK, *SMALL, "trainer.max_steps=4", never, "trainer.best_metric=null", "run_dir=b",
+                 cwd=tmp_path)
+    assert quiet.returncode == 0 and "warning" not in quiet.stderr, quiet.output
+
+
 def test_quickstart_one_process_writes_a_clean_run_dir(tmp_path):
     r = mgpu("train", QUICK, *SMALL, "trainer.epochs=2", cwd=tmp_path)
     assert r.returncode == 0, r.output
