@@ -175,7 +175,7 @@ def block_problems(cfg: DictConfig, model: Any) -> list[str]:
             select_blocks(model, [str(n) for n in trainer.fsdp.wrap], "trainer.fsdp.wrap")
         blocks_to_checkpoint(model, trainer)
     except UsageError as err:
-        return [f"{err.message} {err.hint}" if err.hint and not err.hint.startswith("Fix ") else err.message]
+        return [f"{err.message} {err.hint}" if err.hint else err.message]
     return []
 
 
