@@ -156,6 +156,8 @@ def verdict(report: Report, run: RunRecord, status: str) -> str:
     attempt = f" in attempt {f.attempt + 1} of {n}" if n > 1 else ""
     if f.rank is None:
         return f"{head}{when}: {f.match.title}."
+    if f.match.signature == "recipe_problem":  # every rank refused the same recipe: none "failed first"
+        return f"{head}{attempt}: {f.match.title}."
     return f"{head}: rank {f.rank} failed first{when}{attempt}: {f.match.title}."
 
 

@@ -140,9 +140,13 @@ def test_a_recipe_every_rank_refused_is_a_recipe_problem_whichever_rank_exited_f
         files = run.attempts[-1].ranks[rank]
         write_record(record_path(files.error_file), FailureRecord(rank, rank, 0, 100.0 + rank, "RecipeError",
                                                                   "1 problem(s) in recipe quickstart:", None, 2))
-    f = diagnose_run(str(tmp_path)).first_failure
+    report = diagnose_run(str(tmp_path))
+    f = report.first_failure
     assert (f.rank, f.match.signature) == (0, "recipe_problem")
     assert f.match.title.startswith("a problem in the recipe, not a crash: data.train: building X failed")
+    assert "failed first" not in report.verdict  # every rank refused the recipe: no rank failed first
+    assert report.verdict.endswith("failed: a problem in the recipe, not a crash: data.train: building X failed: "
+                                   "TypeError: bad size.")
 
 
 def test_sigkill_without_recorded_exit_codes_is_inferred_from_silence(tmp_path: Path):
