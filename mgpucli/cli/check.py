@@ -11,17 +11,26 @@ from pathlib import Path
 
 
 def check_and_print(recipe: str, overrides: list[str], quiet: bool = False,
-                    check_run_dir: Callable[[str, bool], Path | None] | None = None) -> None:
+                    check_run_dir: Callable[[str, bool], Path | None] | None = None,
+                    world_size: int | None = None) -> None:
     """Run the deep check (see :mod:`mgpucli.config.deep_check`) and report it; ``quiet`` for non-zero ranks.
 
     ``check_run_dir(run_dir, sharded)``: whether the run may start in its run dir as asked (UsageError if not),
-    returning the checkpoint it would resume (None: a fresh start)."""
+    returning the checkpoint it would resume (None: a fresh start). ``world_size``: the job's process count when
+    known, to check that the train set holds a batch for every process."""
     from mgpucli.config.deep_check import check_deep
     from mgpucli.console import err_console
     from mgpucli.engine.run import ensure_cwd_on_path
 
     ensure_cwd_on_path()  # user components in the working directory, as a run finds them
     result = check_deep(recipe, overrides, trackers="find" if quiet else "import")  # a job's other ranks: no import
+    train = next((ds for ds in result.datasets if ds.path == "data.train"), None)
+    if world_size is not None and train is not None and train.size is not None:
+        from mgpucli.engine.data import train_set_too_small
+
+        too_small = train_set_too_small(train.size, int(result.cfg.data.batch_size), world_size)
+        if too_small is not None:
+            raise too_small
     if quiet:
         return
     run_dir = str(result.cfg.run_dir)

@@ -159,8 +159,11 @@ def launch(
             from mgpucli.launch.plan import check_job_options, worker_overrides
 
             check_job_options(opts)
+            # the process count is known without the machine for --cpu; for GPUs the workers check it
+            world = (opts.nproc or 1) * (opts.nnodes or 1) if opts.cpu else None
             check_and_print(recipe, worker_overrides(opts),
-                            check_run_dir=lambda run_dir, sharded: check_run_dir(run_dir, opts, sharded))
+                            check_run_dir=lambda run_dir, sharded: check_run_dir(run_dir, opts, sharded),
+                            world_size=world)
             sys.exit(0)
         code = (_probe(opts, PROBE_STEPS if probe_steps is None else probe_steps, as_json, dry_run) if probe
                 else run_launch(opts, dry_run=dry_run))

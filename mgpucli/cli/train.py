@@ -71,7 +71,8 @@ def train(
 
         train_entry.run_as_rank(lambda env: check_and_print(
             recipe, overrides, quiet=env.distributed and env.rank != 0,
-            check_run_dir=lambda run_dir, sharded: check_start(run_dir, resume, overwrite, sharded)))
+            check_run_dir=lambda run_dir, sharded: check_start(run_dir, resume, overwrite, sharded),
+            world_size=env.world_size))
         return
     train_entry.train_recipe(recipe, overrides, resume=resume, overwrite=overwrite, rank0_reporter=rank0_reporter)
 

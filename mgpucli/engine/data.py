@@ -70,16 +70,21 @@ class Loaders:
     num_workers: int
 
 
+def train_set_too_small(n_train: int, batch: int, world_size: int) -> UsageError | None:
+    """The error for a train set too small for one batch on every process (each would get an empty epoch)."""
+    if n_train >= batch * world_size:
+        return None
+    return UsageError(f"data.train has {n_train} samples: too few for one batch of {batch} on each of {world_size} "
+                      f"process(es) (needs {batch * world_size}).",
+                      "Use a larger dataset, a smaller data.batch_size, or fewer processes.")
+
+
 def build_loaders(train_set: Dataset, val_set: Dataset | None, data_cfg, seed: int, runtime: Runtime) -> Loaders:
     """Build the train loader (sharded by DistributedSampler) and the exact validation loader."""
     batch = int(data_cfg.batch_size)
-    n_train = len(train_set)
-    if n_train < batch * runtime.world_size:
-        raise UsageError(
-            f"data.train has {n_train} samples: too few for one batch of {batch} on each of {runtime.world_size} "
-            f"process(es) (needs {batch * runtime.world_size}).",
-            "Use a larger dataset, a smaller data.batch_size, or fewer processes.",
-        )
+    too_small = train_set_too_small(len(train_set), batch, runtime.world_size)
+    if too_small is not None:
+        raise too_small
     workers = resolve_num_workers(data_cfg.num_workers, runtime)
     pin = runtime.device.type == "cuda" if data_cfg.pin_memory == "auto" else bool(data_cfg.pin_memory)
     common = {"num_workers": workers, "pin_memory": pin, "worker_init_fn": seed_worker if workers else None,

@@ -170,3 +170,17 @@ def test_an_omp_num_threads_torch_would_ignore_is_refused(tmp_path, command):
     r = mgpu(*command, cwd=tmp_path, env={"OMP_NUM_THREADS": "four"}, timeout=60)
     assert_usage_error(r, "OMP_NUM_THREADS='four' is not a positive integer", "unset OMP_NUM_THREADS")
     assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("command, batch, processes", [(["train", "--check"], 48, 1),
+                                                       (["launch", "--cpu", "--nproc", "2", "--check"], 24, 2)])
+def test_check_refuses_a_train_set_without_a_batch_for_every_process(tmp_path, command, batch, processes):
+    """What the workers would refuse once they had built the dataset, --check says first."""
+    r = mgpu(*command, "quickstart", "data.train.num_samples=40", f"data.batch_size={batch}", cwd=tmp_path,
+             timeout=90)
+    assert_usage_error(r, f"data.train has 40 samples: too few for one batch of {batch} on each of {processes} "
+                       f"process(es) (needs {batch * processes})", "a smaller data.batch_size, or fewer processes")
+    assert not (tmp_path / "runs").exists()
+    fits = mgpu(*command, "quickstart", "data.train.num_samples=40", f"data.batch_size={40 // processes}",
+                cwd=tmp_path, timeout=90)
+    assert fits.returncode == 0, fits.output
