@@ -32,9 +32,19 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from benchmarks import jobs  # noqa: E402
-from benchmarks.overhead import HANDWRITTEN, _fmt_interval, _tool, environment, first_step_s, step_time  # noqa: E402
+from benchmarks.overhead import (  # noqa: E402
+    HANDWRITTEN,
+    _fmt_interval,
+    _tool,
+    alternate_rounds,
+    bitwise_equal,
+    environment,
+    first_step_s,
+    step_time,
+    verdict,
+)
 from benchmarks.overhead import parse_args as overhead_args  # noqa: E402
-from benchmarks.stats import median, median_interval, resolved_verdict, round_orders  # noqa: E402
+from benchmarks.stats import median  # noqa: E402
 
 EPOCHS = {"mlp": 10, "charlm": 1}
 ROUNDS = {"mlp": 8, "charlm": 6}
@@ -94,15 +104,7 @@ def same_weights(a: str | None, b: str | None) -> bool:
         return False
     import torch
 
-    wa, wb = torch.load(a, weights_only=True), torch.load(b, weights_only=True)
-    return wa.keys() == wb.keys() and all(
-        wa[k].dtype == wb[k].dtype and wa[k].shape == wb[k].shape
-        and torch.equal(wa[k].reshape(-1).view(torch.uint8), wb[k].reshape(-1).view(torch.uint8)) for k in wa)
-
-
-def verdict(values: list[float], limit: float) -> str:
-    ci = median_interval(values)
-    return resolved_verdict(ci, limit) if ci.coverage >= 0.95 else "too few rounds"
+    return bitwise_equal(torch.load(a, weights_only=True), torch.load(b, weights_only=True))
 
 
 def summarise(rounds: list[dict[str, Job]], equal: list[bool], target: float) -> dict[str, Any]:
@@ -175,17 +177,9 @@ def main(argv: list[str] | None = None) -> int:
     root = Path(tempfile.mkdtemp(prefix="mgpu-audit-bench-"))
     try:
         for workload in ["mlp", "charlm"] if args.workload == "all" else [args.workload]:
-            rounds, equal = [], []
-            n = ROUNDS[workload] if args.rounds is None else args.rounds
-            for i, order in enumerate(round_orders(n)):
-                rnd = {side: run_job(side, workload, args, root / workload / f"{i:02d}{side}") for side in order}
-                rounds.append(rnd)
-                if not rnd["A"].error and not rnd["B"].error:
-                    equal.append(same_weights(rnd["A"].weights, rnd["B"].weights))
-                print(f"[{workload} {i + 1}/{n}] " + "; ".join(
-                    f"{SIDES[s]} " + (rnd[s].error.splitlines()[0] if rnd[s].error else
-                                      f"{1e3 * rnd[s].step_s:.3f} ms/step, {rnd[s].seconds:.1f} s")
-                    for s in order), file=sys.stderr, flush=True)
+            rounds, equal = alternate_rounds(
+                workload, ROUNDS[workload] if args.rounds is None else args.rounds,
+                lambda side, out, w=workload: run_job(side, w, args, out), SIDES, same_weights, root)
             s = summarise(rounds, equal, STEP_TARGET[workload])
             results["workloads"][workload] = s | {"jobs": [{k: asdict(v) for k, v in r.items()} for r in rounds]}
             print("\n".join(table(workload, s, args.epochs or EPOCHS[workload])) + "\n", flush=True)

@@ -30,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from itertools import pairwise
 from pathlib import Path
@@ -134,10 +135,33 @@ def same_weights(a: str | None, b: str | None) -> bool:
         return False
     import torch
 
-    wa, wb = torch.load(a, weights_only=True), torch.load(b, weights_only=True)["model"]
+    return bitwise_equal(torch.load(a, weights_only=True), torch.load(b, weights_only=True)["model"])
+
+
+def bitwise_equal(wa: dict[str, Any], wb: dict[str, Any]) -> bool:
+    """Two state dicts with the same keys, every tensor's dtype, shape and bytes equal."""
+    import torch
+
     return wa.keys() == wb.keys() and all(
         wa[k].dtype == wb[k].dtype and wa[k].shape == wb[k].shape
         and torch.equal(wa[k].reshape(-1).view(torch.uint8), wb[k].reshape(-1).view(torch.uint8)) for k in wa)
+
+
+def alternate_rounds(workload: str, n: int, run_one: Callable[[str, Path], Any], sides: dict[str, str],
+                     same: Callable[[str | None, str | None], bool], root: Path) -> tuple[list[dict], list[bool]]:
+    """``n`` rounds of both jobs (``run_one(side, out)``), their order alternating; each round said on stderr as it
+    ends. Returns the rounds and, for each round where both jobs ran, whether their final weights are equal."""
+    rounds, equal = [], []
+    for i, order in enumerate(round_orders(n)):
+        rnd = {side: run_one(side, root / workload / f"{i:02d}{side}") for side in order}
+        rounds.append(rnd)
+        if not rnd["A"].error and not rnd["B"].error:
+            equal.append(same(rnd["A"].weights, rnd["B"].weights))
+        print(f"[{workload} {i + 1}/{n}] " + "; ".join(
+            f"{sides[s]} " + (rnd[s].error.splitlines()[0] if rnd[s].error else
+                              f"{1e3 * rnd[s].step_s:.3f} ms/step, {rnd[s].seconds:.1f} s")
+            for s in order), file=sys.stderr, flush=True)
+    return rounds, equal
 
 
 def recipe_drift(workload: str) -> list[str]:
@@ -291,17 +315,9 @@ def main(argv: list[str] | None = None) -> int:
         for workload in ["mlp", "charlm"] if args.workload == "all" else [args.workload]:
             for line in recipe_drift(workload):
                 print(f"warning: {workload}: {line}", file=sys.stderr)
-            rounds, equal = [], []
-            n = ROUNDS[workload] if args.rounds is None else args.rounds
-            for i, order in enumerate(round_orders(n)):
-                rnd = {side: run_job(side, workload, args, root / workload / f"{i:02d}{side}") for side in order}
-                rounds.append(rnd)
-                if not rnd["A"].error and not rnd["B"].error:
-                    equal.append(same_weights(rnd["A"].weights, rnd["B"].weights))
-                print(f"[{workload} {i + 1}/{n}] " + "; ".join(
-                    f"{SIDES[s]} " + (rnd[s].error.splitlines()[0] if rnd[s].error else
-                                      f"{1e3 * rnd[s].step_s:.3f} ms/step, {rnd[s].seconds:.1f} s")
-                    for s in order), file=sys.stderr, flush=True)
+            rounds, equal = alternate_rounds(
+                workload, ROUNDS[workload] if args.rounds is None else args.rounds,
+                lambda side, out, w=workload: run_job(side, w, args, out), SIDES, same_weights, root)
             s = summarise(rounds, equal, STEP_TARGET[workload])
             results["workloads"][workload] = s | {"jobs": [{k: asdict(v) for k, v in r.items()} for r in rounds]}
             print("\n".join(table(workload, s, args.epochs or EPOCHS[workload])) + "\n", flush=True)
