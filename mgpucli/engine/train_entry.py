@@ -19,6 +19,7 @@ import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 from mgpucli.console import print_error
 from mgpucli.distributed.env import RankEnv, read_rank_env
@@ -26,6 +27,8 @@ from mgpucli.engine.line_reporter import LineReporter
 from mgpucli.engine.reporter import Reporter
 from mgpucli.errors import MgpuError, Preempted
 from mgpucli.heap import postpone_full_gc, resume_full_gc, steady_heap
+
+T = TypeVar("T")
 
 
 def run_as_rank(body: Callable[[RankEnv], None]) -> None:
@@ -66,19 +69,25 @@ def train_recipe(recipe: str, overrides: list[str], *, resume: str | None = None
 
 def _train(recipe: str, overrides: list[str], resume: str | None, overwrite: bool, env: RankEnv,
            rank0_reporter: Callable[[], Reporter]) -> None:
-    """Train. Unexpected exceptions go through torch's @record, which writes the error file (with the traceback)
-    that torch's agent reports; an MgpuError is a message for the user, raised past it without one."""
-    from torch.distributed.elastic.multiprocessing.errors import record
-
+    """Train, under :func:`_recorded`."""
     from mgpucli.engine.run import run_training
     from mgpucli.run_records.worker_records import mark_started
 
     reporter = rank0_reporter() if env.rank == 0 else None
+    _recorded(lambda: run_training(recipe, overrides, resume=resume, overwrite=overwrite, env=env, reporter=reporter,
+                                   started=mark_started))
+
+
+def _recorded(body: Callable[[], T]) -> T:
+    """``body()``. Unexpected exceptions go through torch's @record, which writes the error file (with the
+    traceback) that torch's agent reports; an MgpuError is a message for the user, raised past it without one."""
+    from torch.distributed.elastic.multiprocessing.errors import record
+
+    returned: list[T] = []
 
     def guarded() -> MgpuError | None:
         try:
-            run_training(recipe, overrides, resume=resume, overwrite=overwrite, env=env, reporter=reporter,
-                         started=mark_started)
+            returned.append(body())
         except MgpuError as err:
             return err
         return None
@@ -86,6 +95,7 @@ def _train(recipe: str, overrides: list[str], resume: str | None, overwrite: boo
     err = record(guarded)()
     if err is not None:
         raise err
+    return returned[0]
 
 
 def probe_recipe(recipe: str, overrides: list[str], *, steps: int, result_file: str | None = None,
@@ -99,24 +109,10 @@ def probe_recipe(recipe: str, overrides: list[str], *, steps: int, result_file: 
     report: dict = {}
 
     def probe(env: RankEnv) -> None:
-        from torch.distributed.elastic.multiprocessing.errors import record
-
         from mgpucli.engine.run import run_probe
 
         reporter = rank0_reporter() if env.rank == 0 else None
-        outcome: list = []
-
-        def guarded() -> MgpuError | None:  # as _train: an MgpuError is a message, not a traceback for error.json
-            try:
-                outcome.append(run_probe(recipe, overrides, env=env, reporter=reporter, steps=steps))
-            except MgpuError as err:
-                return err
-            return None
-
-        err = record(guarded)()
-        if err is not None:
-            raise err
-        found = outcome[0] if outcome else None
+        found = _recorded(lambda: run_probe(recipe, overrides, env=env, reporter=reporter, steps=steps))
         if found is not None:
             report.update(found)
             if result_file:
