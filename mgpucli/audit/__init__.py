@@ -2,7 +2,7 @@
 
 Only a script worker launched with ``--audit`` imports this package (:mod:`mgpucli.launch.script_job`); without it
 nothing here is imported, patched or paid for. :func:`arm` runs before the script's first line, and still imports
-nothing heavy: the checks are installed the moment the script itself imports torch (an import hook on ``torch``),
+nothing heavy: the checks are installed the moment the script itself imports torch (:mod:`mgpucli.torch_import`),
 so a script that sets environment variables before ``import torch`` (``OMP_NUM_THREADS``, ``CUDA_VISIBLE_DEVICES``)
 behaves as it does without the audit. :func:`finish` runs when the script ends.
 
@@ -24,54 +24,15 @@ synchronisation on its streams. What they find goes to the rank's findings file
 
 from __future__ import annotations
 
-import importlib.abc
 import os
 import sys
 from typing import Any
 
+from mgpucli.torch_import import when_torch_loads
+
 _session: Any = None  # the running audit (mgpucli.audit.session.Session), once torch is imported
 _armed = False
 _started_in = os.getcwd()  # where the script started: its own path, if relative, is relative to it
-
-
-class _WhenTorchLoads(importlib.abc.MetaPathFinder):
-    """Finds ``torch`` through the other finders and wraps its loader, so the checks are installed right after
-    ``torch/__init__.py`` has run (and before the script's ``import torch`` returns). Removes itself at once."""
-
-    def find_spec(self, fullname, path, target=None):
-        if fullname != "torch":
-            return None
-        if self in sys.meta_path:
-            sys.meta_path.remove(self)
-        for finder in sys.meta_path:
-            find = getattr(finder, "find_spec", None)
-            spec = find(fullname, path, target) if find is not None else None
-            if spec is not None:
-                if spec.loader is not None and hasattr(spec.loader, "exec_module"):
-                    spec.loader = _ThenInstall(spec.loader)
-                return spec
-        return None
-
-
-class _ThenInstall(importlib.abc.Loader):
-    """torch's own loader, then the checks; afterwards torch's module names its own loader again."""
-
-    def __init__(self, inner):
-        self.inner = inner
-
-    def create_module(self, spec):
-        return self.inner.create_module(spec)
-
-    def exec_module(self, module) -> None:
-        self.inner.exec_module(module)
-        spec = getattr(module, "__spec__", None)
-        if spec is not None:
-            spec.loader = self.inner
-        module.__loader__ = self.inner
-        _install()
-
-    def __getattr__(self, name: str):
-        return getattr(self.inner, name)
 
 
 def arm() -> None:
@@ -81,10 +42,7 @@ def arm() -> None:
         return
     _armed = True
     _started_in = os.getcwd()
-    if "torch" in sys.modules:
-        _install()
-        return
-    sys.meta_path.insert(0, _WhenTorchLoads())
+    when_torch_loads(_install)
 
 
 def _install() -> None:

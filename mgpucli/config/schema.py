@@ -123,7 +123,7 @@ class TrainerSchema:
     best_metric: Optional[str] = None  # e.g. "accuracy" (a validation metric) for best.pt
     best_mode: str = "auto"  # auto: min for loss-like names, max otherwise
     timeout_s: int = 600  # collective timeout
-    stall_s: Optional[int] = None  # mgpu launch stops a job whose rank makes no progress this long (stacks shown)
+    stall_s: Optional[int] = None  # stop a job whose rank makes no progress this long (None: the default; 0: never)
     progress: bool = True
     # Where rank 0 sends every record besides metrics.jsonl (always written): tensorboard (RUN_DIR/tensorboard
     # scalar events, written without importing TensorBoard), wandb, mlflow (their options below).

@@ -144,8 +144,9 @@ def _value_problems(cfg: dict[str, Any]) -> list[str]:
     at_least(data, "val_batch_size", "data.val_batch_size", 1, optional=True)
     for name in ("epochs", "grad_accum", "log_every", "timeout_s"):
         at_least(trainer, name, f"trainer.{name}", 1)
-    for name in ("max_steps", "cpu_threads", "checkpoint_every_steps", "stall_s"):
+    for name in ("max_steps", "cpu_threads", "checkpoint_every_steps"):
         at_least(trainer, name, f"trainer.{name}", 1, optional=True)
+    at_least(trainer, "stall_s", "trainer.stall_s", 0, optional=True)  # 0: no stall watch
     for name in ("val_every", "checkpoint_every", "keep_checkpoints"):
         at_least(trainer, name, f"trainer.{name}", 0)
     clip = trainer.get("clip_grad_norm")

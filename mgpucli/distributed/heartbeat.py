@@ -1,7 +1,8 @@
 """Per-rank progress in the rendezvous store, so a timed-out collective can say who was late, and where.
 
-Each rank runs a small heartbeat thread that writes ``{step, phase, time}`` to the job's c10d store every
-second. The main thread only sets two attributes (``step``, ``phase``): no per-step I/O, no host sync. When a
+Each rank runs a small heartbeat thread that writes ``{step, phase, time, cpu_s}`` (plus what its owner adds:
+a script's progress observed at torch's public points, :mod:`mgpucli.distributed.observed`) to the job's c10d store
+every second. The main thread only sets two attributes (``step``, ``phase``): no per-step I/O, no host sync. When a
 collective times out, the rank that noticed reads every rank's last heartbeat and names the ranks that had
 not arrived (behind it, or silent). Under ``mgpu launch`` the same state also goes to ``mgpu_progress.json``
 beside the worker's logs, where the launcher watches for a rank that stopped making progress (``trainer.stall_s``).
@@ -14,7 +15,7 @@ import json
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -22,6 +23,7 @@ from mgpucli.run_records.json_files import write_json
 from mgpucli.run_records.worker_records import ERROR_FILE_ENV, progress_path
 
 KEY = "mgpu/progress/{rank}"
+ENDED = "ended"  # the phase of a rank whose work is done (its last beat)
 
 
 @dataclass
@@ -35,8 +37,9 @@ class Seen:
 class Heartbeat:
     """This rank's progress, published by a daemon thread (a no-op without a process group)."""
 
-    def __init__(self, rank: int, world_size: int, interval_s: float = 1.0):
-        self.rank, self.world_size, self.interval_s = rank, world_size, interval_s
+    def __init__(self, rank: int, world_size: int, interval_s: float = 1.0,
+                 extra: Callable[[], dict] | None = None):
+        self.rank, self.world_size, self.interval_s, self.extra = rank, world_size, interval_s, extra
         self.step = 0
         self.phase = "setup"
         self._store = None
@@ -46,9 +49,20 @@ class Heartbeat:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def start(self) -> None:
-        """Connect to the job's store (MASTER_ADDR:MASTER_PORT, torchrun's agent store) and start beating."""
-        if self.world_size > 1 and "MASTER_ADDR" in os.environ:
+    def start(self, connect: bool = True) -> None:
+        """Connect to the job's store (MASTER_ADDR:MASTER_PORT, torchrun's agent store; ``connect=False``: not yet,
+        which imports nothing) and start beating."""
+        if connect:
+            self.connect()
+        if self._thread is not None or (self._store is None and self._file is None):
+            return
+        self._beat()
+        self._thread = threading.Thread(target=self._run, name="mgpu-progress", daemon=True)
+        self._thread.start()
+
+    def connect(self) -> None:
+        """Publish to the job's store too, from the next beat on (imports torch.distributed)."""
+        if self._store is None and self.world_size > 1 and "MASTER_ADDR" in os.environ:
             import torch.distributed as dist
 
             try:
@@ -56,14 +70,11 @@ class Heartbeat:
                                             is_master=False, timeout=timedelta(seconds=10), wait_for_workers=False)
             except Exception:  # progress reporting is best effort: never fail a run for it
                 self._store = None
-        if self._store is None and self._file is None:
-            return
-        self._beat()
-        self._thread = threading.Thread(target=self._run, name="mgpu-progress", daemon=True)
-        self._thread.start()
 
     def _beat(self) -> None:
-        state = {"step": self.step, "phase": self.phase, "time": time.time()}
+        state = {"step": self.step, "phase": self.phase, "time": time.time(), "cpu_s": round(time.process_time(), 2)}
+        if self.extra is not None:
+            state.update(self.extra())
         if self._store is not None:
             self._store.set(KEY.format(rank=self.rank), json.dumps(state))
         if self._file is not None:
@@ -106,9 +117,13 @@ class Heartbeat:
         return seen
 
     def stop(self) -> None:
+        """Stop beating, after a last beat saying this rank's work has ended (the stall watch leaves it alone)."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=2)
+            self.phase = ENDED
+            with contextlib.suppress(Exception):
+                self._beat()
 
 
 def late_ranks(seen: list[Seen], me: Seen, stale_s: float = 3.0) -> list[Seen]:

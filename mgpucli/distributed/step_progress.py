@@ -1,10 +1,10 @@
 """``mgpucli.progress(step)``: a user's script tells mgpu which step it reached (a no-op outside ``mgpu launch``).
 
 A script launched by ``mgpu launch`` (:mod:`mgpucli.launch.script_job`) has this module enabled before its first
-line. Each call then stores the step (an attribute set: no I/O, no device sync) and, on the first call of a
-multi-process job, starts the rank's heartbeat (:mod:`mgpucli.distributed.heartbeat`: a daemon thread publishing
-``{step, phase, time}`` to the job's rendezvous store every second; it connects in the background, so the first
-call never waits). What it buys:
+line, with the rank's heartbeat (:mod:`mgpucli.distributed.heartbeat`), which already writes the progress mgpu
+observes by itself (:mod:`mgpucli.distributed.observed`) beside the rank's logs. Each call then stores the step (an
+attribute set: no I/O, no device sync) and, on the first call of a multi-process job, connects the heartbeat to the
+job's rendezvous store, in the background, so the first call never waits. What it buys:
 
 - a failure is recorded with the step it happened at (the post-mortem's "rank 1 failed first at step 1200");
 - a collective that times out is reported with the step every rank had reached, and the ranks that had not
@@ -28,23 +28,29 @@ _TIMEOUT = re.compile(r"timed? ?out|timeout", re.IGNORECASE)
 _enabled = False
 _step: int | None = None
 _heartbeat: Heartbeat | None = None
+_connecting: threading.Thread | None = None
 
 
-def enable() -> None:
-    """Make :func:`progress` count (the script job calls it before running the script)."""
-    global _enabled
+def enable(heartbeat: Heartbeat | None = None) -> None:
+    """Make :func:`progress` count (the script job calls it before running the script, with its heartbeat)."""
+    global _enabled, _heartbeat
     _enabled = True
+    if heartbeat is not None:
+        _heartbeat = heartbeat
 
 
 def progress(step: int) -> None:
     """Tell ``mgpu launch`` that this rank reached training step ``step`` (an int; call it once per step, anywhere
     in the loop). Cheap enough for every step; outside ``mgpu launch`` it does nothing."""
-    global _step, _heartbeat
+    global _step, _heartbeat, _connecting
     if not _enabled:
         return
     _step = step
     if _heartbeat is None:
         _heartbeat = _start_heartbeat()
+    elif _connecting is None and _heartbeat.world_size > 1:  # connecting may take a moment: never in the step
+        _connecting = threading.Thread(target=_heartbeat.connect, name="mgpu-progress-connect", daemon=True)
+        _connecting.start()
     _heartbeat.step = step
 
 

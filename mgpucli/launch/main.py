@@ -239,8 +239,9 @@ def launch(opts: LaunchOptions, dry_run: bool = False) -> int:
     from mgpucli.console import err_console
     from mgpucli.heap import postpone_full_gc, resume_full_gc
 
-    if opts.stall_s is not None and not opts.stall_s > 0:
-        raise UsageError(f"--stall-s {opts.stall_s:g}: must be a number of seconds > 0.", "Example: --stall-s 300.")
+    if opts.stall_s is not None and not opts.stall_s >= 0:
+        raise UsageError(f"--stall-s {opts.stall_s:g}: must be a number of seconds (0: no stall watch).",
+                         "Example: --stall-s 300.")
     postpone_full_gc()  # until the workers start: see mgpucli/heap.py
     try:
         plan, cfg = _prepare(opts, claim_run_dir=not dry_run)

@@ -33,13 +33,13 @@ from torch.distributed.launcher.api import elastic_launch
 
 from mgpucli.console import err_console, print_error
 from mgpucli.errors import EXIT_FAILED, EXIT_OK, EXIT_PREEMPTED, EXIT_USAGE
-from mgpucli.launch import progress_file
+from mgpucli.launch import hang_verdict, progress_file
 from mgpucli.launch.failure_summary import summarize
 from mgpucli.launch.live_view import LiveView
 from mgpucli.launch.parent_watch import LAUNCH_PID_ENV
 from mgpucli.launch.plan import LaunchPlan
 from mgpucli.launch.restart import stop_reason
-from mgpucli.launch.stall_watch import Stall, StallWatch
+from mgpucli.launch.stall_watch import BUSY_SHARE, DEFAULT_STALL_S, Stall, StallWatch
 from mgpucli.proctree import kill_children
 from mgpucli.run_files import METRICS, last_checkpoint
 from mgpucli.run_records import stacks
@@ -47,6 +47,7 @@ from mgpucli.run_records.first_failure import all_refused, collect, failure_reco
 from mgpucli.run_records.launch_record import LaunchRecord, build_attempt
 
 _MGPU_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+_STILL_S = 5.0  # on Ctrl-C, ranks still for this long are judged hung (who held the others up)
 _TORCH_DEFAULT_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT"
 
 
@@ -84,9 +85,11 @@ class IndexingLogsSpecs(DefaultLogsSpecs):
 
 
 class _Signals:
-    """First SIGINT/SIGTERM: torch's graceful path. Second: kill the workers now."""
+    """First SIGINT/SIGTERM: every rank's stacks, then torch's graceful path. Second: kill the workers now."""
 
-    def __init__(self):
+    def __init__(self, record: LaunchRecord):
+        self.record = record
+        self.stacks_asked: float | None = None  # when the first signal asked the ranks for their stacks
         self.received: list[int] = []
         self.active = False  # raise into torch's agent only while it runs; afterwards launch is just finishing
         self._previous = {}
@@ -110,6 +113,9 @@ class _Signals:
                 f"[yellow]mgpu launch: {name} received; stopping the workers gracefully (press Ctrl-C again to "
                 "kill them at once).[/]"
             )
+            if self.record.attempts:  # where each rank was, before they stop (a hung job's only trace)
+                self.stacks_asked = time.time()
+                stacks.request_live([f.error_file for f in self.record.attempts[-1].ranks.values()])
             raise SignalException(f"Process {os.getpid()} got signal: {signum}", sigval=signal.Signals(signum))
         killed = kill_children()
         err_console().print(f"[yellow]mgpu launch: {name} again; killed {len(killed)} worker(s).[/]")
@@ -164,18 +170,42 @@ def _failure_code(failures: list, script: bool) -> int:
     return EXIT_USAGE if all_refused(failures) else EXIT_FAILED
 
 
-def _stalled(found: Stall, stall_s: float, attempt, record: LaunchRecord) -> int:
-    """A rank stopped making progress: the workers were stopped after their stacks were taken."""
-    record.set_result("stalled", EXIT_FAILED, stall={**found.to_json(), "stall_s": stall_s},
-                      first_failed_rank=found.rank, attempts=len(record.attempts))
+def _where_ranks_were(attempt, found: hang_verdict.Verdict | None, since: float | None = None) -> list[str]:
     dumps = stacks.dumps_of({rank: stacks.stacks_path(files.error_file) for rank, files in attempt.ranks.items()
-                             if files.error_file})
-    lines = [f"{found.describe(stall_s)}; the job was stopped.",
-             "  where every rank was (their Python stacks, stacks.txt beside their logs):",
-             *[f"    {stacks.describe(rank, dump)}" for rank, dump in dumps.items()],
+                             if files.error_file}, since=since)
+    return ["  where every rank was (their Python stacks, stacks.txt beside their logs):",
+            *[f"    {line}" for line in hang_verdict.lines(found, dumps, list(attempt.ranks))]]
+
+
+def _stalled(found: Stall, watch: StallWatch, attempt, record: LaunchRecord) -> int:
+    """A rank stopped making progress: the workers were stopped after their stacks were taken."""
+    behind = hang_verdict.verdict(watch.progress)
+    summary = found.describe(watch.stall_s) if behind is None else \
+        f"{behind.headline}: no progress for {found.seconds:.0f} s (stall_s={watch.stall_s:g})"
+    record.set_result("stalled", EXIT_FAILED, stall={**found.to_json(), "stall_s": watch.stall_s, "summary": summary,
+                                                     "behind": behind.ranks if behind else [found.rank]},
+                      first_failed_rank=behind.ranks[0] if behind else found.rank, attempts=len(record.attempts))
+    lines = [f"{summary}; the job was stopped.", *_where_ranks_were(attempt, behind),
              f"  all logs: {attempt.dir or '(none)'}; index: {record.path}"]
+    if watch.busy_share is not None:
+        lines.append(f"  (the default limit, {watch.stall_s:g} s without progress or CPU work; --stall-s N sets "
+                     "another, --stall-s 0 turns it off)")
     print_error("\n".join(lines))
     return EXIT_FAILED
+
+
+def _interrupted(handler: _Signals, watch: StallWatch | None, record: LaunchRecord) -> list[str]:
+    """After a Ctrl-C (or SIGTERM): where every rank was, and when the ranks had been still a while, who held the
+    others up. The verdict goes into the record for the post-mortem."""
+    if handler.stacks_asked is None or not record.attempts:
+        return []
+    behind = None
+    if watch is not None and watch.frozen_s(time.monotonic()) >= _STILL_S:
+        behind = hang_verdict.verdict(watch.progress)
+    if behind is not None:
+        record.data["result"]["hang"] = behind.headline
+    head = [f"  {behind.headline}"] if behind is not None else []
+    return head + _where_ranks_were(record.attempts[-1], behind, since=handler.stacks_asked - 1)
 
 
 def run_plan(plan: LaunchPlan, record: LaunchRecord, live: bool = False, show_rank: str | None = None,
@@ -205,13 +235,13 @@ def run_plan(plan: LaunchPlan, record: LaunchRecord, live: bool = False, show_ra
     record.set_env(os.environ, plan.env)
     record.write()
     total = 1 + int(args.max_restarts)
-    handler = _Signals()
+    handler = _Signals(record)
     handler.install()
     promoter = _PromoteWhenStarted(record)
     promoter.start()
     if view is not None:
         view.start()
-    stall = StallWatch(record, stall_s, kill_children) if stall_s else None  # trainer.stall_s / --stall-s
+    stall = _stall_watch(record, stall_s)
     if stall is not None:
         stall.start()
     audit = _audit_watch(plan, record)
@@ -240,7 +270,7 @@ def run_plan(plan: LaunchPlan, record: LaunchRecord, live: bool = False, show_ra
             return EXIT_FAILED
         attempt = record.attempts[-1]
         if stall is not None and stall.stall is not None:
-            return _stalled(stall.stall, stall_s, attempt, record)
+            return _stalled(stall.stall, stall, attempt, record)
         found = collect(attempt, {rank: f.exitcode for rank, f in err.failures.items()})
         first = found[0].rank if found else None
         code = _failure_code(found, script)
@@ -266,10 +296,11 @@ def run_plan(plan: LaunchPlan, record: LaunchRecord, live: bool = False, show_ra
             return _preempted(plan, record, record.attempts[-1], signal.Signals(sig).name)
         code = 128 + sig
         record.set_result("stopped", code, signal=signal.Signals(sig).name)
+        where = _interrupted(handler, stall, record)
         again = "" if script else "Continue with: mgpu launch ... --resume auto "
         err_console().print(
-            f"mgpu launch: stopped by {signal.Signals(sig).name}; the workers have exited. {again}"
-            f"(logs: {plan.log_dir})",
+            "\n".join([f"mgpu launch: stopped by {signal.Signals(sig).name}; the workers have exited. {again}"
+                       f"(logs: {plan.log_dir})", *where]),
             markup=False, highlight=False,
         )
         return code
@@ -289,6 +320,16 @@ def run_plan(plan: LaunchPlan, record: LaunchRecord, live: bool = False, show_ra
         + f"logs: {plan.log_dir} (index: {record.path})", markup=False, highlight=False,
     )
     return EXIT_OK
+
+
+def _stall_watch(record: LaunchRecord, stall_s: float | None) -> StallWatch | None:
+    """The stall watch: ``stall_s`` given judges progress alone; None is the default limit, where CPU work counts
+    as progress too; 0 is none."""
+    if stall_s == 0:
+        return None
+    if stall_s is None:
+        return StallWatch(record, DEFAULT_STALL_S, kill_children, busy_share=BUSY_SHARE)
+    return StallWatch(record, stall_s, kill_children)
 
 
 def _audit_watch(plan: LaunchPlan, record: LaunchRecord):

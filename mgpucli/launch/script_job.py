@@ -31,6 +31,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 
+from mgpucli.distributed.heartbeat import Heartbeat
 from mgpucli.errors import UsageError
 from mgpucli.launch.script import LOCAL_RANK_FLAGS, ScriptTarget
 
@@ -74,7 +75,8 @@ class ScriptJob:
         from mgpucli.run_records.worker_records import mark_started
 
         argv = self.target.argv(os.environ.get("LOCAL_RANK"))
-        step_progress.enable()
+        beat = _observe_progress()
+        step_progress.enable(beat)
         faulthandler.enable(all_threads=True)  # a crash in native code prints every thread's stack, as under @record
         mark_started()  # the launch record becomes the run dir's launch.json (a --run-dir with an earlier launch)
         audit = None
@@ -85,13 +87,16 @@ class ScriptJob:
         stopped: SystemExit | None = None
         try:
             namespace = _run_script(self.target, argv)  # kept until the audit's end: the script's model is in it
+            beat.stop()
         except SystemExit as stop:
+            beat.stop()
             if audit is not None:
                 audit.finish(clean=True)  # the script chose to end here, whatever its code
             stopped = SystemExit(stop.code)  # a fresh one: the script's own holds its frames, and its objects
         except KeyboardInterrupt:
             raise
         except BaseException as exc:
+            beat.stop()
             _fail(exc, step_progress.current_step(), step_progress.timeout_note(exc))
             if audit is not None:
                 audit.finish(clean=False)
@@ -107,6 +112,38 @@ class ScriptJob:
         gc.collect()
         if stopped is not None:
             raise stopped
+
+
+def _observe_progress() -> Heartbeat:
+    """The rank's heartbeat, writing from before the script's first line (so the stall watch sees every rank), and
+    once the script imports torch, what it observes there (:mod:`mgpucli.distributed.observed`) and the
+    nested-launcher guard (:mod:`mgpucli.launch.nested`). Imports nothing heavy."""
+    from mgpucli.distributed import observed
+    from mgpucli.distributed.env import read_rank_env
+    from mgpucli.distributed.step_progress import PHASE
+    from mgpucli.torch_import import when_torch_loads
+
+    try:
+        env = read_rank_env()
+        rank, world_size = env.rank, env.world_size
+    except Exception:  # noqa: BLE001 - a bad environment is the script's to report
+        rank, world_size = 0, 1
+    beat = Heartbeat(rank, world_size, extra=observed.snapshot)
+    beat.phase = PHASE
+    beat.start(connect=False)
+
+    def install() -> None:
+        from mgpucli.launch import nested
+
+        try:
+            observed.install()
+            nested.install(rank, world_size)
+        except Exception as err:  # noqa: BLE001 - observing must never stop the script
+            print(f"mgpu: could not observe the script's progress ({type(err).__name__}: {err}); a hang is then "
+                  "seen only through mgpucli.progress(step).", file=sys.stderr, flush=True)
+
+    when_torch_loads(install)
+    return beat
 
 
 def _run_script(target: ScriptTarget, argv: list[str]) -> dict:

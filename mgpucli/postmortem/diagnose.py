@@ -241,8 +241,9 @@ def _stalled(run: RunRecord) -> Failure:
     """mgpu launch stopped the job: a rank made no progress for trainer.stall_s / --stall-s seconds."""
     stall = run.result.get("stall") or {}
     rank = stall.get("rank")
-    title = (f"rank {rank} made no progress for {stall.get('seconds')} s (stall_s={stall.get('stall_s')}): still at "
-             f"step {stall.get('step')} in '{stall.get('phase')}'")
+    title = stall.get("summary") or (f"rank {rank} made no progress for {stall.get('seconds')} s "
+                                      f"(stall_s={stall.get('stall_s')}): still at step {stall.get('step')} in "
+                                      f"'{stall.get('phase')}'")
     fix = ("The stacks below show where each rank was: the stalled rank's innermost frame of your code is where it "
            "was stuck (a read that never answers, a lock, a rank that took another branch). If it was legitimately "
            "busy there (a long validation or save), raise stall_s.")
@@ -255,7 +256,8 @@ def _stopped(run: RunRecord) -> Failure:
     result = run.result
     sig = result.get("signal") or "a signal"
     attempt = run.attempts[-1].attempt if run.attempts else 0
-    match = Match("stopped", f"the launcher was stopped by {sig}", None, [], signal_fix(str(sig)), cause=False)
+    hang = f"; {result['hang']}" if result.get("hang") else ""
+    match = Match("stopped", f"the launcher was stopped by {sig}{hang}", None, [], signal_fix(str(sig)), cause=False)
     tailor(match, run)
     failure = Failure(None, None, attempt, match)
     if isinstance(result.get("step"), int):

@@ -179,6 +179,20 @@ def waiting_frame(thread: ThreadStack) -> Frame | None:
     return thread.frames[0] if thread.frames else None
 
 
+def request_live(error_files: list[str | None], wait_s: float = 3.0) -> list[str]:
+    """Ask every live worker among those of ``error_files`` for its stacks (the launcher: before it stops a stalled
+    or interrupted job). Returns the stacks files asked."""
+    targets = []
+    for error_file in error_files:
+        path = stacks_path(error_file) if error_file else None
+        pid = read_pid(path) if path else None
+        if pid is not None and _alive(pid):
+            targets.append((pid, path))
+    if targets:
+        request([pid for pid, _ in targets], [path for _, path in targets], wait_s)
+    return [path for _, path in targets]
+
+
 def request_siblings(error_file: str | None, wait_s: float = 3.0) -> list[str]:
     """From a failing worker, before it exits: ask the other live workers of its attempt on this node (whose
     stacks files name their pids) for their stacks, so the post-mortem shows where they were, stuck or waiting,

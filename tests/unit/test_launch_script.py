@@ -151,6 +151,9 @@ class FakeBeat:  # a Heartbeat that saw the other ranks at these steps
     def others(self):
         return self._seen
 
+    def connect(self):
+        pass
+
 
 def test_progress_is_a_no_op_outside_mgpu_launch_and_timeouts_name_every_ranks_step(monkeypatch):
     import mgpucli

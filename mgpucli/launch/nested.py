@@ -1,0 +1,70 @@
+"""A script that is its own launcher, run under ``mgpu launch`` with several workers: stopped at once, said why.
+
+The ImageNet example's ``--multiprocessing-distributed`` (``torch.multiprocessing.spawn`` of one process per GPU,
+each calling ``init_process_group``) inside N ranks of ``mgpu launch`` makes N x N processes fight over one
+rendezvous, and the job hangs. Installed in a launched script worker when the script imports torch
+(:mod:`mgpucli.torch_import`), this refuses, with :class:`NestedLaunchError` (its text:
+:mod:`mgpucli.run_records.nested_launch`), in a job of more than one rank:
+
+- ``torch.multiprocessing.spawn`` / ``start_processes`` called by the worker (the script's first line of it is in the
+  traceback);
+- ``torch.distributed.init_process_group`` called in a child process of the worker (a forked
+  ``multiprocessing.Process``): the child fails and the worker is stopped (SIGTERM), so the job ends promptly.
+
+DataLoader workers and other helper processes (which never call ``init_process_group``) are not affected, nor is a
+job of one rank (``--nproc 1``), where the script may spawn its own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import signal
+import sys
+from collections.abc import Callable
+
+from mgpucli.run_records.nested_launch import ERROR_NAME, message
+
+
+class NestedLaunchError(RuntimeError):
+    """The script starts distributed processes of its own in a rank of a launched job (its name: ``ERROR_NAME``)."""
+
+
+def install(rank: int, world_size: int) -> None:
+    """Guard this worker's torch (imported) when the job has more than one rank."""
+    if world_size <= 1:
+        return
+    import torch.distributed as dist
+    import torch.multiprocessing as mp
+
+    worker = os.getpid()
+    for name in ("spawn", "start_processes"):
+        original = getattr(mp, name, None)
+        if callable(original):
+            setattr(mp, name, _refuse(f"torch.multiprocessing.{name}", original, rank, world_size))
+    if dist.is_available():
+        dist.init_process_group = _in_children(dist.init_process_group, worker, rank, world_size)
+
+
+def _refuse(what: str, original: Callable, rank: int, world_size: int) -> Callable:
+    @functools.wraps(original)
+    def refused(*args, **kwargs):
+        raise NestedLaunchError(message(rank, world_size, what))
+
+    return refused
+
+
+def _in_children(original: Callable, worker: int, rank: int, world_size: int) -> Callable:
+    @functools.wraps(original)
+    def init_process_group(*args, **kwargs):
+        if os.getpid() != worker:
+            error = NestedLaunchError(message(rank, world_size, "a child process of the rank calls "
+                                              "init_process_group"))
+            print(f"{ERROR_NAME}: {error}", file=sys.stderr, flush=True)  # in the rank's log before it is stopped
+            with contextlib.suppress(OSError):
+                os.kill(worker, signal.SIGTERM)  # the worker would wait for this child, or go on without it
+            raise error
+        return original(*args, **kwargs)
+
+    return init_process_group
