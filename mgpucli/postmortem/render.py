@@ -94,7 +94,7 @@ def render(report: Report, console: Console | None = None, compact: bool = False
                 console.print(Text(f"    {line.cite()}  ", style="dim") + Text(_short(line.text, room)))
         console.print(Text("  fix: ", style="bold cyan") + Text(f.match.fix, style="cyan"))
     if report.stacks:
-        what = "where the ranks were" if f is not None and f.match.signature == "stalled" else \
+        what = "where the ranks were" if f is not None and f.match.signature in ("stalled", "stopped") else \
             "where the other ranks were when it failed"
         console.print(Text(f"  {what} (their stacks):", style="bold"))
         for rank, dump in sorted(report.stacks.items()):

@@ -30,12 +30,12 @@ from mgpucli.postmortem.matchers.resources import (
     killed_by_signal,
     signal_fix,
 )
-from mgpucli.postmortem.matchers.script import cuda_without_gpus, legacy_local_rank, nccl_without_gpus
+from mgpucli.postmortem.matchers.script import cuda_without_gpus, legacy_local_rank, nccl_without_gpus, nested_launcher
 
 MATCHERS: tuple[Matcher, ...] = (
-    cuda_oom, nccl_without_gpus, cuda_without_gpus, legacy_local_rank, disk_full, nan_loss, address_in_use,
-    ddp_unused_parameters, ddp_ready_twice, dataloader_worker, ranks_disagree, collective_timeout, mgpu_error,
-    killed_by_signal, python_exception, peer_lost,
+    cuda_oom, nccl_without_gpus, cuda_without_gpus, legacy_local_rank, nested_launcher, disk_full, nan_loss,
+    address_in_use, ddp_unused_parameters, ddp_ready_twice, dataloader_worker, ranks_disagree, collective_timeout,
+    mgpu_error, killed_by_signal, python_exception, peer_lost,
 )
 
 
@@ -51,5 +51,6 @@ def explain(lines: Sequence[LogLine]) -> Match | None:
 __all__ = ["MATCHERS", "Match", "Matcher", "address_in_use", "collective_timeout", "cuda_oom", "cuda_without_gpus",
            "dataloader_worker",
            "ddp_ready_twice", "ddp_unused_parameters", "disk_full", "explain", "killed_by_signal",
-           "legacy_local_rank", "mgpu_error", "nan_loss", "nccl_without_gpus", "peer_lost", "python_exception",
+           "legacy_local_rank", "mgpu_error", "nan_loss", "nccl_without_gpus", "nested_launcher", "peer_lost",
+           "python_exception",
            "ranks_disagree", "signal_fix"]

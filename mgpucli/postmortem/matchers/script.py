@@ -1,5 +1,6 @@
 """Failures particular to users' own scripts (``mgpu launch SCRIPT.py``): a script written for the legacy
-``python -m torch.distributed.launch`` (its ``--local_rank`` argument), and GPU code (the nccl backend, CUDA calls)
+``python -m torch.distributed.launch`` (its ``--local_rank`` argument), a script that spawns its own distributed
+processes inside the launched ranks, and GPU code (the nccl backend, CUDA calls)
 where no GPU is visible, as on ``--cpu`` workers."""
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from typing import Any
 from mgpucli.postmortem.lines import LogLine, by_rank, find_all
 from mgpucli.postmortem.matchers.base import Match, hit_ranks
 from mgpucli.postmortem.tracebacks import last_exception
+from mgpucli.run_records.nested_launch import ERROR_NAME, FIX
 
 # --------------------------------------------------------------------------------- the legacy --local_rank
 _FLAG = re.compile(r"--local[-_]rank")
@@ -131,3 +133,18 @@ def cuda_without_gpus(lines: Sequence[LogLine]) -> Match | None:
                  "build (mgpu doctor); to run on CPUs too, pick the device in the script: "
                  "torch.device('cuda', local_rank) if torch.cuda.is_available() else torch.device('cpu'), with gloo.",
                  details={"ranks": hit_ranks(hits)})
+
+
+# ------------------------------------------------------------------------------ a script that is its own launcher
+_NESTED = re.compile(rf"\b{ERROR_NAME}: .*?\((?P<what>[^)]*)\)")
+
+
+def nested_launcher(lines: Sequence[LogLine]) -> Match | None:
+    """The script spawned distributed processes of its own inside a launched rank (mgpucli.launch.nested)."""
+    hits = find_all(lines, _NESTED)
+    if not hits:
+        return None
+    anchor, found = hits[0]
+    return Match("nested_launcher", f"the script starts its own distributed processes ({found['what']}) inside "
+                 "the ranks mgpu launch started", anchor.rank, [anchor], FIX,
+                 details={"ranks": hit_ranks(hits), "what": found["what"]})
