@@ -105,8 +105,11 @@ def launch(
     ),
     stall_s: float | None = typer.Option(
         None, "--stall-s", metavar="SECONDS", show_default=False,
-        help="Stop the job when a rank makes no progress for this long, showing every rank's Python stack first "
-        "(a recipe's trainer.stall_s; a script's progress comes from mgpucli.progress(step)). Default: off.",
+        help="Stop the job when a rank makes no progress for this long, showing where every rank was first (a "
+        "recipe's trainer.stall_s). A script's progress is seen without its help: optimizer steps, entering and "
+        "leaving init_process_group and collectives. Default: 600 s, where CPU work counts as progress too (a long "
+        "validation or save never trips it, a hang ends in 10 minutes); 0: no stall watch. Ctrl-C also shows "
+        "where every rank was.",
     ),
     audit: bool = typer.Option(
         False, "--audit", help="Run your script with checks for the DDP tutorial's traps (a model not wrapped in DDP, "

@@ -217,7 +217,21 @@ def _banner(plan: LaunchPlan, opts: LaunchOptions) -> list[str]:
     lines = [f"mgpu launch: {what}{nodes}{job}; run dir {plan.run_dir}",
              f"  logs of every rank: {plan.log_dir} ({shown} shown here); torchrun equivalent in "
              f"{plan.launch_json}"]
+    if script is not None:
+        lines.append(f"  {_hang_watch(opts.stall_s)}; Ctrl-C (or mgpu doctor {plan.run_dir} --stacks) shows where "
+                     "every rank is")
     return lines + [f"  {note}" for note in plan.notes]
+
+
+def _hang_watch(stall_s: float | None) -> str:
+    from mgpucli.launch.stall_watch import DEFAULT_STALL_S
+
+    if stall_s == 0:
+        return "no stall watch (--stall-s 0)"
+    if stall_s is None:
+        return (f"a rank with no progress and no CPU work for {DEFAULT_STALL_S:g} s stops the job (--stall-s N: "
+                "another limit, 0: none)")
+    return f"a rank with no progress for {stall_s:g} s stops the job (--stall-s)"
 
 
 def _hand_over(cfg, opts: LaunchOptions, plan: LaunchPlan) -> None:
