@@ -109,3 +109,19 @@ def test_the_heartbeat_writes_what_is_observed_from_the_start_and_ends_with_a_la
     assert (first["phase"], first["joined"], first["calls"]) == ("setup", False, 0) and first["cpu_s"] >= 0
     beat.stop()
     assert json.loads(Path(progress_path(str(error_file))).read_text())["phase"] == ENDED
+
+
+def test_init_process_group_in_a_child_of_the_rank_fails_and_stops_the_rank(capsys):
+    import subprocess
+    import sys
+
+    rank = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])  # stands for the launched rank
+    try:
+        guarded = nested._in_children(lambda **kw: None, rank.pid, 0, 2)  # called here: another process than it
+        with pytest.raises(nested.NestedLaunchError, match="a child process of the rank calls init_process_group"):
+            guarded(backend="gloo")
+        assert rank.wait(timeout=30) == -15  # SIGTERM: the rank does not wait for its child, nor go on alone
+        assert f"{ERROR_NAME}: the script starts its own distributed processes" in capsys.readouterr().err
+    finally:
+        rank.kill()
+        rank.wait()
