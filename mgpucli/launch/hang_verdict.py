@@ -23,12 +23,10 @@ INIT = "init_process_group"  # as mgpucli.distributed.observed names it
 
 @dataclass
 class Verdict:
+    kind: str  # never_joined, outside_collective, different_collectives (the post-mortem's fix depends on it)
     ranks: list[int]  # the ranks behind (named first)
     headline: str
     what: dict[int, str]  # rank -> what it did wrong, for its line ("never joined the process group")
-
-    def to_json(self) -> dict:
-        return {"ranks": self.ranks, "headline": self.headline}
 
 
 def observed(progress: dict | None) -> bool:
@@ -56,21 +54,21 @@ def verdict(progress: dict[int, dict | None]) -> Verdict | None:
         joined = [r for r in joining if r not in waiting]
         others = "; ".join(([f"{_names(waiting)} {_waits(waiting)} for it in {INIT}"] if waiting else [])
                            + ([f"{_names(joined)} joined without it"] if joined else []))
-        return Verdict(never, f"{_names(never)} {what} ({others})", dict.fromkeys(never, what))
+        return Verdict("never_joined", never, f"{_names(never)} {what} ({others})", dict.fromkeys(never, what))
     inside = {r: p["collective"] for r, p in progress.items() if observed(p) and p.get("collective")}
     outside = sorted(r for r in progress if r not in inside)
     if inside and outside:
         names = sorted(set(inside.values()))
         waiting = sorted(inside)
         what = f"is outside the {' / '.join(names)} the others wait in"
-        return Verdict(outside, f"{_names(outside)} never entered the {' / '.join(names)} {_names(waiting)} "
-                       f"{_waits(waiting)} in", dict.fromkeys(outside, what))
+        headline = f"{_names(outside)} never entered the {' / '.join(names)} {_names(waiting)} {_waits(waiting)} in"
+        return Verdict("outside_collective", outside, headline, dict.fromkeys(outside, what))
     if len(inside) > 1:
         calls = {r: (inside[r], progress[r]["calls"]) for r in inside}  # type: ignore[index]
         if len(set(calls.values())) > 1:
             said = ", ".join(f"rank {r} in {name} (its call {n})" for r, (name, n) in sorted(calls.items()))
             ranks = sorted(calls)
-            return Verdict(ranks, f"the ranks wait in different collectives: {said}",
+            return Verdict("different_collectives", ranks, f"the ranks wait in different collectives: {said}",
                            {r: f"waits in {name} (its call {n})" for r, (name, n) in calls.items()})
     return None
 

@@ -183,7 +183,8 @@ def _stalled(found: Stall, watch: StallWatch, attempt, record: LaunchRecord) -> 
     summary = found.describe(watch.stall_s) if behind is None else \
         f"{behind.headline}: no progress for {found.seconds:.0f} s (stall_s={watch.stall_s:g})"
     record.set_result("stalled", EXIT_FAILED, stall={**found.to_json(), "stall_s": watch.stall_s, "summary": summary,
-                                                     "behind": behind.ranks if behind else [found.rank]},
+                                                     "behind": behind.ranks if behind else [found.rank],
+                                                     "kind": behind.kind if behind else None},
                       first_failed_rank=behind.ranks[0] if behind else found.rank, attempts=len(record.attempts))
     lines = [f"{summary}; the job was stopped.", *_where_ranks_were(attempt, behind),
              f"  all logs: {attempt.dir or '(none)'}; index: {record.path}"]

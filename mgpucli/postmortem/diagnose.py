@@ -237,6 +237,21 @@ def _stacks_at_failure(attempt: Attempt, first: Failure) -> dict:
                             if files.error_file and rank != first.rank}, since=since)
 
 
+_STALL_FIX = ("The stacks below show where each rank was: the stalled rank's innermost frame of your code is where it "
+              "was stuck (a read that never answers, a lock, a rank that took another branch).")
+_STALL_FIXES = {  # by who held the others up (mgpucli.launch.hang_verdict)
+    "never_joined": "Every rank must reach init_process_group; the rank named never did, and its line below is where "
+                    "it was instead (a read or a download that never ends, a lock, a branch only some ranks take).",
+    "outside_collective": "Every rank must make the same collectives in the same order; the rank named was "
+                          "elsewhere, at its line below (stuck there, or on a path that skips the collective: a "
+                          "branch on the rank, fewer batches than the others).",
+    "different_collectives": "The ranks made different collective calls, so each waits for a partner that never "
+                             "comes: usually uneven data (a different number of batches per rank: "
+                             "DistributedSampler(..., drop_last=True), the same number of steps on every rank) or a "
+                             "collective inside a branch on the rank. Each rank's line is below.",
+}
+
+
 def _stalled(run: RunRecord) -> Failure:
     """mgpu launch stopped the job: a rank made no progress for trainer.stall_s / --stall-s seconds."""
     stall = run.result.get("stall") or {}
@@ -244,9 +259,9 @@ def _stalled(run: RunRecord) -> Failure:
     title = stall.get("summary") or (f"rank {rank} made no progress for {stall.get('seconds')} s "
                                       f"(stall_s={stall.get('stall_s')}): still at step {stall.get('step')} in "
                                       f"'{stall.get('phase')}'")
-    fix = ("The stacks below show where each rank was: the stalled rank's innermost frame of your code is where it "
-           "was stuck (a read that never answers, a lock, a rank that took another branch). If it was legitimately "
-           "busy there (a long validation or save), raise stall_s.")
+    fix = _STALL_FIXES.get(str(stall.get("kind")), _STALL_FIX)
+    limit = "--stall-s" if run.is_script else "trainer.stall_s"
+    fix += f" If it was legitimately busy there (a long validation or save), raise {limit}."
     match = Match("stalled", title, rank, [], fix, details=stall)
     return Failure(rank, None, run.attempts[-1].attempt, match, step=stall.get("step"), step_source="heartbeat")
 

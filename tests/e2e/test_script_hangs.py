@@ -57,6 +57,8 @@ def test_a_rank_that_never_joins_the_process_group_is_named_with_its_line(work: 
     report = _doctor(work)
     assert report["status"] == "stalled" and report["first_failure"]["rank"] == 1, report
     assert report["first_failure"]["title"].startswith("rank 1 never joined the process group"), report
+    assert report["first_failure"]["fix"].startswith("Every rank must reach init_process_group") and \
+        "raise --stall-s" in report["first_failure"]["fix"], report
     frame = report["stacks"]["1"]["user_frame"]
     assert (frame["function"], frame["source"]) == ("load_data", "time.sleep(3600)  # a read that never answers")
 
@@ -73,6 +75,7 @@ def test_ranks_that_disagree_on_their_all_reduce_calls_are_both_quoted(work: Pat
     assert f"rank 1 waits in barrier (its call 4): it was at {barrier} in <module>" in err, err
     report = _doctor(work)
     assert report["first_failure"]["title"].startswith("the ranks wait in different collectives"), report
+    assert "DistributedSampler(..., drop_last=True)" in report["first_failure"]["fix"], report
     assert {r: d["user_frame"]["source"].split("(")[0] for r, d in report["stacks"].items()} == \
         {"0": "dist.all_reduce", "1": "dist.barrier"}
 

@@ -19,7 +19,7 @@ def _dump(file, line, function, source):
 def test_a_rank_that_never_joined_is_named_with_its_line():
     progress = {0: _p("init_process_group", calls=1, joined=False), 1: _p(joined=False)}
     found = verdict(progress)
-    assert found.ranks == [1]
+    assert (found.kind, found.ranks) == ("never_joined", [1])
     assert found.headline == "rank 1 never joined the process group (rank 0 waits for it in init_process_group)"
     shown = lines(found, {0: _dump("/w/main.py", 16, "<module>", "dist.init_process_group()"),
                           1: _dump("/w/main.py", 12, "load_data", "time.sleep(3600)")}, [0, 1])
@@ -34,14 +34,14 @@ def test_a_rank_that_wrote_nothing_never_joined_either():
 
 def test_the_rank_outside_the_collective_the_others_wait_in_is_named():
     found = verdict({0: _p("all_reduce", calls=7, steps=5), 1: _p(calls=6, steps=5), 2: _p("all_reduce", calls=7)})
-    assert found.ranks == [1]
+    assert (found.kind, found.ranks) == ("outside_collective", [1])
     assert found.headline == "rank 1 never entered the all_reduce ranks 0, 2 wait in"
     assert lines(found, {}, [0, 1, 2])[0] == "rank 1: no stacks (it had exited?)"
 
 
 def test_ranks_in_different_collectives_are_all_named():
     found = verdict({0: _p("all_reduce", calls=4), 1: _p("barrier", calls=4)})
-    assert found.ranks == [0, 1]
+    assert (found.kind, found.ranks) == ("different_collectives", [0, 1])
     assert found.headline == ("the ranks wait in different collectives: rank 0 in all_reduce (its call 4), rank 1 in "
                               "barrier (its call 4)")
     found = verdict({0: _p("all_reduce", calls=5), 1: _p("all_reduce", calls=4)})
