@@ -43,11 +43,15 @@ def _line(work: Path, script: str, text: str) -> str:
     return f"{script}:{number}"
 
 
-def test_a_rank_that_never_joins_the_process_group_is_named_with_its_line(work: Path, tag: str):  # noqa: F811
-    code, launch = run_launch([*CPU2, "--stall-s", "20", "--run-dir", "run", "never_joins.py"], work, tag,
-                              timeout=90)
-    err = launch.err_path.read_text()
+def _stalls(work: Path, tag: str, script: str) -> str:  # noqa: F811
+    """``--stall-s 20`` on a script that hangs: the launch ends, exit 1; its stderr."""
+    code, launch = run_launch([*CPU2, "--stall-s", "20", "--run-dir", "run", script], work, tag, timeout=90)
     assert code == 1, launch.output
+    return launch.err_path.read_text()
+
+
+def test_a_rank_that_never_joins_the_process_group_is_named_with_its_line(work: Path, tag: str):  # noqa: F811
+    err = _stalls(work, tag, "never_joins.py")
     assert "rank 1 never joined the process group (rank 0 waits for it in init_process_group): no progress for " \
            "20 s (stall_s=20); the job was stopped." in err, err
     sleep = _line(work, "never_joins.py", "time.sleep(3600)")
@@ -64,10 +68,7 @@ def test_a_rank_that_never_joins_the_process_group_is_named_with_its_line(work: 
 
 
 def test_ranks_that_disagree_on_their_all_reduce_calls_are_both_quoted(work: Path, tag: str):  # noqa: F811
-    code, launch = run_launch([*CPU2, "--stall-s", "20", "--run-dir", "run", "uneven_all_reduce.py"], work, tag,
-                              timeout=90)
-    err = launch.err_path.read_text()
-    assert code == 1, launch.output
+    err = _stalls(work, tag, "uneven_all_reduce.py")
     assert "the ranks wait in different collectives: rank 0 in all_reduce (its call 4), rank 1 in barrier (its " \
            "call 4)" in err, err
     reduce, barrier = (_line(work, "uneven_all_reduce.py", text) for text in ("dist.all_reduce(", "dist.barrier()"))
