@@ -125,3 +125,14 @@ def test_init_process_group_in_a_child_of_the_rank_fails_and_stops_the_rank(caps
     finally:
         rank.kill()
         rank.wait()
+
+
+def test_the_post_mortem_recognises_a_nested_launcher_and_gives_both_fixes():
+    from mgpucli.postmortem.lines import parse
+    from mgpucli.postmortem.matchers import explain
+
+    fixture = Path(__file__).parent / "fixtures" / "postmortem" / "nested_launcher.log"
+    match = explain(parse(fixture.read_text(), rank=1, source=str(fixture)))
+    assert (match.signature, match.rank, match.fix) == ("nested_launcher", 1, FIX)
+    assert match.title == ("the script starts its own distributed processes (torch.multiprocessing.spawn) inside "
+                           "the ranks mgpu launch started")
