@@ -74,10 +74,10 @@ def test_a_different_step_is_restarted_and_non_retryable_is_refused_at_once(tmp_
         logs.reify(envs(3))
 
 
-def test_first_signal_is_torchs_graceful_path_second_kills(monkeypatch):
+def test_first_signal_is_torchs_graceful_path_second_kills(monkeypatch, tmp_path):
     killed = []
     monkeypatch.setattr(runner, "kill_children", lambda: killed.append(True) or [123])
-    handler = runner._Signals()
+    handler = runner._Signals(LaunchRecord(str(tmp_path / "launch.json"), {}))  # no worker started yet
     handler._handle(signal.SIGINT, None)  # before/after the agent runs: nothing raised into launch's own code
     assert killed == [True]
     killed.clear()
@@ -87,7 +87,21 @@ def test_first_signal_is_torchs_graceful_path_second_kills(monkeypatch):
         handler._handle(signal.SIGINT, None)
     assert info.value.sigval == signal.SIGINT and not killed
     handler._handle(signal.SIGINT, None)  # no exception: the agent's shutdown wait sees the workers gone
-    assert killed == [True]
+    assert killed == [True] and handler.stacks_asked is None
+
+
+def test_the_first_signal_asks_every_rank_for_its_stacks_before_the_graceful_path(monkeypatch, tmp_path):
+    from mgpucli.run_records.launch_record import Attempt, RankFiles
+
+    record = LaunchRecord(str(tmp_path / "launch.json"), {})
+    record.add_attempt(Attempt(0, str(tmp_path), {r: RankFiles(r, r, "", "", f"/x/{r}/error.json") for r in (0, 1)}))
+    asked = []
+    monkeypatch.setattr(runner.stacks, "request_live", lambda files: asked.append(sorted(files)) or [])
+    handler = runner._Signals(record)
+    handler.active = True
+    with pytest.raises(SignalException):
+        handler._handle(signal.SIGTERM, None)
+    assert asked == [["/x/0/error.json", "/x/1/error.json"]] and handler.stacks_asked is not None
 
 
 def test_signals_left_to_torch():
