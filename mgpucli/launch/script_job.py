@@ -36,6 +36,9 @@ from mgpucli.errors import UsageError
 from mgpucli.launch.script import LOCAL_RANK_FLAGS, ScriptTarget
 
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# mgpu's wrappers around torch's public functions: their frames say nothing to the user
+_TRANSPARENT = {os.path.join(_PACKAGE_DIR, "distributed", "observed.py"),
+                os.path.join(_PACKAGE_DIR, "launch", "nested.py")}
 USAGE = "script [--local-rank-flag FLAG] [--audit] (PATH | -m MODULE) [ARGS...]"
 
 
@@ -174,14 +177,24 @@ def _fail(exc: BaseException, step: int | None, note: str | None) -> None:
 
 
 def _user_frames(tb: TracebackType | None) -> TracebackType | None:
-    """The traceback from the script's first frame on: mgpu's worker and runpy's frames above it left out."""
+    """The traceback from the script's first frame on: mgpu's worker and runpy's frames above it left out, and the
+    frames of mgpu's wrappers around torch's functions (:data:`_TRANSPARENT`) wherever they are."""
     runpy_files = {os.path.abspath(runpy.__file__), "<frozen runpy>"}  # a frozen stdlib names its frames so
     while tb is not None and tb.tb_next is not None:
         filename = tb.tb_frame.f_code.co_filename
         if filename not in runpy_files and not os.path.abspath(filename).startswith(_PACKAGE_DIR + os.sep):
             break
         tb = tb.tb_next
-    return tb
+    kept, at = [], tb
+    while at is not None:
+        if os.path.abspath(at.tb_frame.f_code.co_filename) not in _TRANSPARENT:
+            kept.append(at)
+        at = at.tb_next
+    if not kept:
+        return tb
+    for frame, after in zip(kept, [*kept[1:], None], strict=True):
+        frame.tb_next = after
+    return kept[0]
 
 
 def _record_in_error_file(exc: BaseException) -> None:

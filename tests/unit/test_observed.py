@@ -136,3 +136,22 @@ def test_the_post_mortem_recognises_a_nested_launcher_and_gives_both_fixes():
     assert (match.signature, match.rank, match.fix) == ("nested_launcher", 1, FIX)
     assert match.title == ("the script starts its own distributed processes (torch.multiprocessing.spawn) inside "
                            "the ranks mgpu launch started")
+
+
+def test_a_traceback_through_a_wrapped_call_shows_no_frame_of_mgpus(tmp_path, monkeypatch):
+    import sys
+    import traceback
+
+    from mgpucli.launch.script import ScriptTarget
+    from mgpucli.launch.script_job import _run_script, _user_frames
+
+    monkeypatch.setattr(sys, "argv", list(sys.argv))
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    script = tmp_path / "main.py"
+    script.write_text("from mgpucli.distributed import observed\n\n"
+                      "def all_reduce(t):\n    raise RuntimeError('Connection closed by peer')\n\n"
+                      "observed.observe('all_reduce', all_reduce, lambda: False)(1)\n")
+    with pytest.raises(RuntimeError) as info:
+        _run_script(ScriptTarget(path=str(script)), [])
+    frames = traceback.extract_tb(_user_frames(info.value.__traceback__.tb_next))
+    assert [(f.filename, f.name) for f in frames] == [(str(script), "<module>"), (str(script), "all_reduce")]
