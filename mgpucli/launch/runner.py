@@ -37,6 +37,7 @@ from mgpucli.console import err_console, print_error
 from mgpucli.errors import EXIT_FAILED, EXIT_OK, EXIT_PREEMPTED, EXIT_USAGE
 from mgpucli.launch import progress_file
 from mgpucli.launch.failure_summary import summarize
+from mgpucli.launch.job_source import PET_PREFIX
 from mgpucli.launch.live_view import LiveView
 from mgpucli.launch.parent_watch import LAUNCH_PID_ENV
 from mgpucli.launch.plan import LaunchPlan
@@ -254,7 +255,7 @@ def _agent_config(plan: LaunchPlan, record: LaunchRecord, live: bool, show_rank:
     os.environ.update(plan.env)
     os.environ[LAUNCH_PID_ENV] = str(os.getpid())
     options, job_args = plan.split_at_job()
-    args = torchrun.parse_args(options)
+    args = parse_torchrun_options(options)
     view = None
     if live:
         args.tee = "0"  # the live view shows the lines
@@ -270,6 +271,18 @@ def _agent_config(plan: LaunchPlan, record: LaunchRecord, live: bool, show_rank:
     )
     config.signals_to_handle = _signals_for_torch(args.signals_to_handle or _TORCH_DEFAULT_SIGNALS)
     return config, cmd, cmd_args, 1 + int(args.max_restarts), view
+
+
+def parse_torchrun_options(options: list[str]):
+    """torchrun's parser on the plan's options alone. It takes every option left out from ``PET_<OPTION>``; the plan
+    already read the ones mgpu honours (:mod:`mgpucli.launch.job_source`), and a stray one (``PET_RDZV_ENDPOINT``
+    under a static rendezvous, ``PET_STANDALONE``) would change the job behind the plan's back, so the parser
+    sees none of them. The workers still inherit them, as under torchrun."""
+    hidden = {k: os.environ.pop(k) for k in [k for k in os.environ if k.startswith(PET_PREFIX)]}
+    try:
+        return torchrun.parse_args(options)
+    finally:
+        os.environ.update(hidden)
 
 
 class _Watchers:
