@@ -36,6 +36,7 @@ PET_READ = {"PET_NNODES": "nnodes", "PET_NODE_RANK": "node_rank", "PET_NPROC_PER
             "PET_MASTER_ADDR": "master_addr", "PET_MASTER_PORT": "master_port", "PET_RDZV_ENDPOINT": "rdzv_endpoint",
             "PET_RDZV_BACKEND": "rdzv_backend", "PET_RDZV_ID": "rdzv_id"}
 POD_VARS = {"MASTER_ADDR": "master_addr", "MASTER_PORT": "master_port", "WORLD_SIZE": "nnodes", "RANK": "node_rank"}
+SLURM_NAME, PET_NAME, POD_NAME = "SLURM", "torchrun's PET_* variables", "the pod's variables"
 IN_A_POD = "KUBERNETES_SERVICE_HOST"  # set by Kubernetes in every container of every pod
 WORKER_MARKS = ("LOCAL_RANK", "TORCHELASTIC_RUN_ID")  # torch's agent sets them for each worker it starts
 
@@ -45,7 +46,7 @@ class SchedulerJob:
     """What an engine says about the job's nodes: every node reads the same answers without talking to the
     others. ``variables``: the ones read, each as (the field it fills, ``NAME=value``)."""
 
-    name: str  # "SLURM", "torchrun's PET_* variables", "the pod's variables": named in messages and notes
+    name: str  # SLURM_NAME, PET_NAME or POD_NAME: named in messages and notes
     job_id: str
     nnodes: int
     node_rank: int | None  # None: the engine does not say which node this is
@@ -75,7 +76,7 @@ def from_slurm(environ: Mapping[str, str]) -> SchedulerJob | None:
     info = read_slurm(environ)
     if info is None:
         return None
-    return SchedulerJob(name="SLURM", job_id=info.job_id, nnodes=info.nnodes, node_rank=info.node_rank,
+    return SchedulerJob(name=SLURM_NAME, job_id=info.job_id, nnodes=info.nnodes, node_rank=info.node_rank,
                         master_addr=info.master_addr if info.hosts else None, master_port=info.master_port,
                         rdzv_id=info.rdzv_id, signals=SLURM_SIGNALS)
 
@@ -120,7 +121,7 @@ def from_torchrun(environ: Mapping[str, str]) -> SchedulerJob | None:
     if backend == "static":
         endpoint = None  # torchrun's static rendezvous is at --master-addr:--master-port
     return SchedulerJob(
-        name="torchrun's PET_* variables", job_id=environ.get("PET_RDZV_ID", "").strip(),
+        name=PET_NAME, job_id=environ.get("PET_RDZV_ID", "").strip(),
         nnodes=_node_count(environ), node_rank=_int(environ, "PET_NODE_RANK"),
         master_addr=environ.get("PET_MASTER_ADDR", "").strip() or None,
         master_port=_int(environ, "PET_MASTER_PORT", TORCHRUN_DEFAULT_PORT) or 0,
@@ -140,7 +141,7 @@ def from_pod(environ: Mapping[str, str]) -> SchedulerJob | None:
         return None
     read = [name for name in POD_VARS if environ.get(name, "").strip()]
     return SchedulerJob(
-        name="the pod's variables", job_id="", nnodes=pods, node_rank=_int(environ, "RANK"),
+        name=POD_NAME, job_id="", nnodes=pods, node_rank=_int(environ, "RANK"),
         master_addr=environ["MASTER_ADDR"].strip(), master_port=_int(environ, "MASTER_PORT", TORCHRUN_DEFAULT_PORT)
         or 0, rdzv_id=None, variables=tuple((POD_VARS[name], f"{name}={environ[name].strip()}") for name in read),
     )
