@@ -29,7 +29,7 @@ from mgpucli.run_records.worker_records import started
 LAUNCH_JSON = "launch.json"
 POSTMORTEM_JSON = "postmortem.json"  # the post-mortem's report, beside launch.json (mgpucli.postmortem.render)
 
-ENV_PREFIXES = ("CUDA_", "NCCL_", "TORCH_", "TORCHELASTIC_", "OMP_", "MASTER_", "SLURM_", "GLOO_", "MGPU_")
+ENV_PREFIXES = ("CUDA_", "NCCL_", "TORCH_", "TORCHELASTIC_", "OMP_", "MASTER_", "SLURM_", "PET_", "GLOO_", "MGPU_")
 # Even under a kept prefix, a name like these is a secret (e.g. a token for a model hub): never written.
 _SECRET = re.compile(r"TOKEN|SECRET|PASSW|CREDENTIAL|API_?KEY|PRIVATE|AUTH", re.IGNORECASE)
 

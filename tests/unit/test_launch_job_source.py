@@ -85,3 +85,12 @@ def test_a_variable_that_cannot_be_read_is_refused_by_name(env, said):
 def test_the_torchrun_variables_mgpu_does_not_read_are_listed():
     assert unread_torchrun_variables({**PET, "PET_MAX_RESTARTS": "3", "PET_STANDALONE": "1"}) == [
         "PET_MAX_RESTARTS=3", "PET_STANDALONE=1"]
+
+
+def test_a_short_local_command_gets_none_of_the_pods_torchrun_variables():
+    from mgpucli.distributed.select import DeviceSelection
+    from mgpucli.launch.spawn import worker_env
+
+    selection = DeviceSelection(kind="cpu", nproc=2, gpu_indices=(), cuda_visible_devices=None)
+    env = worker_env(selection, {**PET, "PATH": "/usr/bin"})
+    assert env["PATH"] == "/usr/bin" and not [k for k in env if k.startswith("PET_")]
