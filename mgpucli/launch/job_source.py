@@ -59,10 +59,11 @@ class SchedulerJob:
     variables: tuple[tuple[str, str], ...] = ()
 
     def said(self, field: str) -> str:
-        """Where ``field``'s value came from, for messages: ``NAME=value``, else the engine's name."""
+        """Where ``field``'s value came from, for messages: ``NAME=value``, else the engine's name and the value."""
         words = {"nnodes": "node count", "node_rank": "node rank", "master_addr": "master address",
                  "master_port": "master port", "nproc_per_node": "processes per node"}.get(field, field)
-        return next((text for name, text in self.variables if name == field), f"{self.name}'s {words}")
+        return next((text for name, text in self.variables if name == field),
+                    f"{self.name}'s {words} {getattr(self, field, '')}".rstrip())
 
     def describe(self) -> str:
         """One line: the engine and the variables it was read from."""
@@ -76,7 +77,8 @@ def from_slurm(environ: Mapping[str, str]) -> SchedulerJob | None:
     info = read_slurm(environ)
     if info is None:
         return None
-    return SchedulerJob(name=SLURM_NAME, job_id=info.job_id, nnodes=info.nnodes, node_rank=info.node_rank,
+    node_rank = 0 if info.nnodes == 1 else info.node_rank  # a step of one node: whichever node it runs on
+    return SchedulerJob(name=SLURM_NAME, job_id=info.job_id, nnodes=info.nnodes, node_rank=node_rank,
                         master_addr=info.master_addr if info.hosts else None, master_port=info.master_port,
                         rdzv_id=info.rdzv_id, signals=SLURM_SIGNALS)
 

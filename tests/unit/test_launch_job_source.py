@@ -58,7 +58,7 @@ def test_the_variables_read_are_named_for_messages():
     assert "PET_MASTER_ADDR=job-master-0" in job.describe() and "RANK=2" not in job.describe()
     pod = read_scheduler(POD)
     assert pod.said("nnodes") == "WORLD_SIZE=3" and pod.said("node_rank") == "RANK=2"
-    assert read_scheduler(SLURM).said("master_addr") == "SLURM's master address"
+    assert read_scheduler(SLURM).said("master_addr") == "SLURM's master address gpu07"
 
 
 def test_a_c10d_rendezvous_from_the_environment():

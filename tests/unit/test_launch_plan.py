@@ -256,6 +256,14 @@ def test_slurm_values_yield_to_the_users():
     assert plan.checked_ports == [29800]
 
 
+def test_a_slurm_node_rank_past_the_node_count_is_refused_with_both_values():
+    env = {**SLURM, "SLURM_NNODES": "2", "SLURM_JOB_NODELIST": "gpu[07-08]", "SLURMD_NODENAME": "x",
+           "SLURM_NODEID": "2"}
+    assert "SLURM's node rank 2 is not below SLURM's node count 2" in usage_error(machine_=machine(gpus=2, **env))
+    one = {**env, "SLURM_NNODES": "1", "SLURM_JOB_NODELIST": "gpu08"}  # a one-node step on the job's second node
+    assert arg(plan_for(machine(gpus=2, **one)), "--nnodes") == "1"
+
+
 def test_slurm_single_node_is_standalone():
     env = {"SLURM_JOB_ID": "5", "SLURM_NNODES": "1", "SLURM_JOB_NODELIST": "gpu01"}
     plan = plan_for(machine(gpus=2, **env))
