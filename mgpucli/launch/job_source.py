@@ -87,10 +87,11 @@ def _is_worker(environ: Mapping[str, str]) -> bool:
     return any(environ.get(name) for name in WORKER_MARKS)
 
 
-def _int(environ: Mapping[str, str], name: str, default: int | None = None) -> int | None:
+def _int(environ: Mapping[str, str], name: str) -> int | None:
+    """``name`` as a whole number, None when unset; UsageError naming it when it is no number."""
     raw = environ.get(name, "").strip()
     if not raw:
-        return default
+        return None
     try:
         return int(raw)
     except ValueError:
@@ -98,16 +99,20 @@ def _int(environ: Mapping[str, str], name: str, default: int | None = None) -> i
                          f"Fix or unset {name}, or give the option it stands for on the command line.") from None
 
 
+def _port(environ: Mapping[str, str], name: str) -> int:
+    found = _int(environ, name)
+    return TORCHRUN_DEFAULT_PORT if found is None else found
+
+
 def _node_count(environ: Mapping[str, str]) -> int:
-    """``PET_NNODES``: a count, or torchrun's ``MIN:MAX`` with MIN = MAX (an elastic range is refused)."""
+    """``PET_NNODES``: a count (default 1), or torchrun's ``MIN:MAX`` with MIN = MAX (an elastic range is refused)."""
     raw = environ.get("PET_NNODES", "").strip()
     low, sep, high = raw.partition(":")
-    if sep and low == high:
-        raw = low
-    elif sep:
+    if sep and low != high:
         raise UsageError(f"PET_NNODES={raw}: mgpu launches a fixed number of nodes, not an elastic range.",
                          "Give the job a fixed size (minReplicas = maxReplicas), or pass --nnodes N.")
-    return _int({"PET_NNODES": raw}, "PET_NNODES", 1) or 0
+    found = _int({"PET_NNODES": low}, "PET_NNODES")
+    return 1 if found is None else found
 
 
 def from_torchrun(environ: Mapping[str, str]) -> SchedulerJob | None:
@@ -126,7 +131,7 @@ def from_torchrun(environ: Mapping[str, str]) -> SchedulerJob | None:
         name=PET_NAME, job_id=environ.get("PET_RDZV_ID", "").strip(),
         nnodes=_node_count(environ), node_rank=_int(environ, "PET_NODE_RANK"),
         master_addr=environ.get("PET_MASTER_ADDR", "").strip() or None,
-        master_port=_int(environ, "PET_MASTER_PORT", TORCHRUN_DEFAULT_PORT) or 0,
+        master_port=_port(environ, "PET_MASTER_PORT"),
         rdzv_id=environ.get("PET_RDZV_ID", "").strip() or None,
         nproc_per_node=environ.get("PET_NPROC_PER_NODE", "").strip() or None, rdzv_endpoint=endpoint,
         variables=tuple((PET_READ[name], f"{name}={environ[name].strip()}") for name in read),
@@ -144,8 +149,8 @@ def from_pod(environ: Mapping[str, str]) -> SchedulerJob | None:
     read = [name for name in POD_VARS if environ.get(name, "").strip()]
     return SchedulerJob(
         name=POD_NAME, job_id="", nnodes=pods, node_rank=_int(environ, "RANK"),
-        master_addr=environ["MASTER_ADDR"].strip(), master_port=_int(environ, "MASTER_PORT", TORCHRUN_DEFAULT_PORT)
-        or 0, rdzv_id=None, variables=tuple((POD_VARS[name], f"{name}={environ[name].strip()}") for name in read),
+        master_addr=environ["MASTER_ADDR"].strip(), master_port=_port(environ, "MASTER_PORT"), rdzv_id=None,
+        variables=tuple((POD_VARS[name], f"{name}={environ[name].strip()}") for name in read),
     )
 
 

@@ -353,7 +353,7 @@ def nodes_static(opts: LaunchOptions, facts: RecipeFacts, nnodes: int, job: Sche
         )
     port = opts.master_port or (job.master_port if job else DEFAULT_STATIC_PORT)
     if opts.master_port is None and job is not None:
-        check_port_number(port, job.said("master_port"))
+        check_port_number(port, job.said("master_port").split("=")[0])  # "PET_MASTER_PORT 0: a TCP port is ..."
     node_rank = opts.node_rank if opts.node_rank is not None else (job.node_rank if job else None)
     if node_rank is None:
         raise UsageError(

@@ -319,6 +319,11 @@ def test_a_node_rank_not_below_the_node_count_is_refused_naming_both():
         machine_=machine(**{**PET, "PET_NODE_RANK": "2", "PET_NNODES": "5"}), cpu=True, nnodes=2)
 
 
+def test_a_port_out_of_range_is_refused_naming_the_variable():
+    assert "PET_MASTER_PORT 70000: a TCP port" in usage_error(machine_=machine(**{**PET, "PET_MASTER_PORT": "70000"}),
+                                                            cpu=True)
+
+
 def test_a_master_that_does_not_resolve_is_refused_naming_the_variable():
     message = usage_error(machine_=machine(**PET), cpu=True, unknown_hosts=("job-master-0",))
     assert "PET_MASTER_ADDR=job-master-0" in message and "does not resolve" in message
