@@ -3,6 +3,7 @@ recipe, or the user's own script (``SCRIPT.py`` or ``-m MODULE``, everything aft
 
 from __future__ import annotations
 
+import os
 import sys
 from dataclasses import dataclass
 
@@ -46,11 +47,12 @@ _NPROC = typer.Option(
     None, "--nproc", metavar="N", help="Number of CPU processes (with --cpu; default 1)."
 )
 _NNODES = typer.Option(
-    None, "--nnodes", metavar="N", help="Number of nodes (default 1, or from SLURM)."
+    None, "--nnodes", metavar="N",
+    help="Number of nodes (default 1, or from the job: SLURM, PET_NNODES, a pod's WORLD_SIZE)."
 )
 _NODE_RANK = typer.Option(
     None, "--node-rank", metavar="RANK",
-    help="This node's rank, 0..nnodes-1 (static rendezvous; default from SLURM)."
+    help="This node's rank, 0..nnodes-1 (static rendezvous; default from SLURM, PET_NODE_RANK, a pod's RANK)."
 )
 _MASTER_ADDR = typer.Option(
     None, "--master-addr", metavar="HOST",
@@ -203,11 +205,11 @@ def _check(opts, recipe: str | None) -> int:
     """``--check``: the recipe as every worker gets it (with --cpu's override); no devices or processes needed."""
     from mgpucli.cli.check import check_and_print
     from mgpucli.launch.main import check_run_dir
-    from mgpucli.launch.plan import check_job_options, worker_overrides
+    from mgpucli.launch.plan import check_job_options, cpu_world_size, worker_overrides
 
     check_job_options(opts)
     # the process count is known without the machine for --cpu; for GPUs the workers check it
-    world = (opts.nproc or 1) * (opts.nnodes or 1) if opts.cpu else None
+    world = cpu_world_size(opts, os.environ)
     check_and_print(recipe, worker_overrides(opts),
                     check_run_dir=lambda run_dir, sharded: check_run_dir(run_dir, opts, sharded),
                     world_size=world)

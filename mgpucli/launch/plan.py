@@ -432,6 +432,16 @@ def job_nproc(opts: LaunchOptions, facts: RecipeFacts, job: SchedulerJob | None)
     return replace(opts, gpus=str(count)), count
 
 
+def cpu_world_size(opts: LaunchOptions, environ: Mapping[str, str]) -> int | None:
+    """The job's process count where it is known without the machine (``--cpu``; None on GPUs), with what the job's
+    engine says: ``mgpu launch --check`` checks the recipe for it."""
+    if not opts.cpu:
+        return None
+    job = read_scheduler(environ)
+    opts, _ = job_nproc(opts, RecipeFacts(run_dir=""), job)
+    return (opts.nproc or 1) * node_count(opts, job)
+
+
 def _check_job_nproc(opts: LaunchOptions, job: SchedulerJob | None, count: int | None, selected: int) -> None:
     if job is None or count is None or selected == count:
         return

@@ -351,6 +351,14 @@ def test_a_c10d_endpoint_from_the_environment():
     assert arg(static, "--rdzv-backend") == "static"
 
 
+def test_the_world_size_launch_check_checks_the_recipe_for_counts_the_pods():
+    from mgpucli.launch.plan import cpu_world_size
+
+    assert cpu_world_size(LaunchOptions(recipe="r", cpu=True), PET) == 4  # PET_NNODES=2 x PET_NPROC_PER_NODE=2
+    assert cpu_world_size(LaunchOptions(recipe="r", cpu=True, nproc=3, nnodes=1), {}) == 3
+    assert cpu_world_size(LaunchOptions(recipe="r"), PET) is None  # GPUs: the workers check it
+
+
 def test_a_scripts_run_dir_is_named_from_the_job_alike_on_every_pod():
     named: list = []
     for rank in ("0", "1"):
