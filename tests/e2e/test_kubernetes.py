@@ -5,8 +5,11 @@ each running the same command in the same directory (the shared storage of a rea
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 from tests.e2e import test_launch
@@ -77,3 +80,15 @@ def test_pod_variables_that_contradict_are_refused_before_anything_starts(tmp_pa
     assert (f"torchrun --nnodes 2 --nproc-per-node 1 --rdzv-backend static --master-addr 127.0.0.1 --master-port "
             f"{port} --node-rank 1 ") in launch.out_path.read_text()
     assert "PET_NPROC_PER_NODE=1" in launch.err_path.read_text()  # which variables it used
+
+
+def test_the_doctor_in_a_pod_names_the_engine_and_the_job_it_would_launch(tmp_path: Path):
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE")}
+    done = subprocess.run([sys.executable, "-m", "mgpucli", "doctor", "--quick", "--cpu", "--nproc", "1", "--json"],
+                          cwd=tmp_path, env={**env, **pod_env(1, free_port(), nproc=1)}, capture_output=True,
+                          text=True, timeout=120, stdin=subprocess.DEVNULL)
+    checks = {c["name"]: c for c in json.loads(done.stdout)["checks"]}
+    job = checks["job"]
+    assert job["status"] == "ok" and "PET_NODE_RANK=1" in job["detail"], job
+    assert "2 node(s) x 1 process(es) = world size 2; this is node 1" in job["detail"]
+    assert checks["rank variables"]["status"] == "ok"  # the pod's RANK/WORLD_SIZE are its job's, not leftovers
