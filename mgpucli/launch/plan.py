@@ -442,6 +442,22 @@ def cpu_world_size(opts: LaunchOptions, environ: Mapping[str, str]) -> int | Non
     return (opts.nproc or 1) * node_count(opts, job)
 
 
+def _select_for_job(opts: LaunchOptions, facts: RecipeFacts, machine: Machine,
+                    job: SchedulerJob | None) -> tuple[DeviceSelection, LaunchOptions]:
+    """The device selection, with the job's processes per node where no option gives a count (then a selection this
+    machine cannot make names the variable, not an option the user never typed); the options as filled in."""
+    given = opts
+    opts, count = job_nproc(opts, facts, job)
+    try:
+        selection = _select(opts, facts, machine)
+    except UsageError as err:
+        if opts is given or job is None:
+            raise
+        raise UsageError(f"{job.said('nproc_per_node')} (processes per node): {err.message}", err.hint) from None
+    _check_job_nproc(given, job, count, selection.nproc)
+    return selection, opts
+
+
 def _check_job_nproc(opts: LaunchOptions, job: SchedulerJob | None, count: int | None, selected: int) -> None:
     if job is None or count is None or selected == count:
         return
@@ -519,9 +535,7 @@ def build_plan(
     if opts.max_restarts < 0:
         raise UsageError(f"--max-restarts {opts.max_restarts}: must be 0 or more.", "Example: --max-restarts 2.")
     job = read_scheduler(machine.environ)
-    opts, job_count = job_nproc(opts, facts, job)
-    selection = _select(opts, facts, machine)
-    _check_job_nproc(opts, job, job_count, selection.nproc)
+    selection, opts = _select_for_job(opts, facts, machine, job)
     nproc = 1 if facts.strategy == "dp" else selection.nproc
     nnodes = node_count(opts, job)
     rdzv = rendezvous(opts, facts, nnodes, job, port_check, new_id, host_check)

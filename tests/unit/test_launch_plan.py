@@ -303,6 +303,8 @@ def test_pet_nproc_is_the_gpu_count_and_auto_means_every_gpu():
     auto = plan_for(machine(gpus=4, **{**PET, "PET_NPROC_PER_NODE": "auto"}))
     assert arg(auto, "--nproc-per-node") == "4"
     assert "PET_NPROC_PER_NODE=cpu" in usage_error(machine_=machine(**{**PET, "PET_NPROC_PER_NODE": "cpu"}), cpu=True)
+    too_many = usage_error(machine_=machine(gpus=1, **PET))
+    assert too_many.startswith("PET_NPROC_PER_NODE=2 (processes per node): --gpus 2") and "1 visible" in too_many
 
 
 @pytest.mark.parametrize(("kw", "given"), [({"cpu": True, "nproc": 1}, "--nproc 1"),
