@@ -62,7 +62,8 @@ def check_job(obs: Observation) -> CheckResult:
                               "N for several)")
     count = job.nproc_per_node if job.nproc_per_node and job.nproc_per_node.isdigit() else None
     nproc = int(count) if count else obs.plan.nproc
-    where = f"this is node {job.node_rank}" if job.node_rank is not None else "this node's rank is not said"
+    where = (f"this is node {job.node_rank}" if job.node_rank is not None else
+             "the c10d rendezvous assigns this node's rank" if job.rdzv_endpoint else "this node's rank is not said")
     meet = job.rdzv_endpoint or (f"{job.master_addr}:{job.master_port}" if job.master_addr else "not said")
     shape = (f"{job.describe()}: mgpu launch would start {job.nnodes} node(s) x {nproc} process(es) = world size "
              f"{job.nnodes * nproc}; {where}; the nodes meet at {meet}")

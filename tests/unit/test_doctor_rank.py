@@ -32,6 +32,8 @@ PET = {"PET_NNODES": "2", "PET_NODE_RANK": "1", "PET_NPROC_PER_NODE": "4", "PET_
     ({"SLURM_JOB_ID": "7", "SLURM_NNODES": "2", "SLURM_JOB_NODELIST": "n[1-2]", "SLURMD_NODENAME": "n1"},
      "SLURM job 7: mgpu launch would start 2 node(s) x 4 process(es) = world size 8; this is node 0; the nodes meet "
      "at n1:10007"),
+    ({"PET_NNODES": "2", "PET_RDZV_ENDPOINT": "job-worker-0:29400"}, "the c10d rendezvous assigns this node's rank; "
+     "the nodes meet at job-worker-0:29400"),
 ])
 def test_the_job_names_its_engine_and_the_shape_mgpu_launch_would_start(env, said):
     result = check_job(obs(env, gpus=4))
