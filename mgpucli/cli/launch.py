@@ -3,6 +3,7 @@ recipe, or the user's own script (``SCRIPT.py`` or ``-m MODULE``, everything aft
 
 from __future__ import annotations
 
+import os
 import sys
 from dataclasses import dataclass
 
@@ -20,108 +21,137 @@ class ScriptArgs:
     args: tuple[str, ...] | None
 
 
+# The command's arguments and options, as the CLI declares them.
+_RECIPE = typer.Argument(
+    None, metavar="RECIPE|SCRIPT.py", show_default=False,
+    help="A recipe YAML file or a shipped recipe's name (see `mgpu recipes`); or your own training script, a .py "
+    "file every worker runs as `python SCRIPT.py ARGS` would (or -m MODULE instead).",
+)
+_OVERRIDES = typer.Argument(
+    None, metavar="[OVERRIDES|ARGS]...", show_default=False,
+    help="A recipe's Hydra overrides for every worker (key=value, +key=value, ~key); a script's own arguments, "
+    "passed untouched: mgpu's options go before the script, everything after it is the script's.",
+)
+_MODULE = typer.Option(
+    None, "-m", metavar="MODULE", show_default=False,
+    help="Run a module as every worker's script, as `python -m MODULE ARGS` does (found from this directory).",
+)
+_GPUS = typer.Option(
+    None, "--gpus", metavar="N|LIST|all",
+    help="GPUs to use: a count (first N visible), a list (0,2,3; one GPU: 1,) or 'all' "
+    "(default: all visible).", show_default=False,
+)
+_CPU = typer.Option(False, "--cpu", help="Run on CPUs with gloo (a recipe gets trainer.device=cpu; a "
+                         "script's workers see no GPU).")
+_NPROC = typer.Option(
+    None, "--nproc", metavar="N", help="Number of CPU processes (with --cpu; default 1)."
+)
+_NNODES = typer.Option(
+    None, "--nnodes", metavar="N",
+    help="Number of nodes (default 1, or from the job: SLURM, PET_NNODES, a pod's WORLD_SIZE)."
+)
+_NODE_RANK = typer.Option(
+    None, "--node-rank", metavar="RANK",
+    help="This node's rank, 0..nnodes-1 (static rendezvous; default from SLURM, PET_NODE_RANK, a pod's RANK)."
+)
+_MASTER_ADDR = typer.Option(
+    None, "--master-addr", metavar="HOST",
+    help="Address of node 0, where the rendezvous store listens (multi-node)."
+)
+_MASTER_PORT = typer.Option(
+    None, "--master-port", metavar="PORT",
+    help="Port of the rendezvous store; checked to be free before anything starts."
+)
+_RDZV_ENDPOINT = typer.Option(
+    None, "--rdzv-endpoint", metavar="HOST:PORT",
+    help="HOST:PORT of a c10d rendezvous (multi-node alternative to --master-addr)."
+)
+_RDZV_ID = typer.Option(
+    None, "--rdzv-id", metavar="ID", help="Rendezvous id; the same on every node (default: derived from the job)."
+)
+_MAX_RESTARTS = typer.Option(
+    0, "--max-restarts", metavar="K",
+    help="Restart a failed worker group up to K times (a recipe resumes from its last checkpoint; a script "
+    "starts again as given)."
+)
+_LOG_DIR = typer.Option(
+    None, "--log-dir", metavar="DIR",
+    help="Where every rank's stdout/stderr go (default: RUN_DIR/logs).", show_default=False
+)
+_DRY_RUN = typer.Option(False, "--dry-run", help="Check everything, print the torchrun command, exit.")
+_RESUME = typer.Option(
+    None, "--resume", metavar="PATH|auto",
+    help="Passed to every worker: a checkpoint, or 'auto' (the run's last.pt if any)."
+)
+_OVERWRITE = typer.Option(
+    False, "--overwrite", help="Passed to every worker: start afresh in a run dir that holds checkpoints."
+)
+_CHECK = typer.Option(
+    False, "--check", help="Check the workers' recipe in full (schema, every _target_, the datasets), print it "
+    "resolved, exit. No devices needed, nothing started or written."
+)
+_RUN_DIR = typer.Option(
+    None, "--run-dir", metavar="DIR", show_default=False,
+    help="A script's run dir: launch.json, logs/, postmortem.json (default: a new runs/SCRIPT-DATE-TIME per "
+    "launch; the script gets it as MGPU_RUN_DIR). A recipe's is run_dir=PATH.",
+)
+_LOCAL_RANK_ARG = typer.Option(
+    False, "--local-rank-arg", help="Pass a script --local_rank=N (or --local-rank=N: the spelling it declares) "
+    "before its arguments, as python -m torch.distributed.launch did.",
+)
+_SHOW_RANK = typer.Option(
+    None, "--show-rank", metavar="N|all", show_default=False,
+    help="Show local rank N's output here instead of rank 0's, or every rank's, each line prefixed with its "
+    "rank (every rank's output is in the logs either way).",
+)
+_STALL_S = typer.Option(
+    None, "--stall-s", metavar="SECONDS", show_default=False,
+    help="Stop the job when a rank makes no progress for this long, showing where every rank was first (a "
+    "recipe's trainer.stall_s). A script's progress is seen without its help: optimizer steps, entering and "
+    "leaving init_process_group and collectives. Default: 600 s, where CPU work counts as progress too (a long "
+    "validation or save never trips it, a hang ends in 10 minutes); 0: no stall watch. Ctrl-C also shows "
+    "where every rank was.",
+)
+_AUDIT = typer.Option(
+    False, "--audit", help="Run your script with checks for the DDP tutorial's traps (a model not wrapped in DDP, "
+    "no DistributedSampler, no set_epoch, padded evaluation, every rank saving one file, unused parameters, "
+    "devices): each finding shown as found, a summary at the end, RUN_DIR/audit.json.",
+)
+_PROBE = typer.Option(
+    False, "--probe", help="Will it fit? Every worker builds everything and times a few optimizer steps "
+    "(mgpu train --probe); the report gathers every rank. No checkpoint written, the run dir left alone."
+)
+_AS_JSON = typer.Option(False, "--json", help="With --probe: print the report as one JSON object on stdout.")
+
+
 def launch(
     ctx: typer.Context,
-    recipe: str | None = typer.Argument(
-        None, metavar="RECIPE|SCRIPT.py", show_default=False,
-        help="A recipe YAML file or a shipped recipe's name (see `mgpu recipes`); or your own training script, a .py "
-        "file every worker runs as `python SCRIPT.py ARGS` would (or -m MODULE instead).",
-    ),
-    overrides: list[str] | None = typer.Argument(
-        None, metavar="[OVERRIDES|ARGS]...", show_default=False,
-        help="A recipe's Hydra overrides for every worker (key=value, +key=value, ~key); a script's own arguments, "
-        "passed untouched: mgpu's options go before the script, everything after it is the script's.",
-    ),
-    module: str | None = typer.Option(
-        None, "-m", metavar="MODULE", show_default=False,
-        help="Run a module as every worker's script, as `python -m MODULE ARGS` does (found from this directory).",
-    ),
-    gpus: str | None = typer.Option(
-        None, "--gpus", metavar="N|LIST|all",
-        help="GPUs to use: a count (first N visible), a list (0,2,3; one GPU: 1,) or 'all' "
-        "(default: all visible).", show_default=False,
-    ),
-    cpu: bool = typer.Option(False, "--cpu", help="Run on CPUs with gloo (a recipe gets trainer.device=cpu; a "
-                             "script's workers see no GPU)."),
-    nproc: int | None = typer.Option(
-        None, "--nproc", metavar="N", help="Number of CPU processes (with --cpu; default 1)."
-    ),
-    nnodes: int | None = typer.Option(
-        None, "--nnodes", metavar="N", help="Number of nodes (default 1, or from SLURM)."
-    ),
-    node_rank: int | None = typer.Option(
-        None, "--node-rank", metavar="RANK",
-        help="This node's rank, 0..nnodes-1 (static rendezvous; default from SLURM)."
-    ),
-    master_addr: str | None = typer.Option(
-        None, "--master-addr", metavar="HOST",
-        help="Address of node 0, where the rendezvous store listens (multi-node)."
-    ),
-    master_port: int | None = typer.Option(
-        None, "--master-port", metavar="PORT",
-        help="Port of the rendezvous store; checked to be free before anything starts."
-    ),
-    rdzv_endpoint: str | None = typer.Option(
-        None, "--rdzv-endpoint", metavar="HOST:PORT",
-        help="HOST:PORT of a c10d rendezvous (multi-node alternative to --master-addr)."
-    ),
-    rdzv_id: str | None = typer.Option(
-        None, "--rdzv-id", metavar="ID", help="Rendezvous id; the same on every node (default: derived from the job)."
-    ),
-    max_restarts: int = typer.Option(
-        0, "--max-restarts", metavar="K",
-        help="Restart a failed worker group up to K times (a recipe resumes from its last checkpoint; a script "
-        "starts again as given)."
-    ),
-    log_dir: str | None = typer.Option(
-        None, "--log-dir", metavar="DIR",
-        help="Where every rank's stdout/stderr go (default: RUN_DIR/logs).", show_default=False
-    ),
-    dry_run: bool = typer.Option(False, "--dry-run", help="Check everything, print the torchrun command, exit."),
-    resume: str | None = typer.Option(
-        None, "--resume", metavar="PATH|auto",
-        help="Passed to every worker: a checkpoint, or 'auto' (the run's last.pt if any)."
-    ),
-    overwrite: bool = typer.Option(
-        False, "--overwrite", help="Passed to every worker: start afresh in a run dir that holds checkpoints."
-    ),
-    check: bool = typer.Option(
-        False, "--check", help="Check the workers' recipe in full (schema, every _target_, the datasets), print it "
-        "resolved, exit. No devices needed, nothing started or written."
-    ),
-    run_dir: str | None = typer.Option(
-        None, "--run-dir", metavar="DIR", show_default=False,
-        help="A script's run dir: launch.json, logs/, postmortem.json (default: a new runs/SCRIPT-DATE-TIME per "
-        "launch; the script gets it as MGPU_RUN_DIR). A recipe's is run_dir=PATH.",
-    ),
-    local_rank_arg: bool = typer.Option(
-        False, "--local-rank-arg", help="Pass a script --local_rank=N (or --local-rank=N: the spelling it declares) "
-        "before its arguments, as python -m torch.distributed.launch did.",
-    ),
-    show_rank: str | None = typer.Option(
-        None, "--show-rank", metavar="N|all", show_default=False,
-        help="Show local rank N's output here instead of rank 0's, or every rank's, each line prefixed with its "
-        "rank (every rank's output is in the logs either way).",
-    ),
-    stall_s: float | None = typer.Option(
-        None, "--stall-s", metavar="SECONDS", show_default=False,
-        help="Stop the job when a rank makes no progress for this long, showing where every rank was first (a "
-        "recipe's trainer.stall_s). A script's progress is seen without its help: optimizer steps, entering and "
-        "leaving init_process_group and collectives. Default: 600 s, where CPU work counts as progress too (a long "
-        "validation or save never trips it, a hang ends in 10 minutes); 0: no stall watch. Ctrl-C also shows "
-        "where every rank was.",
-    ),
-    audit: bool = typer.Option(
-        False, "--audit", help="Run your script with checks for the DDP tutorial's traps (a model not wrapped in DDP, "
-        "no DistributedSampler, no set_epoch, padded evaluation, every rank saving one file, unused parameters, "
-        "devices): each finding shown as found, a summary at the end, RUN_DIR/audit.json.",
-    ),
-    probe: bool = typer.Option(
-        False, "--probe", help="Will it fit? Every worker builds everything and times a few optimizer steps "
-        "(mgpu train --probe); the report gathers every rank. No checkpoint written, the run dir left alone."
-    ),
+    recipe: str | None = _RECIPE,
+    overrides: list[str] | None = _OVERRIDES,
+    module: str | None = _MODULE,
+    gpus: str | None = _GPUS,
+    cpu: bool = _CPU,
+    nproc: int | None = _NPROC,
+    nnodes: int | None = _NNODES,
+    node_rank: int | None = _NODE_RANK,
+    master_addr: str | None = _MASTER_ADDR,
+    master_port: int | None = _MASTER_PORT,
+    rdzv_endpoint: str | None = _RDZV_ENDPOINT,
+    rdzv_id: str | None = _RDZV_ID,
+    max_restarts: int = _MAX_RESTARTS,
+    log_dir: str | None = _LOG_DIR,
+    dry_run: bool = _DRY_RUN,
+    resume: str | None = _RESUME,
+    overwrite: bool = _OVERWRITE,
+    check: bool = _CHECK,
+    run_dir: str | None = _RUN_DIR,
+    local_rank_arg: bool = _LOCAL_RANK_ARG,
+    show_rank: str | None = _SHOW_RANK,
+    stall_s: float | None = _STALL_S,
+    audit: bool = _AUDIT,
+    probe: bool = _PROBE,
     probe_steps: int | None = PROBE_STEPS_OPTION,
-    as_json: bool = typer.Option(False, "--json", help="With --probe: print the report as one JSON object on stdout."),
+    as_json: bool = _AS_JSON,
 ) -> None:
     """Train a recipe, or run your own training script, on all visible GPUs (or --gpus, or --cpu --nproc N) with one
     worker process each.
@@ -132,7 +162,6 @@ def launch(
     killed by signal N); 2 bad input, nothing started; 75 a recipe preempted with a complete checkpoint.
     """
     from mgpucli.console import print_error
-    from mgpucli.launch.main import launch as run_launch
     from mgpucli.launch.plan import LaunchOptions
 
     try:
@@ -145,31 +174,7 @@ def launch(
             audit=audit,
             stall_s=stall_s,
         )
-        recipe_only = "--check" if check else "--probe" if probe else None
-        if recipe_only and script is not None:
-            from mgpucli.errors import UsageError
-
-            raise UsageError(f"{recipe_only} is for recipes: it goes through mgpu's trainer, which a script does not.",
-                             f"Drop {recipe_only}; --dry-run shows what would run, without starting anything.")
-        unused = probe_only_problem(probe, as_json, probe_steps)
-        if unused:
-            from mgpucli.errors import UsageError
-
-            raise UsageError(unused)
-        if check:  # the recipe as every worker gets it (with --cpu's override); no devices or processes needed
-            from mgpucli.cli.check import check_and_print
-            from mgpucli.launch.main import check_run_dir
-            from mgpucli.launch.plan import check_job_options, worker_overrides
-
-            check_job_options(opts)
-            # the process count is known without the machine for --cpu; for GPUs the workers check it
-            world = (opts.nproc or 1) * (opts.nnodes or 1) if opts.cpu else None
-            check_and_print(recipe, worker_overrides(opts),
-                            check_run_dir=lambda run_dir, sharded: check_run_dir(run_dir, opts, sharded),
-                            world_size=world)
-            sys.exit(0)
-        code = (_probe(opts, PROBE_STEPS if probe_steps is None else probe_steps, as_json, dry_run) if probe
-                else run_launch(opts, dry_run=dry_run))
+        code = _run(opts, recipe, check, probe, probe_steps, as_json, dry_run)
     except MgpuError as err:
         print_error(str(err))
         sys.exit(err.exit_code)
@@ -177,6 +182,41 @@ def launch(
         print_error("interrupted before any worker started.")
         sys.exit(130)
     sys.exit(code)
+
+
+def _run(opts, recipe: str | None, check: bool, probe: bool, probe_steps: int | None, as_json: bool,
+         dry_run: bool) -> int:
+    """The launch the options ask for: ``--check``, ``--probe``, or the job itself; returns the exit code."""
+    from mgpucli.errors import UsageError
+    from mgpucli.launch.main import launch as run_launch
+
+    recipe_only = "--check" if check else "--probe" if probe else None
+    if recipe_only and opts.script is not None:
+        raise UsageError(f"{recipe_only} is for recipes: it goes through mgpu's trainer, which a script does not.",
+                         f"Drop {recipe_only}; --dry-run shows what would run, without starting anything.")
+    unused = probe_only_problem(probe, as_json, probe_steps)
+    if unused:
+        raise UsageError(unused)
+    if check:
+        return _check(opts, recipe)
+    if probe:
+        return _probe(opts, PROBE_STEPS if probe_steps is None else probe_steps, as_json, dry_run)
+    return run_launch(opts, dry_run=dry_run)
+
+
+def _check(opts, recipe: str | None) -> int:
+    """``--check``: the recipe as every worker gets it (with --cpu's override); no devices or processes needed."""
+    from mgpucli.cli.check import check_and_print
+    from mgpucli.launch.main import check_run_dir
+    from mgpucli.launch.plan import check_job_options, cpu_world_size, worker_overrides
+
+    check_job_options(opts)
+    # the process count is known without the machine for --cpu; for GPUs the workers check it
+    world = cpu_world_size(opts, os.environ)
+    check_and_print(recipe, worker_overrides(opts),
+                    check_run_dir=lambda run_dir, sharded: check_run_dir(run_dir, opts, sharded),
+                    world_size=world)
+    return 0
 
 
 def _script(ctx: typer.Context, target: str | None, rest: list[str] | None, module: str | None):

@@ -1,8 +1,11 @@
-"""Rank setup: launcher variables left in the shell, their consistency, and the rendezvous port.
+"""Rank setup: the job this machine is a node of, launcher variables left in the shell, their consistency, and
+the rendezvous port.
 
 The doctor runs from a user's shell, never under a launcher, so any of these variables is a leftover: plain
 ``mgpu train`` (or ``python train.py``) would believe it is one rank of a job and wait for peers that never
-come. torchrun and ``mgpu launch`` overwrite them for their workers, so they only bite outside a launcher.
+come. torchrun and ``mgpu launch`` overwrite them for their workers, so they only bite outside a launcher. The
+exception is a pod of a Kubernetes job, whose operator sets ``MASTER_*``/``WORLD_SIZE``/``RANK`` for the pod: the
+engine that describes the job (:mod:`mgpucli.launch.job_source`, the reader ``mgpu launch`` uses) says so.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from mgpucli.doctor.host import TORCHRUN_DEFAULT_PORT
 from mgpucli.doctor.observation import Observation
 from mgpucli.doctor.result import CheckResult, fail, ok, warn
 from mgpucli.errors import UsageError
+from mgpucli.launch.job_source import PET_NAME, POD_NAME, POD_VARS, SchedulerJob, read_scheduler
 
 AREA = "rank setup"
 RANK_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
@@ -38,12 +42,50 @@ def _inconsistency(obs: Observation) -> str:
     return ""
 
 
+def _job(obs: Observation) -> SchedulerJob | None:
+    try:
+        return read_scheduler(obs.env)
+    except UsageError:
+        return None  # the 'job' check reports it
+
+
+def check_job(obs: Observation) -> CheckResult:
+    """The engine that describes the job (SLURM, torchrun's PET_*, a pod's variables) and the shape of the job
+    ``mgpu launch`` would start from here with the same options."""
+    name = "job"
+    try:
+        job = read_scheduler(obs.env)
+    except UsageError as err:
+        return fail(name, AREA, err.message, err.hint or "")
+    if job is None:
+        return ok(name, AREA, "one node: no SLURM, torchrun PET_* or Kubernetes pod variables (mgpu launch --nnodes "
+                              "N for several)")
+    count = job.nproc_per_node if job.nproc_per_node and job.nproc_per_node.isdigit() else None
+    nproc = int(count) if count else obs.plan.nproc
+    where = (f"this is node {job.node_rank}" if job.node_rank is not None else
+             "the c10d rendezvous assigns this node's rank" if job.rdzv_endpoint else "this node's rank is not said")
+    meet = job.rdzv_endpoint or (f"{job.master_addr}:{job.master_port}" if job.master_addr else "not said")
+    shape = (f"{job.describe()}: mgpu launch would start {job.nnodes} node(s) x {nproc} process(es) = world size "
+             f"{job.nnodes * nproc}; {where}; the nodes meet at {meet}")
+    if job.node_rank is not None and not 0 <= job.node_rank < job.nnodes:
+        return fail(name, AREA, f"{shape}. {job.said('node_rank')} is not below {job.said('nnodes')}",
+                    "Fix the job's variables, or give mgpu launch --node-rank and --nnodes.")
+    if count and obs.plan.kind == "cuda" and int(count) > obs.torch.device_count:
+        return warn(name, AREA, f"{shape}; but torch sees {obs.torch.device_count} GPU(s) here",
+                    f"Give the pod {count} GPUs, or set {job.said('nproc_per_node').split('=')[0]} to the GPU count.")
+    return ok(name, AREA, shape)
+
+
 def check_rank_variables(obs: Observation) -> CheckResult:
     name = "rank variables"
     present = [v for v in RANK_VARS if v in obs.env]
     if not present:
         return ok(name, AREA, "none set (launchers set them per worker)")
     shown = " ".join(f"{v}={obs.env[v]}" for v in present)
+    job = _job(obs)
+    if job is not None and job.name in (PET_NAME, POD_NAME) and set(present) <= set(POD_VARS):
+        return ok(name, AREA, f"{shown}: set for this pod by the job's operator; mgpu launch reads {job.name}, and "
+                              "torch's agent gives each worker its own")
     problem = _inconsistency(obs)
     if problem:
         return fail(name, AREA, f"left in this shell: {shown}. {problem}", _unset(present))
@@ -87,4 +129,4 @@ def check_master_port(obs: Observation) -> CheckResult:
     return ok(name, AREA, f"MASTER_PORT={port} is free")
 
 
-CHECKS = (check_rank_variables, check_master_port)
+CHECKS = (check_job, check_rank_variables, check_master_port)

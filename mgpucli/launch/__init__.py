@@ -3,7 +3,8 @@
 The launcher's side, lightest first (only ``runner`` imports torch):
 
 - ``plan``: options + recipe facts + machine -> torchrun argument list (pure, unit-tested);
-  ``slurm``, ``ports``: SLURM variables and port checks used by the plan; ``script``: a user's own script as the
+  ``job_source``: which engine describes the job (SLURM via ``slurm``, torchrun's ``PET_*``, a Kubernetes pod's
+  variables); ``ports``: port and host checks used by the plan; ``script``: a user's own script as the
   job (its target and checks, the legacy --local_rank spelling, its run dir)
 - ``main``: the command's flow (check the recipe once, plan, run, end a failure with the post-mortem)
 - ``runner``: torch's elastic agent in this process, configured from the plan; records every attempt in

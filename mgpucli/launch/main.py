@@ -10,7 +10,6 @@ import sys
 import threading
 import time
 from dataclasses import replace
-from typing import Any
 
 from mgpucli import __version__
 from mgpucli.cpus import available_cores, omp_threads_problem
@@ -27,6 +26,7 @@ from mgpucli.launch.plan import (
 )
 from mgpucli.launch.script import check_target, default_run_dir, local_rank_flag
 from mgpucli.run_files import check_start, holds_a_run, unwritable
+from mgpucli.run_records.launch_record import Devices, LaunchHeader, RendezvousInfo, ScriptJob
 
 
 def load_recipe_facts(opts: LaunchOptions) -> RecipeFacts:
@@ -284,7 +284,7 @@ def launch(opts: LaunchOptions, dry_run: bool = False) -> int:
     record = LaunchRecord(_record_path(plan), record_header(plan, opts), final_path=plan.launch_json)
     stall_s = opts.stall_s if opts.stall_s is not None else (cfg.trainer.stall_s if cfg is not None else None)
     code = run_plan(plan, record, live=sys.stderr.isatty(), show_rank=opts.show_rank, stall_s=stall_s)
-    if record.data["result"].get("status") in ("failed", "stalled"):  # end with the post-mortem (mgpu doctor RUN_DIR)
+    if record.result.status in ("failed", "stalled"):  # end with the post-mortem (mgpu doctor RUN_DIR)
         from mgpucli.postmortem import after_launch_failure
 
         after_launch_failure(os.path.dirname(record.path) if not record.promoted else plan.run_dir)
@@ -296,39 +296,36 @@ def launch(opts: LaunchOptions, dry_run: bool = False) -> int:
     return code
 
 
-def record_header(plan: LaunchPlan, opts: LaunchOptions, argv: list[str] | None = None) -> dict[str, Any]:
+def record_header(plan: LaunchPlan, opts: LaunchOptions, argv: list[str] | None = None) -> LaunchHeader:
     """What ``launch.json`` says about this launch before any worker starts (``argv``: the command line after
     ``mgpu``, default this process's). A script's launch says so (``job``) and names it (``script``)."""
     script = plan.script
-    return {
-        "mgpu_version": __version__,
-        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "cwd": os.getcwd(),
-        "argv": ["mgpu", *(sys.argv[1:] if argv is None else argv)],
-        "job": plan.job,
-        "recipe": opts.recipe if script is None else None,
-        "overrides": list(opts.overrides) if script is None else [],
-        "script": None if script is None else {
-            "path": script.path, "module": script.module, "args": list(script.args),
-            "local_rank_flag": script.local_rank_flag, "audit": script.audit,
-        },
-        "run_dir": plan.run_dir,
-        "devices": {
-            "kind": plan.devices.kind,
-            "nproc_per_node": plan.nproc_per_node,
-            "gpu_indices": list(plan.devices.gpu_indices),
-            "cuda_visible_devices": plan.devices.cuda_visible_devices,
-        },
-        "nnodes": plan.nnodes,
-        "node_rank": plan.node_rank,
-        "rendezvous": {"backend": plan.rdzv_backend, "endpoint": plan.rdzv_endpoint, "id": plan.rdzv_id},
-        "max_restarts": opts.max_restarts,
-        "torchrun": plan.command(),
-        "torchrun_args": list(plan.torchrun_args),
-        "notes": list(plan.notes),
-        "set_by_mgpu": dict(plan.env),
-        "log_dir": plan.log_dir,
-    }
+    return LaunchHeader(
+        mgpu_version=__version__,
+        started=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        cwd=os.getcwd(),
+        argv=["mgpu", *(sys.argv[1:] if argv is None else argv)],
+        job=plan.job,
+        recipe=opts.recipe if script is None else None,
+        overrides=list(opts.overrides) if script is None else [],
+        script=None if script is None else ScriptJob(
+            path=script.path, module=script.module, args=list(script.args),
+            local_rank_flag=script.local_rank_flag, audit=script.audit,
+        ),
+        run_dir=plan.run_dir,
+        devices=Devices(kind=plan.devices.kind, nproc_per_node=plan.nproc_per_node,
+                        gpu_indices=list(plan.devices.gpu_indices),
+                        cuda_visible_devices=plan.devices.cuda_visible_devices),
+        nnodes=plan.nnodes,
+        node_rank=plan.node_rank,
+        rendezvous=RendezvousInfo(backend=plan.rdzv_backend, endpoint=plan.rdzv_endpoint, id=plan.rdzv_id),
+        max_restarts=opts.max_restarts,
+        torchrun=plan.command(),
+        torchrun_args=list(plan.torchrun_args),
+        notes=list(plan.notes),
+        set_by_mgpu=dict(plan.env),
+        log_dir=plan.log_dir,
+    )
 
 
 def _record_path(plan: LaunchPlan) -> str:

@@ -12,10 +12,11 @@ Rendezvous, in order of precedence:
 * one node, no port given: torch's standalone rendezvous (c10d store on ``localhost:0``, so the OS picks a
   free port, and a fresh run id), which is what ``torchrun --standalone`` does. Two jobs never collide.
 * one node, ``--master-port P`` (optionally ``--master-addr``): static rendezvous on P, bind-tested first.
-* several nodes: static (``--master-addr``/``--master-port``/``--node-rank``, filled in from SLURM where
-  not given) or c10d (``--rdzv-endpoint``/``--rdzv-id``). The run id every node uses must be the same, so
-  the default one is derived from the job (SLURM job id, or a hash of recipe, overrides, endpoint and node
-  count), not drawn at random.
+* several nodes: static (``--master-addr``/``--master-port``/``--node-rank``) or c10d (``--rdzv-endpoint``/
+  ``--rdzv-id``), what the options leave out filled in from the engine that describes the job (SLURM, torchrun's
+  ``PET_*`` variables or a Kubernetes pod's: :mod:`mgpucli.launch.job_source`). The run id every node uses must
+  be the same, so the default one is derived from the job (SLURM job id, ``PET_RDZV_ID``, or a hash of recipe,
+  overrides, endpoint and node count), not drawn at random. The master's address must resolve.
 """
 
 from __future__ import annotations
@@ -25,21 +26,23 @@ import os
 import shlex
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from mgpucli.distributed.select import DeviceSelection, select_devices
 from mgpucli.errors import UsageError
-from mgpucli.launch.ports import check_port_number, port_problem, require_free_port
+from mgpucli.launch.job_source import SchedulerJob, read_scheduler, unread_torchrun_variables
+from mgpucli.launch.ports import check_port_number, host_problem, port_problem, require_free_port
 from mgpucli.launch.script import ScriptTarget
-from mgpucli.launch.slurm import SlurmInfo, read_slurm
 from mgpucli.run_files import unwritable
+from mgpucli.run_records.launch_record import LAUNCH_JSON
 
 WORKER_MODULE = "mgpucli.launch.worker"
 DEFAULT_STATIC_PORT = 29500  # torchrun's own default for a static rendezvous
+RESOLVE_WAIT_S = 60.0  # a master named by the job's environment: its DNS name may appear only as the pods start
 LOG_PREFIX_TEMPLATE = "[rank${rank}]:"
-# Torch's defaults plus SIGUSR1, SLURM's early-warning signal (sbatch --signal=USR1@60): forwarded to the
-# workers instead of killing the launcher outright.
-SLURM_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"
+LOG_PREFIX_ENV = "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"
+RUN_DIR_ENV = "MGPU_RUN_DIR"
+LOGS_DIR = "logs"
 
 
 @dataclass(frozen=True)
@@ -110,7 +113,7 @@ class LaunchPlan:
     worker_args: list[str]
     torchrun_args: list[str]
     env: dict[str, str] = field(default_factory=dict)  # what mgpu sets for the workers
-    slurm: SlurmInfo | None = None
+    scheduler: SchedulerJob | None = None  # the scheduler that filled in what the options left out
     notes: list[str] = field(default_factory=list)
 
     script: ScriptTarget | None = None  # the user's script, when the job is one (else a recipe)
@@ -242,13 +245,13 @@ def _select(opts: LaunchOptions, facts: RecipeFacts, machine: Machine) -> Device
     return selection
 
 
-def _parse_endpoint(endpoint: str) -> tuple[str, int]:
+def _parse_endpoint(endpoint: str, source: str = "--rdzv-endpoint") -> tuple[str, int]:
     host, sep, port = endpoint.rpartition(":")
     if not sep or not host or not port.isdigit():
         raise UsageError(
-            f"--rdzv-endpoint {endpoint!r} is not HOST:PORT.", "Example: --rdzv-endpoint node01:29400."
+            f"{source}: {endpoint!r} is not HOST:PORT.", "Example: --rdzv-endpoint node01:29400."
         )
-    return host, check_port_number(int(port), "--rdzv-endpoint port")
+    return host, check_port_number(int(port), f"{source} port")
 
 
 def _shared_id(facts: RecipeFacts, where: str, nnodes: int) -> str:
@@ -259,136 +262,219 @@ def _shared_id(facts: RecipeFacts, where: str, nnodes: int) -> str:
 
 def _launch_json_name(nnodes: int, node_rank: int | None, hostname: str) -> str:
     if nnodes == 1 or node_rank == 0:
-        return "launch.json"
+        return LAUNCH_JSON
     if node_rank is not None:
         return f"launch.node{node_rank}.json"
     return f"launch.{hostname}.json"
 
 
-def build_plan(
-    opts: LaunchOptions,
-    facts: RecipeFacts,
-    machine: Machine,
-    port_check: Callable[[int], str | None] = port_problem,
-    new_id: Callable[[], str] = lambda: f"mgpu-{uuid.uuid4().hex[:12]}",
-    name_run_dir: Callable[[int, str], str] | None = None,
-) -> LaunchPlan:
-    """Validate the options against the machine and build the torchrun arguments (UsageError on bad input).
+@dataclass(frozen=True)
+class Rendezvous:
+    """How the workers meet: one rendezvous mode's settings and torchrun's arguments for them."""
 
-    ``name_run_dir(nnodes, rdzv_id)`` names the run dir when ``facts.run_dir`` is empty (a script launched
-    without ``--run-dir``: :func:`mgpucli.launch.script.default_run_dir`)."""
-    if opts.max_restarts < 0:
-        raise UsageError(f"--max-restarts {opts.max_restarts}: must be 0 or more.", "Example: --max-restarts 2.")
-    selection = _select(opts, facts, machine)
-    nproc = 1 if facts.strategy == "dp" else selection.nproc
-    slurm = read_slurm(machine.environ)
-    notes: list[str] = []
-    nnodes = opts.nnodes if opts.nnodes is not None else (slurm.nnodes if slurm else 1)
+    backend: str  # c10d | static
+    endpoint: str
+    rdzv_id: str
+    node_rank: int | None  # None: torch's agent assigns it (c10d on several nodes, rank not given)
+    args: tuple[str, ...]
+    note: str | None = None
+
+
+def _c10d(endpoint: str, rdzv_id: str, node_rank: int | None, note: str | None = None) -> Rendezvous:
+    args = ("--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--rdzv-id", rdzv_id)
+    return Rendezvous("c10d", endpoint, rdzv_id, node_rank, args, note)
+
+
+def _static(addr: str, port: int, node_rank: int, rdzv_id: str) -> Rendezvous:
+    args = ("--rdzv-backend", "static", "--master-addr", addr, "--master-port", str(port),
+            "--node-rank", str(node_rank), "--rdzv-id", rdzv_id)
+    return Rendezvous("static", f"{addr}:{port}", rdzv_id, node_rank, args)
+
+
+def standalone(opts: LaunchOptions, new_id: Callable[[], str]) -> Rendezvous:
+    """One node, no port given: ``torchrun --standalone`` (c10d on ``localhost:0``, a free port picked by the OS)."""
+    if opts.master_addr is not None:
+        raise UsageError(
+            "--master-addr without --master-port: on one node mgpu picks a private rendezvous itself.",
+            "Drop --master-addr, or give --master-port P as well.",
+        )
+    return _c10d("localhost:0", opts.rdzv_id or new_id(), 0)
+
+
+def one_node_c10d(opts: LaunchOptions, port_check: Callable[[int], str | None],
+                  new_id: Callable[[], str]) -> Rendezvous:
+    """One node, ``--rdzv-endpoint HOST:PORT``: c10d there, the port bind-tested first."""
+    endpoint = opts.rdzv_endpoint or ""
+    _, port = _parse_endpoint(endpoint)
+    require_free_port(port, "--rdzv-endpoint port", port_check)
+    return _c10d(endpoint, opts.rdzv_id or new_id(), 0)
+
+
+def one_node_static(opts: LaunchOptions, port: int, port_check: Callable[[int], str | None],
+                    new_id: Callable[[], str]) -> Rendezvous:
+    """One node, ``--master-port P`` (optionally ``--master-addr``): static on P, bind-tested first."""
+    require_free_port(port, "--master-port", port_check)
+    return _static(opts.master_addr or "127.0.0.1", port, 0, opts.rdzv_id or new_id())
+
+
+def _where_nodes_meet(host: str, source: str, from_env: bool, host_check: Callable[[str, float], str | None]) -> None:
+    """The master's (or the c10d endpoint's) host must resolve: UsageError naming where it came from. One named by
+    the job's environment gets a while for its DNS name to appear (pods start together)."""
+    why = host_check(host, RESOLVE_WAIT_S if from_env else 0.0)
+    if why:
+        raise UsageError(f"{source}: the host {host!r} {why}, so the nodes cannot meet there.",
+                         "Give node 0's address (a name every node resolves, or its IP): --master-addr HOST, or fix "
+                         "the variable it came from.")
+
+
+def nodes_c10d(opts: LaunchOptions, facts: RecipeFacts, nnodes: int, job: SchedulerJob | None,
+               host_check: Callable[[str, float], str | None]) -> Rendezvous:
+    """Several nodes, c10d (``--rdzv-endpoint``, or the job's): a run id every node derives alike."""
+    from_env = not opts.rdzv_endpoint
+    endpoint = opts.rdzv_endpoint or (job.rdzv_endpoint if job else None) or ""
+    source = f"--rdzv-endpoint {endpoint}" if not from_env or job is None else job.said("rdzv_endpoint")
+    host, _ = _parse_endpoint(endpoint, source)
+    _where_nodes_meet(host, source, from_env, host_check)
+    node_rank = opts.node_rank if opts.node_rank is not None else (job.node_rank if job else None)
+    rdzv_id = opts.rdzv_id or (job.rdzv_id if job else None) or _shared_id(facts, endpoint, nnodes)
+    return _c10d(endpoint, rdzv_id, node_rank,
+                 f"c10d rendezvous at {endpoint}, id {rdzv_id}: give every node the same --rdzv-endpoint and id.")
+
+
+def nodes_static(opts: LaunchOptions, facts: RecipeFacts, nnodes: int, job: SchedulerJob | None,
+                 port_check: Callable[[int], str | None], host_check: Callable[[str, float], str | None]) -> Rendezvous:
+    """Several nodes, static: ``--master-addr``/``--master-port``/``--node-rank``, filled in from the job's engine."""
+    addr = opts.master_addr or (job.master_addr if job else None)
+    if addr is None:
+        raise UsageError(
+            f"--nnodes {nnodes} needs to know where the nodes meet.",
+            "Give every node --master-addr HOST --master-port P (HOST = node 0's address) and its own "
+            "--node-rank, or --rdzv-endpoint HOST:PORT for a c10d rendezvous.",
+        )
+    port = opts.master_port or (job.master_port if job else DEFAULT_STATIC_PORT)
+    if opts.master_port is None and job is not None:
+        check_port_number(port, job.said("master_port").split("=")[0])  # "PET_MASTER_PORT 0: a TCP port is ..."
+    node_rank = opts.node_rank if opts.node_rank is not None else (job.node_rank if job else None)
+    if node_rank is None:
+        raise UsageError(
+            f"--nnodes {nnodes} with a static rendezvous needs --node-rank on every node.",
+            f"Give the node at --master-addr {addr} --node-rank 0, the others 1..{nnodes - 1}.",
+        )
+    from_env = opts.master_addr is None
+    _where_nodes_meet(addr, job.said("master_addr") if from_env and job else f"--master-addr {addr}", from_env,
+                      host_check)
+    if node_rank == 0:  # node 0 hosts the store: refuse a busy port here, before anything starts
+        require_free_port(port, "--master-port", port_check)
+    rdzv_id = opts.rdzv_id or (job.rdzv_id if job else None) or _shared_id(facts, f"{addr}:{port}", nnodes)
+    return _static(addr, port, node_rank, rdzv_id)
+
+
+def rendezvous(opts: LaunchOptions, facts: RecipeFacts, nnodes: int, job: SchedulerJob | None,
+               port_check: Callable[[int], str | None], new_id: Callable[[], str],
+               host_check: Callable[[str, float], str | None]) -> Rendezvous:
+    """The rendezvous mode the options and the job's engine ask for (see the module docstring for the order)."""
+    if nnodes == 1:
+        if opts.rdzv_endpoint:
+            return one_node_c10d(opts, port_check, new_id)
+        if opts.master_port is not None:
+            return one_node_static(opts, opts.master_port, port_check, new_id)
+        return standalone(opts, new_id)
+    static_given = opts.master_addr is not None or opts.master_port is not None
+    if opts.rdzv_endpoint or (job is not None and job.rdzv_endpoint and not static_given):
+        return nodes_c10d(opts, facts, nnodes, job, host_check)
+    return nodes_static(opts, facts, nnodes, job, port_check, host_check)
+
+
+def _given_nnodes(opts: LaunchOptions, job: SchedulerJob | None) -> str:
+    return f"--nnodes {opts.nnodes}" if opts.nnodes is not None or job is None else job.said("nnodes")
+
+
+def node_count(opts: LaunchOptions, job: SchedulerJob | None) -> int:
+    """``--nnodes``, else the job's count, else 1; the node options (and the job's node rank) checked against it."""
+    nnodes = opts.nnodes if opts.nnodes is not None else (job.nnodes if job else 1)
     if nnodes < 1:
-        raise UsageError(f"--nnodes {nnodes}: must be at least 1.", "Example: --nnodes 2.")
+        raise UsageError(f"{_given_nnodes(opts, job)}: must be at least 1.", "Example: --nnodes 2.")
     if opts.master_port is not None:
         check_port_number(opts.master_port, "--master-port")
-    static_given = opts.master_addr is not None or opts.master_port is not None
-    if opts.rdzv_endpoint and static_given:
+    if opts.rdzv_endpoint and (opts.master_addr is not None or opts.master_port is not None):
         raise UsageError(
             "--rdzv-endpoint (c10d rendezvous) and --master-addr/--master-port (static) exclude each other.",
             "Pick one way for the nodes to meet.",
         )
     if opts.node_rank is not None and not 0 <= opts.node_rank < nnodes:
         raise UsageError(
-            f"--node-rank {opts.node_rank} does not fit --nnodes {nnodes} (node ranks run from 0 to {nnodes - 1}).",
+            f"--node-rank {opts.node_rank} does not fit {_given_nnodes(opts, job)} (node ranks run from 0 to "
+            f"{nnodes - 1}).",
             "Give node 0 (the one at --master-addr) --node-rank 0, the next --node-rank 1, and so on.",
         )
-    args = ["--nnodes", str(nnodes), "--nproc-per-node", str(nproc)]
-    node_rank: int | None
-    if nnodes == 1:
-        node_rank = 0
-        if opts.rdzv_endpoint:
-            backend, endpoint = "c10d", opts.rdzv_endpoint
-            _, port = _parse_endpoint(endpoint)
-            require_free_port(port, "--rdzv-endpoint port", port_check)
-            rdzv_id = opts.rdzv_id or new_id()
-            args += ["--rdzv-backend", backend, "--rdzv-endpoint", endpoint, "--rdzv-id", rdzv_id]
-        elif opts.master_port is not None:
-            backend = "static"
-            addr = opts.master_addr or "127.0.0.1"
-            endpoint = f"{addr}:{opts.master_port}"
-            require_free_port(opts.master_port, "--master-port", port_check)
-            rdzv_id = opts.rdzv_id or new_id()
-            args += ["--rdzv-backend", "static", "--master-addr", addr, "--master-port", str(opts.master_port)]
-            args += ["--node-rank", "0", "--rdzv-id", rdzv_id]
-        elif opts.master_addr is not None:
-            raise UsageError(
-                "--master-addr without --master-port: on one node mgpu picks a private rendezvous itself.",
-                "Drop --master-addr, or give --master-port P as well.",
-            )
-        else:
-            backend, endpoint = "c10d", "localhost:0"  # torchrun --standalone: a free port picked by the OS
-            rdzv_id = opts.rdzv_id or new_id()
-            args += ["--rdzv-backend", backend, "--rdzv-endpoint", endpoint, "--rdzv-id", rdzv_id]
-    elif opts.rdzv_endpoint:
-        backend, endpoint = "c10d", opts.rdzv_endpoint
-        _parse_endpoint(endpoint)
-        node_rank = opts.node_rank if opts.node_rank is not None else (slurm.node_rank if slurm else None)
-        rdzv_id = opts.rdzv_id or (slurm.rdzv_id if slurm else _shared_id(facts, endpoint, nnodes))
-        args += ["--rdzv-backend", backend, "--rdzv-endpoint", endpoint, "--rdzv-id", rdzv_id]
-        notes.append(
-            f"c10d rendezvous at {endpoint}, id {rdzv_id}: give every node the same --rdzv-endpoint and id."
+    if opts.node_rank is None and job is not None and job.node_rank is not None and not 0 <= job.node_rank < nnodes:
+        raise UsageError(
+            f"{job.said('node_rank')} is not below {_given_nnodes(opts, job)}: node ranks run from 0 to "
+            f"{nnodes - 1}.", "Fix the job's variables, or give this node --node-rank and --nnodes yourself.",
         )
-    else:
-        backend = "static"
-        addr = opts.master_addr or (slurm.master_addr if slurm and slurm.hosts else None)
-        if addr is None:
-            raise UsageError(
-                f"--nnodes {nnodes} needs to know where the nodes meet.",
-                "Give every node --master-addr HOST --master-port P (HOST = node 0's address) and its own "
-                "--node-rank, or --rdzv-endpoint HOST:PORT for a c10d rendezvous.",
-            )
-        port = opts.master_port or (slurm.master_port if slurm else DEFAULT_STATIC_PORT)
-        node_rank = opts.node_rank if opts.node_rank is not None else (slurm.node_rank if slurm else None)
-        if node_rank is None:
-            raise UsageError(
-                f"--nnodes {nnodes} with a static rendezvous needs --node-rank on every node.",
-                f"Give the node at --master-addr {addr} --node-rank 0, the others 1..{nnodes - 1}.",
-            )
-        if not 0 <= node_rank < nnodes:
-            raise UsageError(
-                f"This node's rank from SLURM ({node_rank}) does not fit {nnodes} nodes.",
-                "Pass --node-rank and --nnodes yourself.",
-            )
-        endpoint = f"{addr}:{port}"
-        if node_rank == 0:
-            # Node 0 hosts the store: refuse a busy port here, before anything starts.
-            require_free_port(port, "--master-port", port_check)
-        rdzv_id = opts.rdzv_id or (slurm.rdzv_id if slurm else _shared_id(facts, endpoint, nnodes))
-        args += ["--rdzv-backend", "static", "--master-addr", addr, "--master-port", str(port)]
-        args += ["--node-rank", str(node_rank), "--rdzv-id", rdzv_id]
-    if slurm is not None and nnodes > 1:
-        where = f"node {node_rank}" if node_rank is not None else "this node"
-        notes.append(f"SLURM job {slurm.job_id}: {nnodes} nodes, {where}, rendezvous at {endpoint}.")
-    if opts.max_restarts:
-        args += ["--max-restarts", str(opts.max_restarts)]
-    if opts.log_dir and (problem := unwritable(os.path.abspath(opts.log_dir))):  # torch's agent: a traceback
-        raise UsageError(f"--log-dir {opts.log_dir}: {problem}.", "Give a directory (created if missing), or leave "
-                         "--log-dir out for RUN_DIR/logs.")
-    tee = _tee(opts.show_rank, nproc)
-    run_dir = facts.run_dir
-    if not run_dir:  # named last: every check above has passed
-        if name_run_dir is None:
-            raise ValueError("no run dir, and nothing to name one")
-        run_dir = name_run_dir(nnodes, rdzv_id)
-    log_dir = os.path.abspath(opts.log_dir or os.path.join(run_dir, "logs"))
-    # Every rank's stdout+stderr to files (redirects 3), local rank 0 (or --show-rank) also to this terminal (tee).
-    args += ["--log-dir", log_dir, "--redirects", "3", "--tee", tee]
-    if slurm is not None:
-        args += ["--signals-to-handle", SLURM_SIGNALS]
-    worker_argv = worker_args(opts)
-    shown = None if opts.script is None else [*args, *opts.script.words()]
-    args += ["-m", WORKER_MODULE, *worker_argv]
+    return nnodes
 
+
+def job_nproc(opts: LaunchOptions, facts: RecipeFacts, job: SchedulerJob | None) -> tuple[LaunchOptions, int | None]:
+    """(the options with the job's processes per node filled in where none is given, the count the selection must
+    match). torchrun's ``auto``/``gpu`` mean one process per visible GPU, which is mgpu's own default."""
+    raw = job.nproc_per_node if job is not None else None
+    if job is None or raw is None or raw in ("auto", "gpu"):
+        return opts, None
+    if not raw.isdigit() or int(raw) < 1:
+        raise UsageError(f"{job.said('nproc_per_node')}: mgpu needs a number of processes per node (or auto, gpu).",
+                         "Set it to a count, or unset it and give --gpus N (--cpu --nproc N).")
+    count = int(raw)
+    if opts.nproc is not None or opts.gpus is not None:
+        return opts, count
+    if opts.cpu or facts.device == "cpu":
+        return replace(opts, nproc=count), count
+    return replace(opts, gpus=str(count)), count
+
+
+def cpu_world_size(opts: LaunchOptions, environ: Mapping[str, str]) -> int | None:
+    """The job's process count where it is known without the machine (``--cpu``; None on GPUs), with what the job's
+    engine says: ``mgpu launch --check`` checks the recipe for it."""
+    if not opts.cpu:
+        return None
+    job = read_scheduler(environ)
+    opts, _ = job_nproc(opts, RecipeFacts(run_dir=""), job)
+    return (opts.nproc or 1) * node_count(opts, job)
+
+
+def _select_for_job(opts: LaunchOptions, facts: RecipeFacts, machine: Machine,
+                    job: SchedulerJob | None) -> tuple[DeviceSelection, LaunchOptions]:
+    """The device selection, with the job's processes per node where no option gives a count (then a selection this
+    machine cannot make names the variable, not an option the user never typed); the options as filled in."""
+    given = opts
+    opts, count = job_nproc(opts, facts, job)
+    try:
+        selection = _select(opts, facts, machine)
+    except UsageError as err:
+        if opts is given or job is None:
+            raise
+        raise UsageError(f"{job.said('nproc_per_node')} (processes per node): {err.message}", err.hint) from None
+    _check_job_nproc(given, job, count, selection.nproc)
+    return selection, opts
+
+
+def _check_job_nproc(opts: LaunchOptions, job: SchedulerJob | None, count: int | None, selected: int) -> None:
+    if job is None or count is None or selected == count:
+        return
+    given = f"--nproc {opts.nproc}" if opts.nproc is not None else f"--gpus {opts.gpus}"
+    raise UsageError(
+        f"{given} starts {selected} process(es) on this node, but {job.said('nproc_per_node')} says {count}: the "
+        "other nodes would count this one wrong.",
+        f"Give the same count in both, or drop {given.split()[0]}: mgpu then starts what the job says.",
+    )
+
+
+def workers_env(opts: LaunchOptions, facts: RecipeFacts, machine: Machine, selection: DeviceSelection,
+                nproc: int, run_dir: str, backend: str) -> dict[str, str]:
+    """The environment mgpu sets for the workers (shown in the torchrun command too)."""
     # A script may write its own files there: an absolute path, whatever directory it changes to.
-    env = {"TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": LOG_PREFIX_TEMPLATE,
-           "MGPU_RUN_DIR": run_dir if opts.script is None else os.path.abspath(run_dir)}
+    env = {LOG_PREFIX_ENV: LOG_PREFIX_TEMPLATE,
+           RUN_DIR_ENV: run_dir if opts.script is None else os.path.abspath(run_dir)}
     if backend == "c10d" and opts.max_restarts > 0:
         # torch 2.13's c10d rendezvous hands every restart round the same bootstrap TCPStore, so the restarted
         # workers read the previous attempt's gloo/NCCL addresses and fail to connect ("Connection refused";
@@ -409,22 +495,74 @@ def build_plan(
         # torchrun alone pins every worker to 1 thread; share the cores instead (or use the recipe's count).
         threads = facts.cpu_threads or max(1, machine.cpu_count // nproc)
         env["OMP_NUM_THREADS"] = str(threads)
+    return env
+
+
+def _check_log_dir(opts: LaunchOptions) -> None:
+    if opts.log_dir and (problem := unwritable(os.path.abspath(opts.log_dir))):  # torch's agent: a traceback
+        raise UsageError(f"--log-dir {opts.log_dir}: {problem}.", "Give a directory (created if missing), or leave "
+                         "--log-dir out for RUN_DIR/logs.")
+
+
+def _job_notes(job: SchedulerJob | None, nnodes: int, rdzv: Rendezvous, environ: Mapping[str, str]) -> list[str]:
+    """What the plan took from the job's engine (the variables read), and the torchrun variables it did not read."""
+    notes = [rdzv.note] if rdzv.note else []
+    if job is not None:
+        where = f"node {rdzv.node_rank}" if rdzv.node_rank is not None else "this node"
+        shape = f"{nnodes} nodes, {where}, rendezvous at {rdzv.endpoint}" if nnodes > 1 else "one node"
+        notes.append(f"{job.describe()}: {shape}.")
+    unread = unread_torchrun_variables(environ)
+    if unread:
+        notes.append(f"Not read by mgpu (torchrun would take them as its options' defaults): {' '.join(unread)}; "
+                     "give mgpu launch the option instead.")
+    return notes
+
+
+def build_plan(
+    opts: LaunchOptions,
+    facts: RecipeFacts,
+    machine: Machine,
+    port_check: Callable[[int], str | None] = port_problem,
+    new_id: Callable[[], str] = lambda: f"mgpu-{uuid.uuid4().hex[:12]}",
+    name_run_dir: Callable[[int, str], str] | None = None,
+    host_check: Callable[[str, float], str | None] = host_problem,
+) -> LaunchPlan:
+    """Validate the options against the machine and build the torchrun arguments (UsageError on bad input).
+
+    ``name_run_dir(nnodes, rdzv_id)`` names the run dir when ``facts.run_dir`` is empty (a script launched
+    without ``--run-dir``: :func:`mgpucli.launch.script.default_run_dir`). ``host_check(host, wait_s)``: why the
+    master's host does not resolve (None: it does), trying for up to ``wait_s``."""
+    if opts.max_restarts < 0:
+        raise UsageError(f"--max-restarts {opts.max_restarts}: must be 0 or more.", "Example: --max-restarts 2.")
+    job = read_scheduler(machine.environ)
+    selection, opts = _select_for_job(opts, facts, machine, job)
+    nproc = 1 if facts.strategy == "dp" else selection.nproc
+    nnodes = node_count(opts, job)
+    rdzv = rendezvous(opts, facts, nnodes, job, port_check, new_id, host_check)
+    notes = _job_notes(job, nnodes, rdzv, machine.environ)
+    args = ["--nnodes", str(nnodes), "--nproc-per-node", str(nproc), *rdzv.args]
+    if opts.max_restarts:
+        args += ["--max-restarts", str(opts.max_restarts)]
+    _check_log_dir(opts)
+    tee = _tee(opts.show_rank, nproc)
+    run_dir = facts.run_dir
+    if not run_dir:  # named last: every check above has passed
+        if name_run_dir is None:
+            raise ValueError("no run dir, and nothing to name one")
+        run_dir = name_run_dir(nnodes, rdzv.rdzv_id)
+    log_dir = os.path.abspath(opts.log_dir or os.path.join(run_dir, LOGS_DIR))
+    # Every rank's stdout+stderr to files (redirects 3), local rank 0 (or --show-rank) also to this terminal (tee).
+    args += ["--log-dir", log_dir, "--redirects", "3", "--tee", tee]
+    if job is not None and job.signals:
+        args += ["--signals-to-handle", job.signals]
+    worker_argv = worker_args(opts)
+    shown = None if opts.script is None else [*args, *opts.script.words()]
+    args += ["-m", WORKER_MODULE, *worker_argv]
     return LaunchPlan(
-        devices=selection,
-        nproc_per_node=nproc,
-        nnodes=nnodes,
-        node_rank=node_rank,
-        rdzv_backend=backend,
-        rdzv_endpoint=endpoint,
-        rdzv_id=rdzv_id,
-        run_dir=run_dir,
-        log_dir=log_dir,
-        launch_json=os.path.join(run_dir, _launch_json_name(nnodes, node_rank, machine.hostname)),
-        worker_args=worker_argv,
-        torchrun_args=args,
-        env=env,
-        slurm=slurm,
-        notes=notes,
-        script=opts.script,
-        shown_args=shown,
+        devices=selection, nproc_per_node=nproc, nnodes=nnodes, node_rank=rdzv.node_rank,
+        rdzv_backend=rdzv.backend, rdzv_endpoint=rdzv.endpoint, rdzv_id=rdzv.rdzv_id, run_dir=run_dir,
+        log_dir=log_dir, launch_json=os.path.join(run_dir, _launch_json_name(nnodes, rdzv.node_rank, machine.hostname)),
+        worker_args=worker_argv, torchrun_args=args,
+        env=workers_env(opts, facts, machine, selection, nproc, run_dir, rdzv.backend),
+        scheduler=job, notes=notes, script=opts.script, shown_args=shown,
     )

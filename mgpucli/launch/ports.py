@@ -1,4 +1,4 @@
-"""Is a TCP port free to listen on? (Checked before anything starts.)
+"""Is a TCP port free to listen on, and does the master's host resolve? (Checked before anything starts.)
 
 torch's rendezvous store listens on *all* interfaces. With the c10d backend, a store that cannot bind its
 port silently connects to whatever already listens there, so a second job would join the first job's store
@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import errno
 import socket
+import time
+from collections.abc import Callable
 
 from mgpucli.errors import UsageError
 
@@ -65,3 +67,24 @@ def require_free_port(port: int, option: str, problem=port_problem) -> None:
             f"Pick a free port ({option} P), or leave it out on a single node: mgpu then uses a private "
             "rendezvous on a port the OS picks.",
         )
+
+
+def _resolve_problem(host: str) -> str | None:
+    try:
+        socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    except (OSError, UnicodeError) as err:
+        return f"does not resolve ({getattr(err, 'strerror', None) or err})"
+    return None
+
+
+def host_problem(host: str, wait_s: float = 0.0, resolve: Callable[[str], str | None] = _resolve_problem,
+                 clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], None] = time.sleep) -> str | None:
+    """None when ``host`` resolves, else why not; tried again every second for up to ``wait_s`` (a pod's DNS name
+    appears only once the pod runs, and the pods of a job start together)."""
+    deadline = clock() + wait_s
+    while True:
+        why = resolve(host)
+        if why is None or clock() >= deadline:
+            return why
+        sleep(1.0)

@@ -24,6 +24,8 @@ import os
 import signal
 import threading
 import time
+from dataclasses import dataclass, field
+from typing import Any
 
 from torch.distributed import run as torchrun
 from torch.distributed.elastic.multiprocessing import SignalException
@@ -35,6 +37,7 @@ from mgpucli.console import err_console, print_error
 from mgpucli.errors import EXIT_FAILED, EXIT_OK, EXIT_PREEMPTED, EXIT_USAGE
 from mgpucli.launch import hang_verdict, progress_file
 from mgpucli.launch.failure_summary import summarize
+from mgpucli.launch.job_source import PET_PREFIX
 from mgpucli.launch.live_view import LiveView
 from mgpucli.launch.parent_watch import LAUNCH_PID_ENV
 from mgpucli.launch.plan import LaunchPlan
@@ -127,19 +130,37 @@ def _signals_for_torch(requested: str) -> str:
     return ",".join(n for n in names if n not in ("SIGINT", "SIGTERM")) or "SIGHUP"
 
 
-def _preempted(plan: LaunchPlan, record: LaunchRecord, attempt, signal_name: str | None) -> int:
+@dataclass
+class Outcome:
+    """How the job ended, for ``launch.json``'s result and the user: recorded and told by :func:`_record`."""
+
+    status: str  # succeeded | failed | stalled | stopped | preempted
+    exit_code: int
+    message: str
+    error: bool = True  # told as an error (print_error), else as a plain line
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+def _record(record: LaunchRecord, outcome: Outcome) -> int:
+    """The one place an outcome is recorded in ``launch.json`` and told; returns ``mgpu launch``'s exit code."""
+    record.set_result(outcome.status, outcome.exit_code, **outcome.details)
+    record.write()
+    if outcome.error:
+        print_error(outcome.message)
+    else:
+        err_console().print(outcome.message, markup=False, highlight=False)
+    return outcome.exit_code
+
+
+def _preempted(plan: LaunchPlan, attempt, signal_name: str | None) -> Outcome:
     """Every worker stopped on a signal after saving a checkpoint: exit EXIT_PREEMPTED, for a scheduler to requeue."""
     records = preempted(attempt)
     step = max((r.step for r in records if r.step is not None), default=None)
-    record.set_result("preempted", EXIT_PREEMPTED, signal=signal_name, step=step)
     where = f" at step {step}" if step is not None else ""
-    err_console().print(
+    return Outcome("preempted", EXIT_PREEMPTED, (
         f"mgpu launch: stopped{' by ' + signal_name if signal_name else ' on a signal'}{where}; every rank agreed "
         f"and the checkpoint is complete. Exit code {EXIT_PREEMPTED} (requeue). Continue with the same command "
-        f"plus --resume auto. Logs: {plan.log_dir}",
-        markup=False, highlight=False,
-    )
-    return EXIT_PREEMPTED
+        f"plus --resume auto. Logs: {plan.log_dir}"), error=False, details={"signal": signal_name, "step": step})
 
 
 class _PromoteWhenStarted(threading.Thread):
@@ -177,53 +198,101 @@ def _where_ranks_were(attempt, found: hang_verdict.Verdict | None, since: float 
             *[f"    {line}" for line in hang_verdict.lines(found, dumps, list(attempt.ranks))]]
 
 
-def _stalled(found: Stall, watch: StallWatch, attempt, record: LaunchRecord) -> int:
+def _stalled(found: Stall, watch: StallWatch, attempt, record: LaunchRecord) -> Outcome:
     """A rank stopped making progress: the workers were stopped after their stacks were taken."""
     behind = hang_verdict.verdict(watch.progress)
     summary = found.describe(watch.stall_s) if behind is None else \
         f"{behind.headline}: no progress for {found.seconds:.0f} s (stall_s={watch.stall_s:g})"
-    record.set_result("stalled", EXIT_FAILED, stall={**found.to_json(), "stall_s": watch.stall_s, "summary": summary,
-                                                     "behind": behind.ranks if behind else [found.rank],
-                                                     "kind": behind.kind if behind else None},
-                      first_failed_rank=behind.ranks[0] if behind else found.rank, attempts=len(record.attempts))
     lines = [f"{summary}; the job was stopped.", *_where_ranks_were(attempt, behind),
              f"  all logs: {attempt.dir or '(none)'}; index: {record.path}"]
     if watch.busy_share is not None:
         lines.append(f"  (the default limit, {watch.stall_s:g} s without progress or CPU work; --stall-s N sets "
                      "another, --stall-s 0 turns it off)")
-    print_error("\n".join(lines))
-    return EXIT_FAILED
+    return Outcome("stalled", EXIT_FAILED, "\n".join(lines), details={
+        "stall": {**found.to_json(), "stall_s": watch.stall_s, "summary": summary,
+                  "behind": behind.ranks if behind else [found.rank], "kind": behind.kind if behind else None},
+        "first_failed_rank": behind.ranks[0] if behind else found.rank, "attempts": len(record.attempts)})
 
 
-def _interrupted(handler: _Signals, watch: StallWatch | None, record: LaunchRecord) -> list[str]:
-    """After a Ctrl-C (or SIGTERM): where every rank was, and when the ranks had been still a while, who held the
-    others up. The verdict goes into the record for the post-mortem."""
+def _interrupted(handler: _Signals, watch: StallWatch | None, record: LaunchRecord) -> tuple[str | None, list[str]]:
+    """After a Ctrl-C (or SIGTERM): (who held the others up, when the ranks had been still a while, else None;
+    the lines that say where every rank was)."""
     if handler.stacks_asked is None or not record.attempts:
-        return []
+        return None, []
     behind = None
     if watch is not None and watch.frozen_s(time.monotonic()) >= _STILL_S:
         behind = hang_verdict.verdict(watch.progress)
-    if behind is not None:
-        record.data["result"]["hang"] = behind.headline
     head = [f"  {behind.headline}"] if behind is not None else []
-    return head + _where_ranks_were(record.attempts[-1], behind, since=handler.stacks_asked - 1)
+    lines = head + _where_ranks_were(record.attempts[-1], behind, since=handler.stacks_asked - 1)
+    return (behind.headline if behind is not None else None), lines
 
 
-def run_plan(plan: LaunchPlan, record: LaunchRecord, live: bool = False, show_rank: str | None = None,
-             stall_s: float | None = None) -> int:
-    """Start the job, wait for it, report; returns the exit code for ``mgpu launch``. ``live``: this process shows
-    rank 0's output (or ``show_rank``'s: a local rank, or "all") itself, under a progress bar for a recipe (a
-    terminal: :mod:`mgpucli.launch.live_view`) instead of torch's ``--tee``."""
+def _child_failed(plan: LaunchPlan, record: LaunchRecord, err: ChildFailedError, watch: StallWatch | None,
+                  total: int) -> Outcome:
+    """torch's agent reports failed workers (after its restarts, if any)."""
+    script = plan.script is not None
+    if not script and record.attempts and all(f.exitcode == EXIT_PREEMPTED for f in err.failures.values()):
+        return _preempted(plan, record.attempts[-1], None)
+    if not record.attempts:
+        return Outcome("failed", EXIT_FAILED, str(err))
+    attempt = record.attempts[-1]
+    if watch is not None and watch.stall is not None:
+        return _stalled(watch.stall, watch, attempt, record)
+    found = collect(attempt, {rank: f.exitcode for rank, f in err.failures.items()})
+    return Outcome("failed", _failure_code(found, script), summarize(found, attempt, total, record.path), details={
+        "first_failed_rank": found[0].rank if found else None, "attempts": len(record.attempts),
+        "exitcodes": {rank: f.exitcode for rank, f in err.failures.items()}})
+
+
+def _restart_refused(plan: LaunchPlan, record: LaunchRecord, err: RestartRefused, total: int) -> Outcome:
+    """A restart would only have repeated the failure before it (:func:`mgpucli.launch.restart.stop_reason`)."""
+    script = plan.script is not None
+    attempt = record.attempt(err.failed_attempt) or record.attempts[-1]
+    if not script and preempted(attempt):
+        return _preempted(plan, attempt, None)
+    found = collect(attempt)
+    return Outcome("failed", job_exit_code(found) if script else EXIT_FAILED,
+                   summarize(found, attempt, total, record.path) + f"\n  not restarted: {err.reason}.", details={
+                       "first_failed_rank": found[0].rank if found else None, "attempts": len(record.attempts),
+                       "restart_refused": err.reason})
+
+
+def _signalled(plan: LaunchPlan, record: LaunchRecord, err: SignalException, handler: _Signals,
+               watch: StallWatch | None) -> Outcome:
+    """The launcher got SIGINT/SIGTERM (see :class:`_Signals`): the workers were stopped through torch's agent."""
+    script = plan.script is not None
+    sig = int(err.sigval)
+    if not script and record.attempts and preempted(record.attempts[-1]):
+        return _preempted(plan, record.attempts[-1], signal.Signals(sig).name)
+    code = 128 + sig
+    again = "" if script else "Continue with: mgpu launch ... --resume auto "
+    hang, where = _interrupted(handler, watch, record)
+    return Outcome("stopped", code, "\n".join([
+        f"mgpu launch: stopped by {signal.Signals(sig).name}; the workers have exited. {again}(logs: {plan.log_dir})",
+        *where]), error=False, details={"signal": signal.Signals(sig).name, "hang": hang})
+
+
+def _succeeded(plan: LaunchPlan, record: LaunchRecord, took: float) -> Outcome:
+    return Outcome("succeeded", EXIT_OK, (
+        f"mgpu launch: {plan.nnodes * plan.nproc_per_node} worker(s) finished in {took:.1f} s"
+        + (f" after {len(record.attempts) - 1} restart(s)" if len(record.attempts) > 1 else "") + ". "
+        + "".join(f"{what}: {path}; " for what, path in _outputs(plan.run_dir))
+        + f"logs: {plan.log_dir} (index: {record.path})"), error=False,
+        details={"attempts": len(record.attempts), "seconds": round(took, 1)})
+
+
+def _agent_config(plan: LaunchPlan, record: LaunchRecord, live: bool, show_rank: str | None):
+    """(torch's LaunchConfig, the worker command and its arguments, the attempts allowed, the live view or None):
+    the plan's torchrun arguments read by torchrun's own parser, with mgpu's log spec and signals."""
     os.environ.update(plan.env)
     os.environ[LAUNCH_PID_ENV] = str(os.getpid())
-    script = plan.script is not None
     options, job_args = plan.split_at_job()
-    args = torchrun.parse_args(options)
+    args = parse_torchrun_options(options)
     view = None
     if live:
         args.tee = "0"  # the live view shows the lines
         progress = None
-        if not script:  # a recipe's rank 0 keeps a progress file for the bar; a script has no bar, lines only
+        if plan.script is None:  # a recipe's rank 0 keeps a progress file for the bar; a script has lines only
             progress = os.path.join(plan.log_dir, f".progress-{plan.rdzv_id}.json")
             os.environ[progress_file.ENV] = progress
         view = LiveView(record, progress, show=show_rank)
@@ -233,19 +302,60 @@ def run_plan(plan: LaunchPlan, record: LaunchRecord, live: bool = False, show_ra
         record, log_dir=args.log_dir, redirects=Std.from_str(args.redirects), tee=Std.from_str(args.tee)
     )
     config.signals_to_handle = _signals_for_torch(args.signals_to_handle or _TORCH_DEFAULT_SIGNALS)
+    return config, cmd, cmd_args, 1 + int(args.max_restarts), view
+
+
+def parse_torchrun_options(options: list[str]):
+    """torchrun's parser on the plan's options alone. It takes every option left out from ``PET_<OPTION>``; the plan
+    already read the ones mgpu honours (:mod:`mgpucli.launch.job_source`), and a stray one (``PET_RDZV_ENDPOINT``
+    under a static rendezvous, ``PET_STANDALONE``) would change the job behind the plan's back, so the parser
+    sees none of them. The workers still inherit them, as under torchrun."""
+    hidden = {k: os.environ.pop(k) for k in [k for k in os.environ if k.startswith(PET_PREFIX)]}
+    try:
+        return torchrun.parse_args(options)
+    finally:
+        os.environ.update(hidden)
+
+
+class _Watchers:
+    """The threads that run beside torch's agent: the record's promotion, the live view, the stall watch and the
+    audit's findings."""
+
+    def __init__(self, plan: LaunchPlan, record: LaunchRecord, view: LiveView | None, stall_s: float | None):
+        self.promoter = _PromoteWhenStarted(record)
+        self.promoter.start()
+        self.view = view
+        if view is not None:
+            view.start()
+        self.stall = _stall_watch(record, stall_s)
+        if self.stall is not None:
+            self.stall.start()
+        self.audit = _audit_watch(plan, record)
+
+    def finish(self, plan: LaunchPlan) -> None:
+        self.promoter.finish()
+        if self.stall is not None:
+            self.stall.finish()
+        if self.view is not None:
+            self.view.finish()
+            with contextlib.suppress(OSError, KeyError):
+                os.unlink(os.environ.pop(progress_file.ENV))
+        if self.audit is not None:
+            _finish_audit(self.audit, plan)
+
+
+
+def run_plan(plan: LaunchPlan, record: LaunchRecord, live: bool = False, show_rank: str | None = None,
+             stall_s: float | None = None) -> int:
+    """Start the job, wait for it, report; returns the exit code for ``mgpu launch``. ``live``: this process shows
+    rank 0's output (or ``show_rank``'s: a local rank, or "all") itself, under a progress bar for a recipe (a
+    terminal: :mod:`mgpucli.launch.live_view`) instead of torch's ``--tee``."""
+    config, cmd, cmd_args, total, view = _agent_config(plan, record, live, show_rank)
     record.set_env(os.environ, plan.env)
     record.write()
-    total = 1 + int(args.max_restarts)
     handler = _Signals(record)
     handler.install()
-    promoter = _PromoteWhenStarted(record)
-    promoter.start()
-    if view is not None:
-        view.start()
-    stall = _stall_watch(record, stall_s)
-    if stall is not None:
-        stall.start()
-    audit = _audit_watch(plan, record)
+    watchers = _Watchers(plan, record, view, stall_s)
     start = time.monotonic()
     try:
         handler.active = True
@@ -253,84 +363,21 @@ def run_plan(plan: LaunchPlan, record: LaunchRecord, live: bool = False, show_ra
             elastic_launch(config, cmd)(*cmd_args)
         finally:
             handler.active = False
-            promoter.finish()
-            if stall is not None:
-                stall.finish()
-            if view is not None:
-                view.finish()
-                with contextlib.suppress(OSError, KeyError):
-                    os.unlink(os.environ.pop(progress_file.ENV))
-            if audit is not None:
-                _finish_audit(audit, plan)
+            watchers.finish(plan)
+        outcome = _succeeded(plan, record, time.monotonic() - start)
     except ChildFailedError as err:
-        if not script and record.attempts and all(f.exitcode == EXIT_PREEMPTED for f in err.failures.values()):
-            return _preempted(plan, record, record.attempts[-1], None)
-        if not record.attempts:
-            record.set_result("failed", EXIT_FAILED)
-            print_error(str(err))
-            return EXIT_FAILED
-        attempt = record.attempts[-1]
-        if stall is not None and stall.stall is not None:
-            return _stalled(stall.stall, stall, attempt, record)
-        found = collect(attempt, {rank: f.exitcode for rank, f in err.failures.items()})
-        first = found[0].rank if found else None
-        code = _failure_code(found, script)
-        record.set_result("failed", code, first_failed_rank=first, attempts=len(record.attempts),
-                          exitcodes={str(rank): f.exitcode for rank, f in err.failures.items()})
-        print_error(summarize(found, attempt, total, record.path))
-        return code
+        outcome = _child_failed(plan, record, err, watchers.stall, total)
     except RestartRefused as err:
-        attempt = record.attempt(err.failed_attempt) or record.attempts[-1]
-        if not script and preempted(attempt):
-            return _preempted(plan, record, attempt, None)
-        found = collect(attempt)
-        first = found[0].rank if found else None
-        code = job_exit_code(found) if script else EXIT_FAILED
-        record.set_result("failed", code, first_failed_rank=first, attempts=len(record.attempts),
-                          restart_refused=err.reason)
-        print_error(summarize(found, attempt, total, record.path)
-                    + f"\n  not restarted: {err.reason}.")
-        return code
+        outcome = _restart_refused(plan, record, err, total)
     except SignalException as err:
-        sig = int(err.sigval)
-        if not script and record.attempts and preempted(record.attempts[-1]):
-            return _preempted(plan, record, record.attempts[-1], signal.Signals(sig).name)
-        code = 128 + sig
-        record.set_result("stopped", code, signal=signal.Signals(sig).name)
-        where = _interrupted(handler, stall, record)
-        again = "" if script else "Continue with: mgpu launch ... --resume auto "
-        err_console().print(
-            "\n".join([f"mgpu launch: stopped by {signal.Signals(sig).name}; the workers have exited. {again}"
-                       f"(logs: {plan.log_dir})", *where]),
-            markup=False, highlight=False,
-        )
-        return code
+        outcome = _signalled(plan, record, err, handler, watchers.stall)
     finally:
         left = kill_children()  # a safety net: torch's agent has stopped its workers on every path above
         if left:
             err_console().print(f"[yellow]mgpu launch: killed {len(left)} worker(s) still running at exit.[/]")
         handler.restore()
         record.write()
-    took = time.monotonic() - start
-    record.set_result("succeeded", EXIT_OK, attempts=len(record.attempts), seconds=round(took, 1))
-    record.write()
-    err_console().print(
-        f"mgpu launch: {plan.nnodes * plan.nproc_per_node} worker(s) finished in {took:.1f} s"
-        + (f" after {len(record.attempts) - 1} restart(s)" if len(record.attempts) > 1 else "") + ". "
-        + "".join(f"{what}: {path}; " for what, path in _outputs(plan.run_dir))
-        + f"logs: {plan.log_dir} (index: {record.path})", markup=False, highlight=False,
-    )
-    return EXIT_OK
-
-
-def _stall_watch(record: LaunchRecord, stall_s: float | None) -> StallWatch | None:
-    """The stall watch: ``stall_s`` given judges progress alone; None is the default limit, where CPU work counts
-    as progress too; 0 is none."""
-    if stall_s == 0:
-        return None
-    if stall_s is None:
-        return StallWatch(record, DEFAULT_STALL_S, kill_children, busy_share=BUSY_SHARE)
-    return StallWatch(record, stall_s, kill_children)
+    return _record(record, outcome)
 
 
 def _audit_watch(plan: LaunchPlan, record: LaunchRecord):
@@ -359,3 +406,13 @@ def _outputs(run_dir: str) -> list[tuple[str, str]]:
              if p.exists()]
     metrics = os.path.join(run_dir, METRICS)
     return found + ([("metrics", metrics)] if os.path.isfile(metrics) else [])
+
+
+def _stall_watch(record: LaunchRecord, stall_s: float | None) -> StallWatch | None:
+    """The stall watch: ``stall_s`` given judges progress alone; None is the default limit, where CPU work counts
+    as progress too; 0 is none."""
+    if stall_s == 0:
+        return None
+    if stall_s is None:
+        return StallWatch(record, DEFAULT_STALL_S, kill_children, busy_share=BUSY_SHARE)
+    return StallWatch(record, stall_s, kill_children)

@@ -13,12 +13,14 @@ from collections.abc import Mapping
 
 from mgpucli.cpus import threads_per_process
 from mgpucli.distributed.select import DeviceSelection
+from mgpucli.launch.job_source import PET_PREFIX
 from mgpucli.proctree import kill_tree, start
 
 
 def worker_env(selection: DeviceSelection, environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The environment for the workers: GPU selection, and an explicit CPU thread count."""
-    env = dict(os.environ if environ is None else environ)
+    """The environment for the workers: GPU selection, and an explicit CPU thread count. Without torchrun's
+    ``PET_*`` variables (a pod's job): the workers of this one machine are no node of that job."""
+    env = {k: v for k, v in (os.environ if environ is None else environ).items() if not k.startswith(PET_PREFIX)}
     if selection.cuda_visible_devices is not None:
         env["CUDA_VISIBLE_DEVICES"] = selection.cuda_visible_devices
     if selection.kind == "cpu" and "OMP_NUM_THREADS" not in env:

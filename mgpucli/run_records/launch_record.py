@@ -12,10 +12,13 @@ rewritten atomically at the start, at every attempt and at the end, so it is use
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import re
 import threading
 import time
+import types
+import typing
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -26,7 +29,7 @@ from mgpucli.run_records.worker_records import started
 LAUNCH_JSON = "launch.json"
 POSTMORTEM_JSON = "postmortem.json"  # the post-mortem's report, beside launch.json (mgpucli.postmortem.render)
 
-ENV_PREFIXES = ("CUDA_", "NCCL_", "TORCH_", "TORCHELASTIC_", "OMP_", "MASTER_", "SLURM_", "GLOO_", "MGPU_")
+ENV_PREFIXES = ("CUDA_", "NCCL_", "TORCH_", "TORCHELASTIC_", "OMP_", "MASTER_", "SLURM_", "PET_", "GLOO_", "MGPU_")
 # Even under a kept prefix, a name like these is a secret (e.g. a token for a model hub): never written.
 _SECRET = re.compile(r"TOKEN|SECRET|PASSW|CREDENTIAL|API_?KEY|PRIVATE|AUTH", re.IGNORECASE)
 
@@ -56,8 +59,8 @@ class RankFiles:
 class Attempt:
     """One start of the worker group (attempt 0, then one per restart)."""
 
-    attempt: int
-    dir: str
+    attempt: int = 0
+    dir: str = ""
     ranks: dict[int, RankFiles] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
@@ -80,9 +83,144 @@ def build_attempt(attempt: int, envs: Mapping[int, Mapping[str, str]], stdouts: 
     return Attempt(attempt=attempt, dir=directory, ranks=ranks)
 
 
+@dataclass
+class Devices:
+    kind: str = ""  # cpu | cuda
+    nproc_per_node: int = 0
+    gpu_indices: list[int] = field(default_factory=list)
+    cuda_visible_devices: str | None = None
+
+
+@dataclass
+class RendezvousInfo:
+    backend: str = ""
+    endpoint: str = ""
+    id: str = ""
+
+
+@dataclass
+class ScriptJob:
+    """A script launch's job (``mgpu launch SCRIPT.py``): what ran, as the workers got it."""
+
+    path: str | None = None
+    module: str | None = None
+    args: list[str] = field(default_factory=list)
+    local_rank_flag: str | None = None
+    audit: bool = False
+
+
+@dataclass
+class LaunchHeader:
+    """The launch's own description, written before any worker starts."""
+
+    mgpu_version: str = ""
+    started: str = ""
+    cwd: str = ""
+    argv: list[str] = field(default_factory=list)
+    job: str = "train"  # train | script
+    recipe: str | None = None
+    overrides: list[str] = field(default_factory=list)
+    script: ScriptJob | None = None
+    run_dir: str = ""
+    devices: Devices = field(default_factory=Devices)
+    nnodes: int = 1
+    node_rank: int | None = None
+    rendezvous: RendezvousInfo = field(default_factory=RendezvousInfo)
+    max_restarts: int = 0
+    torchrun: str = ""
+    torchrun_args: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    set_by_mgpu: dict[str, str] = field(default_factory=dict)
+    log_dir: str = ""
+
+
+@dataclass
+class LaunchResult:
+    """How the launch ended (``running`` until it does); a detail that does not apply is left out of the JSON."""
+
+    status: str = "running"  # running | succeeded | failed | stalled | stopped | preempted
+    exit_code: int | None = None
+    finished: str | None = None
+    attempts: int | None = None
+    seconds: float | None = None
+    first_failed_rank: int | None = None
+    exitcodes: dict[int, int] | None = None  # global rank -> exit code, from torch's failure report
+    restart_refused: str | None = None
+    signal: str | None = None
+    step: int | None = None
+    stall: dict[str, Any] | None = None
+    hang: str | None = None  # after a Ctrl-C on ranks still a while: who held the others up
+
+
+@dataclass
+class LaunchFile:
+    """``launch.json`` as a whole: the header's fields, then the environment, the attempts and the result."""
+
+    header: LaunchHeader
+    env: dict[str, str] = field(default_factory=dict)
+    attempts: list[Attempt] = field(default_factory=list)
+    result: LaunchResult = field(default_factory=LaunchResult)
+
+    def to_json(self) -> dict[str, Any]:
+        result = {k: v for k, v in _to_json(self.result).items() if v is not None or k == "status"}
+        return {**_to_json(self.header), "env": dict(self.env), "attempts": [a.to_json() for a in self.attempts],
+                "result": result}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> LaunchFile:
+        """The record in ``data`` (a launch.json's object); :class:`RecordProblem` when it is no launch record."""
+        problem = record_problem(data)
+        if problem:
+            raise RecordProblem(problem)
+        return cls(header=_from_json(LaunchHeader, data), env=dict(data.get("env") or {}),
+                   attempts=[_from_json(Attempt, a) for a in data.get("attempts") or []],
+                   result=_from_json(LaunchResult, data.get("result") or {}))
+
+
+class RecordProblem(ValueError):
+    """A launch.json that mgpu launch did not write in this shape."""
+
+
+def _to_json(value: Any) -> Any:
+    if dataclasses.is_dataclass(value):
+        return {f.name: _to_json(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, dict):
+        return {str(k): _to_json(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_to_json(v) for v in value]
+    return value
+
+
+def _from_json(cls: type, data: Mapping[str, Any]) -> Any:
+    """``cls`` (a dataclass) from checked JSON: absent or null fields take their defaults, unknown keys are left."""
+    hints = typing.get_type_hints(cls)
+    values = {f.name: _value(data[f.name], hints[f.name]) for f in dataclasses.fields(cls)
+              if data.get(f.name) is not None}
+    return cls(**values)
+
+
+def _value(value: Any, hint: Any) -> Any:
+    kind = _kind(hint)
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    if dataclasses.is_dataclass(kind):
+        return _from_json(kind, value)
+    if kind is dict and len(args) == 2:
+        return {(int(k) if args[0] is int else k): _value(v, args[1]) for k, v in value.items()}
+    if kind is list and args:
+        return [_value(v, args[0]) for v in value]
+    return value
+
+
+def _kind(hint: Any) -> Any:
+    """The one non-None type of ``hint`` (``int | None`` -> int, ``list[str]`` -> list)."""
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        hint = next(a for a in typing.get_args(hint) if a is not type(None))
+    return typing.get_origin(hint) or hint
+
+
 class LaunchRecord:
-    """The content of ``launch.json``, kept in memory and written atomically (from the launcher's main thread and
-    its watcher: a lock keeps the writes whole).
+    """The content of ``launch.json`` (a :class:`LaunchFile`), kept in memory and written atomically (from the
+    launcher's main thread and its watcher: a lock keeps the writes whole).
 
     ``header`` is the launch's own description, written first as given. ``path`` is where the record is written
     now; ``final_path`` the run dir's ``launch.json``. The two differ while an earlier run's records are in the
@@ -91,26 +229,34 @@ class LaunchRecord:
     folder of its own beside it (``LOG_DIR/launch-<its id>/``): no launch's record is ever overwritten.
     """
 
-    def __init__(self, path: str, header: Mapping[str, Any], final_path: str | None = None):
+    def __init__(self, path: str, header: LaunchHeader | Mapping[str, Any], final_path: str | None = None):
         self.path = path
         self.final_path = final_path or path
         self._lock = threading.Lock()
-        self.attempts: list[Attempt] = []
-        self.data: dict[str, Any] = {**header, "env": {}, "attempts": [], "result": {"status": "running"}}
+        if not isinstance(header, LaunchHeader):
+            header = _from_json(LaunchHeader, header)
+        self.file = LaunchFile(header=header)
+
+    @property
+    def attempts(self) -> list[Attempt]:
+        return self.file.attempts
+
+    @property
+    def result(self) -> LaunchResult:
+        return self.file.result
 
     def set_env(self, environ: Mapping[str, str], extra: Iterable[str] = ()) -> None:
-        self.data["env"] = filter_env(environ, extra)
+        self.file.env = filter_env(environ, extra)
 
     def add_attempt(self, attempt: Attempt) -> None:
-        self.attempts = [a for a in self.attempts if a.attempt != attempt.attempt] + [attempt]
-        self.data["attempts"] = [a.to_json() for a in self.attempts]
+        self.file.attempts = [a for a in self.attempts if a.attempt != attempt.attempt] + [attempt]
 
     def attempt(self, number: int) -> Attempt | None:
         return next((a for a in self.attempts if a.attempt == number), None)
 
     def set_result(self, status: str, exit_code: int, **details: Any) -> None:
-        self.data["result"] = {"status": status, "exit_code": exit_code,
-                               "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **details}
+        self.file.result = LaunchResult(status=status, exit_code=exit_code,
+                                        finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"), **details)
 
     @property
     def promoted(self) -> bool:
@@ -158,57 +304,58 @@ class LaunchRecord:
 
     def _write(self) -> None:
         os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
-        write_json(self.path, self.data, indent=2)
+        write_json(self.path, self.file.to_json(), indent=2)
 
 
-# The shape of what mgpu launch writes, as far as ``mgpu doctor RUN_DIR`` reads it: a type, [item shape],
-# {key: shape} ({"*": shape} for any key, which must then be a rank number), or {} for any mapping. A field may be
-# null, or absent but for attempts and result.
-_RANK_FILES = {"rank": int, "local_rank": int, "stdout": str, "stderr": str, "error_file": str}
-_SHAPE = {
-    "mgpu_version": str, "argv": [str], "cwd": str, "run_dir": str, "log_dir": str, "nnodes": int, "overrides": [str],
-    "devices": {"nproc_per_node": int}, "rendezvous": {}, "env": {},
-    "attempts": [{"attempt": int, "dir": str, "ranks": {"*": _RANK_FILES}}],
-    "result": {"status": str, "exitcodes": {"*": int}},
-}
-_JSON_NAMES = {str: "a string", int: "a number", list: "a list", dict: "an object"}
+_JSON_NAMES = {str: "a string", int: "a number", float: "a number", bool: "true/false", list: "a list",
+               dict: "an object"}
 
 
 def record_problem(data: Mapping[str, Any]) -> str | None:
     """Why ``data`` (the JSON object in a launch.json) is no launch record that ``mgpu doctor`` can read: none of
-    mgpu launch's fields, or a field of another shape (edited by hand, or written by another program); else None."""
+    mgpu launch's fields, or a field of another type than :class:`LaunchFile` declares (edited by hand, or written
+    by another program); else None. A field may be null, or absent but for attempts and result."""
     if not any(key in data for key in ("mgpu_version", "argv", "attempts")):
         return "it holds none of the fields mgpu launch writes (mgpu_version, argv, attempts)"
     missing = [key for key in ("attempts", "result") if key not in data]  # written from the first write on
     if missing:
         return f"it has no {' and no '.join(missing)}, which mgpu launch writes from its start on"
-    return _shape_problem(data, _SHAPE, "")
+    hints = {**typing.get_type_hints(LaunchHeader), **typing.get_type_hints(LaunchFile)}
+    hints.pop("header")
+    return _fields_problem(data, hints, "")
 
 
-def _shape_problem(value: Any, shape: Any, where: str) -> str | None:
-    if value is None:
+def _fields_problem(data: Mapping[str, Any], hints: Mapping[str, Any], where: str) -> str | None:
+    return next((p for p in (_type_problem(data.get(name), hint, f"{where}.{name}".lstrip("."))
+                             for name, hint in hints.items()) if p), None)
+
+
+def _type_problem(value: Any, hint: Any, where: str) -> str | None:
+    """Why ``value`` is not of the declared type ``hint``, in the words of the post-mortem's refusal; else None."""
+    kind = _kind(hint)
+    if value is None or kind is Any:
         return None
-    if isinstance(shape, type):
-        if isinstance(value, shape) and not (shape is int and isinstance(value, bool)):
-            return None
-        return f"its field {where} is {_json_name(value)}, where mgpu launch writes {_JSON_NAMES[shape]}"
-    kind = list if isinstance(shape, list) else dict
-    if not isinstance(value, kind):
-        return f"its field {where} is {_json_name(value)}, where mgpu launch writes {_JSON_NAMES[kind]}"
-    if isinstance(shape, list):
-        items: Iterable[tuple[str, Any, Any]] = ((f"{where}[{i}]", item, shape[0]) for i, item in enumerate(value))
-    elif "*" in shape:
-        bad = next((key for key in value if not str(key).lstrip("-").isdigit()), None)
-        if bad is not None:
+    expected = dict if dataclasses.is_dataclass(kind) else kind
+    if not _fits(value, expected):
+        return f"its field {where} is {_json_name(value)}, where mgpu launch writes {_JSON_NAMES[expected]}"
+    if dataclasses.is_dataclass(kind):
+        return _fields_problem(value, typing.get_type_hints(kind), where)
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    if kind is list and args:
+        return next((p for i, item in enumerate(value) if (p := _type_problem(item, args[0], f"{where}[{i}]"))), None)
+    if kind is dict and len(args) == 2:
+        if args[0] is int and (bad := next((k for k in value if not str(k).lstrip("-").isdigit()), None)) is not None:
             return f"its field {where} has the key {bad!r}, where mgpu launch writes rank numbers"
-        items = ((f"{where}.{key}", item, shape["*"]) for key, item in value.items())
-    else:
-        items = ((f"{where}.{key}".lstrip("."), value.get(key), sub) for key, sub in shape.items())
-    return next((p for p in (_shape_problem(v, s, w) for w, v, s in items) if p), None)
+        return next((p for k, v in value.items() if (p := _type_problem(v, args[1], f"{where}.{k}"))), None)
+    return None
+
+
+def _fits(value: Any, expected: type) -> bool:
+    """JSON's types: true/false is no number, and a whole number is a float too."""
+    if isinstance(value, bool):
+        return expected is bool
+    return isinstance(value, (int, float) if expected is float else expected)
 
 
 def _json_name(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true/false"
-    return next((name for kind, name in _JSON_NAMES.items() if isinstance(value, kind)),
-                "a number" if isinstance(value, float) else type(value).__name__)
+    return next((name for kind, name in _JSON_NAMES.items() if type(value) is kind), type(value).__name__)

@@ -6,14 +6,55 @@ import socket
 
 import pytest
 
-from mgpucli.doctor.checks_rank import check_master_port, check_rank_variables
+from mgpucli.doctor.checks_rank import check_job, check_master_port, check_rank_variables
 from mgpucli.doctor.host import port_status, ports_to_probe
-from mgpucli.doctor.observation import HostInfo, Observation, TorchDevice, TorchInfo
+from mgpucli.doctor.observation import HostInfo, Observation, Plan, TorchDevice, TorchInfo
 
 
 def obs(env: dict[str, str], gpus: int = 0, ports: dict[int, str] | None = None) -> Observation:
     torch = TorchInfo(version="2.13.0", devices=tuple(TorchDevice("GPU", 1) for _ in range(gpus)))
-    return Observation(env=env, torch=torch, host=HostInfo(ports_in_use=ports or {}))
+    plan = Plan("cuda", gpus, tuple(range(gpus))) if gpus else Plan("cpu", 2)
+    return Observation(env=env, torch=torch, host=HostInfo(ports_in_use=ports or {}), plan=plan)
+
+
+POD = {"MASTER_ADDR": "job-master-0", "MASTER_PORT": "23456", "WORLD_SIZE": "2", "RANK": "1"}
+PET = {"PET_NNODES": "2", "PET_NODE_RANK": "1", "PET_NPROC_PER_NODE": "4", "PET_MASTER_ADDR": "job-master-0",
+       "PET_MASTER_PORT": "23456"}
+
+
+@pytest.mark.parametrize(("env", "said"), [
+    ({}, "one node: no SLURM, torchrun PET_* or Kubernetes pod variables"),
+    ({**PET, **POD}, "torchrun's PET_* variables (PET_NNODES=2 PET_NODE_RANK=1 PET_NPROC_PER_NODE=4 "
+                     "PET_MASTER_ADDR=job-master-0 PET_MASTER_PORT=23456): mgpu launch would start 2 node(s) x 4 "
+                     "process(es) = world size 8; this is node 1; the nodes meet at job-master-0:23456"),
+    ({**POD, "KUBERNETES_SERVICE_HOST": "10.96.0.1"}, "the pod's variables (MASTER_ADDR=job-master-0 "
+     "MASTER_PORT=23456 WORLD_SIZE=2 RANK=1): mgpu launch would start 2 node(s) x 4 process(es) = world size 8"),
+    ({"SLURM_JOB_ID": "7", "SLURM_NNODES": "2", "SLURM_JOB_NODELIST": "n[1-2]", "SLURMD_NODENAME": "n1"},
+     "SLURM job 7: mgpu launch would start 2 node(s) x 4 process(es) = world size 8; this is node 0; the nodes meet "
+     "at n1:10007"),
+    ({"PET_NNODES": "2", "PET_RDZV_ENDPOINT": "job-worker-0:29400"}, "the c10d rendezvous assigns this node's rank; "
+     "the nodes meet at job-worker-0:29400"),
+])
+def test_the_job_names_its_engine_and_the_shape_mgpu_launch_would_start(env, said):
+    result = check_job(obs(env, gpus=4))
+    assert result.status == "ok" and said in result.detail, result.detail
+
+
+def test_a_job_that_cannot_be_launched_is_a_failure_naming_the_variables():
+    bad = check_job(obs({**PET, "PET_NODE_RANK": "2"}, gpus=4))
+    assert bad.status == "fail" and "PET_NODE_RANK=2 is not below PET_NNODES=2" in bad.detail
+    unreadable = check_job(obs({**PET, "PET_NNODES": "1:4"}, gpus=4))
+    assert unreadable.status == "fail" and "elastic range" in unreadable.detail
+    short = check_job(obs(PET, gpus=2))
+    assert short.status == "warn" and "torch sees 2 GPU(s)" in short.detail and "PET_NPROC_PER_NODE" in short.hint
+
+
+def test_a_pods_own_rank_variables_are_the_jobs_not_leftovers():
+    assert check_rank_variables(obs({**PET, **POD})).status == "ok"
+    assert check_rank_variables(obs({**POD, "KUBERNETES_SERVICE_HOST": "10.96.0.1"})).status == "ok"
+    assert check_rank_variables(obs(POD)).status == "warn"  # outside a pod: a shell's leftovers
+    leftover = check_rank_variables(obs({**PET, **POD, "LOCAL_RANK": "0"}))  # a worker's: no job to launch
+    assert leftover.status == "warn" and "LOCAL_RANK" in leftover.hint
 
 
 def test_clean_shell_ok():

@@ -65,3 +65,11 @@ def test_only_a_script_worker_with_audit_imports_the_audit_and_arming_it_imports
     for name in imports_of(PACKAGE / "audit" / "__init__.py"):
         assert name.split(".")[0] in sys.stdlib_module_names or name.startswith(("mgpucli.audit",
                                                                                   "mgpucli.torch_import")), name
+
+
+def test_the_job_source_is_standard_library_only():
+    """``mgpu doctor`` reads the job's engine with the launcher's own reader, and the doctor never imports torch."""
+    allowed = ("mgpucli.errors", "mgpucli.launch.slurm")
+    for path in (PACKAGE / "launch" / "job_source.py", PACKAGE / "launch" / "slurm.py"):
+        for name in imports_of(path):
+            assert name.split(".")[0] in sys.stdlib_module_names or name.startswith(allowed), (path.name, name)

@@ -28,16 +28,22 @@ def machine(gpus: int = 0, cores: int = 8, **env: str) -> Machine:
 FACTS = RecipeFacts(run_dir="runs/q", fingerprint="abc")
 
 
-def plan_for(machine_=None, facts=FACTS, busy=(), **opts):
+def plan_for(machine_=None, facts=FACTS, busy=(), unknown_hosts=(), **opts):
     checked: list[int] = []
+    resolved: list[tuple[str, float]] = []
 
     def port_check(port: int):
         checked.append(port)
         return "already in use on this machine" if port in busy else None
 
+    def host_check(host: str, wait_s: float):
+        resolved.append((host, wait_s))
+        return "does not resolve (Name or service not known)" if host in unknown_hosts else None
+
     plan = build_plan(LaunchOptions(recipe="r.yaml", **opts), facts, machine_ or machine(),
-                      port_check=port_check, new_id=lambda: "mgpu-fresh")
+                      port_check=port_check, new_id=lambda: "mgpu-fresh", host_check=host_check)
     plan.checked_ports = checked  # type: ignore[attr-defined]
+    plan.resolved = resolved  # type: ignore[attr-defined]
     return plan
 
 
@@ -250,10 +256,128 @@ def test_slurm_values_yield_to_the_users():
     assert plan.checked_ports == [29800]
 
 
+def test_a_slurm_node_rank_past_the_node_count_is_refused_with_both_values():
+    env = {**SLURM, "SLURM_NNODES": "2", "SLURM_JOB_NODELIST": "gpu[07-08]", "SLURMD_NODENAME": "x",
+           "SLURM_NODEID": "2"}
+    assert "SLURM's node rank 2 is not below SLURM's node count 2" in usage_error(machine_=machine(gpus=2, **env))
+    one = {**env, "SLURM_NNODES": "1", "SLURM_JOB_NODELIST": "gpu08"}  # a one-node step on the job's second node
+    assert arg(plan_for(machine(gpus=2, **one)), "--nnodes") == "1"
+
+
 def test_slurm_single_node_is_standalone():
     env = {"SLURM_JOB_ID": "5", "SLURM_NNODES": "1", "SLURM_JOB_NODELIST": "gpu01"}
     plan = plan_for(machine(gpus=2, **env))
     assert arg(plan, "--rdzv-endpoint") == "localhost:0" and arg(plan, "--nnodes") == "1"
+
+
+# --------------------------------------------------------------------- Kubernetes: torchrun's PET_*, the pod's
+PET = {"PET_NNODES": "2", "PET_NODE_RANK": "1", "PET_NPROC_PER_NODE": "2", "PET_MASTER_ADDR": "job-master-0",
+       "PET_MASTER_PORT": "23456", "MASTER_ADDR": "job-master-0", "MASTER_PORT": "23456", "WORLD_SIZE": "2",
+       "RANK": "1"}
+
+
+def test_pet_variables_fill_the_nodes_rank_master_and_processes():
+    plan = plan_for(machine(**PET), cpu=True)
+    assert [arg(plan, o) for o in ("--nnodes", "--node-rank", "--nproc-per-node", "--master-addr", "--master-port")] \
+        == ["2", "1", "2", "job-master-0", "23456"]
+    assert arg(plan, "--rdzv-backend") == "static" and plan.checked_ports == []  # node 1 hosts no store
+    assert plan.resolved == [("job-master-0", 60.0)]  # a pod's DNS name may appear late: waited for
+    note = next(n for n in plan.notes if "PET_" in n)
+    assert "PET_NODE_RANK=1" in note and "PET_NPROC_PER_NODE=2" in note and "2 nodes, node 1" in note
+    assert plan.launch_json.endswith("launch.node1.json")
+    node0 = plan_for(machine(**{**PET, "PET_NODE_RANK": "0"}), cpu=True)
+    assert node0.checked_ports == [23456] and arg(node0, "--rdzv-id") == arg(plan, "--rdzv-id")  # both agree
+
+
+def test_options_win_over_the_pet_variables():
+    plan = plan_for(machine(**PET), cpu=True, nproc=2, nnodes=3, node_rank=2, master_addr="10.0.0.5",
+                    master_port=29001)
+    assert [arg(plan, o) for o in ("--nnodes", "--node-rank", "--master-addr", "--master-port")] == \
+        ["3", "2", "10.0.0.5", "29001"]
+    assert plan.resolved == [("10.0.0.5", 0.0)]  # typed by the user: tried once
+
+
+def test_pet_nproc_is_the_gpu_count_and_auto_means_every_gpu():
+    plan = plan_for(machine(gpus=4, **PET))
+    assert arg(plan, "--nproc-per-node") == "2" and plan.env["CUDA_VISIBLE_DEVICES"] == "0,1"
+    auto = plan_for(machine(gpus=4, **{**PET, "PET_NPROC_PER_NODE": "auto"}))
+    assert arg(auto, "--nproc-per-node") == "4"
+    assert "PET_NPROC_PER_NODE=cpu" in usage_error(machine_=machine(**{**PET, "PET_NPROC_PER_NODE": "cpu"}), cpu=True)
+    too_many = usage_error(machine_=machine(gpus=1, **PET))
+    assert too_many.startswith("PET_NPROC_PER_NODE=2 (processes per node): --gpus 2") and "1 visible" in too_many
+
+
+@pytest.mark.parametrize(("kw", "given"), [({"cpu": True, "nproc": 1}, "--nproc 1"),
+                                           ({"gpus": "1,2,3"}, "--gpus 1,2,3")])
+def test_a_process_count_that_disagrees_with_pet_nproc_is_refused(kw, given):
+    message = usage_error(machine_=machine(gpus=4, **PET), **kw)
+    assert given in message and "PET_NPROC_PER_NODE=2" in message
+
+
+def test_a_node_rank_not_below_the_node_count_is_refused_naming_both():
+    message = usage_error(machine_=machine(**{**PET, "PET_NODE_RANK": "2"}), cpu=True)
+    assert "PET_NODE_RANK=2 is not below PET_NNODES=2" in message
+    assert "PET_NODE_RANK=2 is not below --nnodes 2" in usage_error(
+        machine_=machine(**{**PET, "PET_NODE_RANK": "2", "PET_NNODES": "5"}), cpu=True, nnodes=2)
+
+
+def test_a_port_out_of_range_is_refused_naming_the_variable():
+    assert "PET_MASTER_PORT 70000: a TCP port" in usage_error(machine_=machine(**{**PET, "PET_MASTER_PORT": "70000"}),
+                                                            cpu=True)
+
+
+def test_a_master_that_does_not_resolve_is_refused_naming_the_variable():
+    message = usage_error(machine_=machine(**PET), cpu=True, unknown_hosts=("job-master-0",))
+    assert "PET_MASTER_ADDR=job-master-0" in message and "does not resolve" in message
+    assert "--master-addr nohost" in usage_error(cpu=True, nnodes=2, node_rank=1, master_addr="nohost",
+                                                 unknown_hosts=("nohost",))
+
+
+def test_the_pods_variables_alone_make_a_job_inside_a_pod_only():
+    pod = {k: v for k, v in PET.items() if not k.startswith("PET_")}
+    plain = plan_for(machine(**pod), cpu=True)  # a shell's leftovers, or a worker's own variables
+    assert arg(plain, "--nnodes") == "1" and arg(plain, "--rdzv-endpoint") == "localhost:0"
+    plan = plan_for(machine(KUBERNETES_SERVICE_HOST="10.96.0.1", **pod), cpu=True, nproc=2)
+    assert [arg(plan, o) for o in ("--nnodes", "--node-rank", "--master-addr")] == ["2", "1", "job-master-0"]
+    assert any("the pod's variables" in n and "WORLD_SIZE=2" in n for n in plan.notes)
+
+
+def test_a_c10d_endpoint_from_the_environment():
+    env = {"PET_NNODES": "2", "PET_RDZV_BACKEND": "c10d", "PET_RDZV_ENDPOINT": "job-worker-0:29400",
+           "PET_RDZV_ID": "myjob"}
+    plan = plan_for(machine(**env), cpu=True)
+    assert (arg(plan, "--rdzv-backend"), arg(plan, "--rdzv-endpoint"), arg(plan, "--rdzv-id")) == \
+        ("c10d", "job-worker-0:29400", "myjob")
+    assert plan.resolved == [("job-worker-0", 60.0)]
+    static = plan_for(machine(**env), cpu=True, master_addr="10.0.0.1", node_rank=0)  # the options win, whole
+    assert arg(static, "--rdzv-backend") == "static"
+
+
+def test_the_world_size_launch_check_checks_the_recipe_for_counts_the_pods():
+    from mgpucli.launch.plan import cpu_world_size
+
+    assert cpu_world_size(LaunchOptions(recipe="r", cpu=True), PET) == 4  # PET_NNODES=2 x PET_NPROC_PER_NODE=2
+    assert cpu_world_size(LaunchOptions(recipe="r", cpu=True, nproc=3, nnodes=1), {}) == 3
+    assert cpu_world_size(LaunchOptions(recipe="r"), PET) is None  # GPUs: the workers check it
+
+
+def test_a_scripts_run_dir_is_named_from_the_job_alike_on_every_pod():
+    named: list = []
+    for rank in ("0", "1"):
+        script_plan(machine(**{**PET, "PET_NODE_RANK": rank}), cpu=True, named=named)
+    assert named[0] == named[1] and named[0][0] == 2 and named[0][1] != "mgpu-fresh"
+
+
+def test_torchrun_variables_mgpu_does_not_read_are_named_and_kept_from_torchruns_parser(monkeypatch, tmp_path):
+    from mgpucli.launch.runner import parse_torchrun_options
+
+    plan = plan_for(machine(**PET, PET_MAX_RESTARTS="3"), cpu=True)
+    assert any("Not read by mgpu" in n and "PET_MAX_RESTARTS=3" in n for n in plan.notes)
+    for key, value in {**PET, "PET_MAX_RESTARTS": "3", "PET_RDZV_ENDPOINT": "elsewhere:1"}.items():
+        monkeypatch.setenv(key, value)
+    args = parse_torchrun_options(plan.split_at_job()[0])
+    assert (args.max_restarts, args.rdzv_endpoint, args.master_addr) == (0, "", "job-master-0")
+    assert os.environ["PET_MAX_RESTARTS"] == "3"  # put back for the workers, as torchrun leaves them
 
 
 # ------------------------------------------------------------------------------------ logs, command
@@ -301,6 +425,7 @@ def script_plan(machine_=None, script=SCRIPT, run_dir=None, named=None, **opts):
     opts = LaunchOptions(script=script, run_dir=run_dir, **opts)
     calls = named if named is not None else []
     return build_plan(opts, script_facts(opts), machine_ or machine(), port_check=lambda port: None,
+                      host_check=lambda host, wait_s: None,
                       new_id=lambda: "mgpu-fresh",
                       name_run_dir=lambda nnodes, rdzv_id: calls.append((nnodes, rdzv_id)) or f"runs/main-{rdzv_id}")
 
