@@ -27,6 +27,7 @@ import torch
 from omegaconf import DictConfig
 
 from mgpucli import faults
+from mgpucli.distributed import collectives
 from mgpucli.distributed.heartbeat import Heartbeat
 from mgpucli.distributed.runtime import Runtime
 from mgpucli.engine import state as engine_state
@@ -109,7 +110,9 @@ class Trainer:
         """Train for ``trainer.epochs`` (or until ``trainer.max_steps``); returns the final metrics.
 
         SIGTERM/SIGINT/SIGUSR1 request a stop; the ranks agree on it when the next log-interval reduction is read
-        (within ``trainer.log_every`` + 1 steps), save a checkpoint there and raise Preempted.
+        (within ``trainer.log_every`` + 1 steps), save a checkpoint there and raise Preempted. A stop requested after
+        the last step, before the final checkpoint is complete, raises Preempted too (:meth:`_finish`); one that
+        comes later only waits for the teardown.
         """
         settings = self.settings
         steps_per_epoch = math.ceil(len(self.loaders.train) / settings.grad_accum)
@@ -132,6 +135,7 @@ class Trainer:
                     self._record_early_stop()
                 elif self.intervals.stop_agreed:
                     self._preempt(mid_epoch=False, saved=saved)
+            self._finish()
         return {"step": self.step, "epoch": self.position.epoch, "train": train_metrics,
                 "val": self.position.last_val, "run_dir": str(self.checkpoints.run_dir),
                 "stopped_early": stopping.reason() if self._stopped_early() else None}
@@ -257,6 +261,8 @@ class Trainer:
         improved = self.checkpoints.improves_best(val)
         saved = last or (settings.checkpoint_every and position.epoch % settings.checkpoint_every == 0) or improved
         if saved:
+            if last and self._faults:  # test-only: hold here, after the last step, until a signal comes
+                faults.hold("hold_last_save", lambda: self.stop.received is not None, self.runtime.rank)
             self.save(mid_epoch=ended_early, best=improved)
         return val, bool(saved)
 
@@ -282,6 +288,19 @@ class Trainer:
             "Continue the run with the same command plus --resume auto.",
             step=self.step, signal=self.stop.received,
         )
+
+    def _finish(self) -> None:
+        """The run's last checkpoint is written (every rank is past its save, rank 0's write is complete): the ranks
+        agree once more. A stop requested on any rank until now still ends the run as preempted (exit 75; the
+        checkpoint holds the last step); otherwise the run has finished, and a signal from now on only waits for the
+        teardown (:meth:`StopRequests.finish`)."""
+        asked = torch.tensor([float(self.stop.received is not None)], dtype=torch.float64, device=self.runtime.device)
+        with self.heartbeat.in_phase("end of the run: stop all-reduce"):
+            collectives.all_reduce_sum(asked, self.runtime)
+            stop = asked.item() > 0
+        if stop:
+            self._preempt(mid_epoch=self._mid_epoch, saved=True)
+        self.stop.finish()
 
     def _stopped_early(self) -> bool:
         return self.trained.early_stopping is not None and self.trained.early_stopping.should_stop

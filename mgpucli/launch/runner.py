@@ -43,7 +43,14 @@ from mgpucli.launch.stall_watch import Stall, StallWatch
 from mgpucli.proctree import kill_children
 from mgpucli.run_files import METRICS, last_checkpoint
 from mgpucli.run_records import stacks
-from mgpucli.run_records.first_failure import all_refused, collect, failure_records, job_exit_code, preempted
+from mgpucli.run_records.first_failure import (
+    all_finished,
+    all_refused,
+    collect,
+    failure_records,
+    job_exit_code,
+    preempted,
+)
 from mgpucli.run_records.launch_record import LaunchRecord, build_attempt
 
 _MGPU_SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -134,6 +141,20 @@ def _preempted(plan: LaunchPlan, record: LaunchRecord, attempt, signal_name: str
         markup=False, highlight=False,
     )
     return EXIT_PREEMPTED
+
+
+def _finished_in_teardown(plan: LaunchPlan, record: LaunchRecord, signal_name: str, took: float) -> int:
+    """The signal came once every rank had finished, the final checkpoint complete: it only met the teardown. The run
+    finished: exit 0, recorded as succeeded (with the signal), nothing to resume."""
+    record.set_result("succeeded", EXIT_OK, attempts=len(record.attempts), seconds=round(took, 1),
+                      signal=signal_name)
+    err_console().print(
+        f"mgpu launch: finished; {signal_name} arrived during the teardown, after every rank had finished and the "
+        f"final checkpoint was complete. Nothing to resume. "
+        + "".join(f"{what}: {path}; " for what, path in _outputs(plan.run_dir)) + f"logs: {plan.log_dir}",
+        markup=False, highlight=False,
+    )
+    return EXIT_OK
 
 
 class _PromoteWhenStarted(threading.Thread):
@@ -264,6 +285,8 @@ def run_plan(plan: LaunchPlan, record: LaunchRecord, live: bool = False, show_ra
         sig = int(err.sigval)
         if not script and record.attempts and preempted(record.attempts[-1]):
             return _preempted(plan, record, record.attempts[-1], signal.Signals(sig).name)
+        if not script and record.attempts and all_finished(record.attempts[-1]):
+            return _finished_in_teardown(plan, record, signal.Signals(sig).name, time.monotonic() - start)
         code = 128 + sig
         record.set_result("stopped", code, signal=signal.Signals(sig).name)
         again = "" if script else "Continue with: mgpu launch ... --resume auto "
