@@ -10,7 +10,8 @@
 * SIGINT and SIGTERM are handled by mgpu instead of torch: the first one does what torch does (raise
   torch's ``SignalException`` so the agent forwards the signal to the workers and gives them its shutdown
   window), a second one SIGKILLs the workers at once. Other signals (SIGHUP, SIGQUIT, SIGUSR1 under SLURM)
-  stay torch's.
+  stay torch's. A signal that comes once every rank has finished (its ``mgpu_finished`` mark: the final
+  checkpoint complete) only met the teardown: the run finished, exit 0.
 
 The agent runs in this process (rather than a ``torchrun`` subprocess) so that the workers are launch's
 own children: there is one process to watch for parent death, and torch's failure report (exit codes per
