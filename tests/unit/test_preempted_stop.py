@@ -133,3 +133,17 @@ def test_an_unfinished_run_gives_the_signals_back_at_once_and_a_second_ctrl_c_st
         assert stop.received == "SIGINT"
         os.kill(os.getpid(), signal.SIGINT)
     assert {sig: signal.getsignal(sig) for sig in before} == before
+
+
+def test_the_run_is_finished_for_the_launcher_only_once_every_rank_marked_it(tmp_path: Path):
+    from mgpucli.run_records.first_failure import all_finished
+    from mgpucli.run_records.launch_record import build_attempt
+    from mgpucli.run_records.worker_records import mark_finished
+
+    files = {lr: str(tmp_path / "attempt_0" / str(lr) / "error.json") for lr in (0, 1)}
+    attempt = build_attempt(0, {lr: {"RANK": str(lr)} for lr in files}, {}, {}, files)
+    assert not all_finished(attempt)
+    mark_finished({"TORCHELASTIC_ERROR_FILE": files[0]})
+    assert not all_finished(attempt)  # rank 1 may still be saving or agreeing on a stop
+    mark_finished({"TORCHELASTIC_ERROR_FILE": files[1]})
+    assert all_finished(attempt)
