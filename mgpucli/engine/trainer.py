@@ -60,6 +60,7 @@ class Trainer:
         self.profile: ProfileWindow | None = None
         self._resumed: Resumed | None = None  # applied when the epoch's loader iterator exists
         self._mid_epoch = False
+        self._stop_before_save: bool | None = None  # at this rank's last save: a stop was requested by then
 
     @property
     def step(self) -> int:
@@ -269,7 +270,13 @@ class Trainer:
     def save(self, mid_epoch: bool, best: bool = False) -> None:
         """Record every step so far (which also checks them all for a non-finite loss), then checkpoint."""
         self._flush()
-        self.checkpoints.save(self.trained, self.position, self.intervals.epoch_sums, mid_epoch, best)
+        self.checkpoints.save(self.trained, self.position, self.intervals.epoch_sums, mid_epoch, best,
+                              written=self._note_saved)
+
+    def _note_saved(self) -> None:
+        """This rank's part of a save is done (rank 0: the checkpoint becomes complete): was a stop requested by
+        then?"""
+        self._stop_before_save = self.stop.received is not None
 
     def _flush(self) -> None:
         self.intervals.flush(self.step, self.position.epoch + 1, self._lr(), self.stop.received is not None)
@@ -290,11 +297,12 @@ class Trainer:
         )
 
     def _finish(self) -> None:
-        """The run's last checkpoint is written (every rank is past its save, rank 0's write is complete): the ranks
-        agree once more. A stop requested on any rank until now still ends the run as preempted (exit 75; the
-        checkpoint holds the last step); otherwise the run has finished, and a signal from now on only waits for the
-        teardown (:meth:`StopRequests.finish`)."""
-        asked = torch.tensor([float(self.stop.received is not None)], dtype=torch.float64, device=self.runtime.device)
+        """The run's last checkpoint is written: the ranks agree once more. A stop requested on any rank before it
+        was complete (as each rank saw its save end, :meth:`_note_saved`; rank 0's ends with the write) still ends the
+        run as preempted (exit 75; the checkpoint holds the last step). Otherwise the run has finished, and a signal
+        from now on only waits for the teardown (:meth:`StopRequests.finish`)."""
+        before = self._stop_before_save if self._stop_before_save is not None else self.stop.received is not None
+        asked = torch.tensor([float(before)], dtype=torch.float64, device=self.runtime.device)
         with self.heartbeat.in_phase("end of the run: stop all-reduce"):
             collectives.all_reduce_sum(asked, self.runtime)
             stop = asked.item() > 0

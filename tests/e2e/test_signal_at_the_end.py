@@ -3,8 +3,9 @@
 Once the final checkpoint is complete and every rank has finished, the run is finished: the launch exits 0 and
 ``mgpu doctor RUN_DIR`` says so (exit 0, nothing to resume). Before that, the ranks still agree on the stop: the
 final checkpoint is written and the launch exits 75, as mid-training. No clock is raced: the test-only faults
-``hold_at_exit`` and ``hold_last_save`` (mgpucli/faults.py) hold every rank at that point until the signal comes,
-and the test signals only once the workers' records show them there.
+``hold_at_exit`` and ``hold_last_save`` (mgpucli/faults.py) hold every rank there until the signal comes (so the
+launcher is still running when it does), and the test signals only once the run's files show it past the point
+that matters: the final checkpoint written, or every worker's mark that the run finished.
 """
 
 from __future__ import annotations
@@ -49,6 +50,11 @@ def _signalled_launch(tmp_path: Path, tag: str, fault: str, held, sig: signal.Si
     return code, out_path.read_text(errors="replace") + err_path.read_text(errors="replace"), run_dir
 
 
+def _final_checkpoint_written(run_dir: Path) -> bool:
+    """``last.pt`` is there: the run's only save (one epoch) is the final one, and it is atomic."""
+    return (run_dir / "checkpoints" / "last.pt").is_file()
+
+
 def _all_finished(run_dir: Path) -> bool:
     """Both workers left their mark that the run finished (every rank agreed, the final checkpoint complete)."""
     return len(list(run_dir.glob("logs/*/attempt_0/*/mgpu_finished"))) == 2
@@ -66,10 +72,12 @@ def _doctor(run_dir: Path, tmp_path: Path, tag: str, no_heavy_imports: dict):  #
     return human, res.returncode, json.loads(res.stdout)
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=lambda s: s.name)
-def test_a_signal_after_the_final_checkpoint_leaves_the_run_finished(tmp_path: Path, tag: str, sig,  # noqa: F811
+@pytest.mark.parametrize(("sig", "held"), [(signal.SIGINT, _final_checkpoint_written),  # anywhere after the write
+                                           (signal.SIGTERM, _all_finished)],  # every rank done, in its teardown
+                         ids=["SIGINT", "SIGTERM"])
+def test_a_signal_after_the_final_checkpoint_leaves_the_run_finished(tmp_path: Path, tag: str, sig, held,  # noqa: F811
                                                                      no_heavy_imports: dict):
-    code, output, run_dir = _signalled_launch(tmp_path, tag, "hold_at_exit", _all_finished, sig)
+    code, output, run_dir = _signalled_launch(tmp_path, tag, "hold_at_exit", held, sig)
     assert code == 0, output
     assert f"mgpu launch: finished; {sig.name} arrived during the teardown" in output and "Nothing to resume" in output
     assert "--resume auto" not in output and "error" not in output.lower(), output
