@@ -9,6 +9,10 @@ step unless narrowed). Faults:
 - ``kill_in_save``: SIGKILL this process in the middle of writing a checkpoint.
 - ``disk_full_in_save``: raise ENOSPC in the middle of writing a checkpoint.
 - ``tracker``: an experiment tracker's logging raises at the step (on rank 0's tracking thread).
+- ``hold_last_save``: after the last step, wait before the run's final checkpoint is written until a stop signal
+  (SIGINT/SIGTERM/SIGUSR1) arrives, or ``MGPU_FAULT_SLEEP`` seconds.
+- ``hold_at_exit``: once the run finished (the final checkpoint complete, every rank agreed), wait before the
+  teardown until a stop signal arrives, or ``MGPU_FAULT_SLEEP`` seconds: a job held in its teardown.
 
 ``MGPU_FAULT_ONCE=PATH`` makes the faults fire only if PATH does not exist yet (and creates it), so a
 restarted worker group runs clean: a one-time crash.
@@ -20,11 +24,13 @@ import errno
 import os
 import signal
 import time
+from collections.abc import Callable
 from functools import lru_cache
 
 from mgpucli.errors import UsageError
 
-KNOWN = ("crash", "nan", "sleep", "kill_in_save", "disk_full_in_save", "tracker")  # as listed above
+KNOWN = ("crash", "nan", "sleep", "kill_in_save", "disk_full_in_save", "tracker", "hold_last_save",
+         "hold_at_exit")  # as listed above
 
 
 @lru_cache(maxsize=1)
@@ -100,3 +106,15 @@ def maybe_fault(point: str, rank: int | None = None, step: int | None = None, pa
         if _armed("disk_full_in_save", rank, step):
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
     return False
+
+
+def hold(name: str, until: Callable[[], bool], rank: int | None = None) -> None:
+    """The hold fault ``name`` (``hold_last_save``, ``hold_at_exit``), where armed: wait until ``until()`` (the caller's
+    "a stop signal arrived") or ``MGPU_FAULT_SLEEP`` seconds. A test holds a job there and signals it, no race."""
+    if not enabled():
+        return
+    rank = rank if rank is not None else int(os.environ.get("RANK", "0"))
+    if _armed(name, rank, None):
+        deadline = time.monotonic() + float(os.environ.get("MGPU_FAULT_SLEEP", "3600"))
+        while not until() and time.monotonic() < deadline:
+            time.sleep(0.05)

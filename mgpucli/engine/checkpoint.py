@@ -12,7 +12,7 @@ import os
 import pickle
 import re
 import shutil
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -42,8 +42,10 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def save_atomic(payload: Mapping[str, Any], path: str | Path, step: int | None = None) -> None:
+def save_atomic(payload: Mapping[str, Any], path: str | Path, step: int | None = None,
+                committing: Callable[[], None] | None = None) -> None:
     """Write ``payload`` to ``path`` so that ``path`` is always either the old file or the complete new one.
+    ``committing()`` is called once the new file is written, just before it takes ``path``'s place.
 
     A disk that is full (or read-only) is a DiskWriteError naming the path and the bytes needed and free: before
     writing where the previous checkpoint's size already says it won't fit, else when the write fails (torch's
@@ -63,6 +65,8 @@ def save_atomic(payload: Mapping[str, Any], path: str | Path, step: int | None =
             faults.maybe_fault("save", step=step, path=str(path))  # test-only; inert unless MGPU_FAULT is set
             fh.flush()
             os.fsync(fh.fileno())
+        if committing is not None:
+            committing()
         os.replace(tmp, path)
         _fsync_dir(path.parent)
     except OSError as err:

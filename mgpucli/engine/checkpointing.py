@@ -110,8 +110,10 @@ class Checkpoints:
         return Path(found) if found is not None else None
 
     def save(self, trained: Trained, position: Position, epoch_sums: list[float], mid_epoch: bool,
-             best: bool = False) -> None:
-        """Every rank joins; rank 0 writes ``last.pt`` atomically (and ``best.pt``, numbered copies)."""
+             best: bool = False, written: Callable[[], None] | None = None) -> None:
+        """Every rank joins; rank 0 writes ``last.pt`` atomically (and ``best.pt``, numbered copies). ``written()`` is
+        called once this rank's part is done; on rank 0 as ``last.pt`` becomes complete (just before its rename)."""
+        written = written or (lambda: None)
         sharded = self.sharded_format and trained.model.is_fsdp
         with self.heartbeat.in_phase("checkpoint: gathering state from every rank"):
             if not sharded:
@@ -136,11 +138,13 @@ class Checkpoints:
             with self.heartbeat.in_phase("checkpoint: writing shards"):
                 save_sharded(trained.model.raw, trained.optimizer, meta, ckpts, position.step, self.runtime,
                              self.keep, best, extra=self._sharded_extra(trained))
+            written()
             return
         if not self.runtime.is_main:
+            written()
             return
         tensors = {"model": model, "optimizer": optim, **({"ema": ema} if ema is not None else {})}
-        save_atomic({**meta, **tensors}, ckpts / "last.pt", step=position.step)
+        save_atomic({**meta, **tensors}, ckpts / "last.pt", step=position.step, committing=written)
         if best:
             copy_atomic(ckpts / "last.pt", ckpts / "best.pt")
         if self.keep > 0:

@@ -9,6 +9,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from mgpucli import faults
 from mgpucli.distributed.env import RankEnv
 from mgpucli.engine.reporter import NullReporter, Reporter
 from mgpucli.errors import Preempted
@@ -23,10 +24,11 @@ def ensure_cwd_on_path() -> None:
 
 
 def run_training(recipe: str, overrides: list[str], *, resume: str | None = None, overwrite: bool = False,
-                 env: RankEnv, reporter: Reporter | None = None,
-                 started: Callable[[], None] | None = None) -> dict[str, Any]:
+                 env: RankEnv, reporter: Reporter | None = None, started: Callable[[], None] | None = None,
+                 finished: Callable[[], None] | None = None) -> dict[str, Any]:
     """Load and check the recipe, set up the process group, train, and always tear down. ``started`` is called
-    once set-up is done (the run dir taken, a checkpoint loaded) and training begins."""
+    once set-up is done (the run dir taken, a checkpoint loaded) and training begins; ``finished`` once the run has
+    finished on every rank (its final checkpoint complete), before the teardown."""
 
     def train(trainer) -> dict[str, Any]:
         trainer.setup()
@@ -35,7 +37,12 @@ def run_training(recipe: str, overrides: list[str], *, resume: str | None = None
         settle_gc()  # the start-up's objects are frozen: no collection walks them again (mgpucli/heap.py)
         return trainer.fit()
 
-    return _with_trainer(recipe, overrides, env, reporter, train, resume=resume, overwrite=overwrite)
+    def ended(trainer) -> None:
+        if finished is not None:
+            finished()
+        faults.hold("hold_at_exit", lambda: trainer.stop.received is not None)  # test-only; inert unless MGPU_FAULT
+
+    return _with_trainer(recipe, overrides, env, reporter, train, resume=resume, overwrite=overwrite, ended=ended)
 
 
 def run_probe(recipe: str, overrides: list[str], *, env: RankEnv, reporter: Reporter | None = None,
@@ -66,10 +73,10 @@ def run_probe(recipe: str, overrides: list[str], *, env: RankEnv, reporter: Repo
 
 
 def _with_trainer(recipe: str, overrides: list[str], env: RankEnv, reporter: Reporter | None,
-                  body: Callable[[Any], Any], **trainer_args: Any) -> Any:
+                  body: Callable[[Any], Any], ended: Callable[[Any], None] | None = None, **trainer_args: Any) -> Any:
     """The recipe (handed over by ``mgpu launch``, or composed and checked here), the process group, a Trainer
-    given to ``body``; every rank meets at a barrier after it, and on every exit path the trainer is closed and
-    the process group destroyed."""
+    given to ``body``; every rank meets at a barrier after it (then ``ended(trainer)``), and on every exit path the
+    trainer is closed and the process group destroyed."""
     import torch
 
     from mgpucli.config import check_recipe, handoff, load_recipe
@@ -86,17 +93,20 @@ def _with_trainer(recipe: str, overrides: list[str], env: RankEnv, reporter: Rep
         # verdict before the process group exists); a single process imports them, as the launcher does.
         check_recipe(cfg, recipe, trackers="find" if env.distributed else "import")
     reporter = reporter if reporter is not None and env.rank == 0 else NullReporter()
-    trainer = None
+    trainer = stop = None
     status = "failed"  # how the run ended, for its experiment trackers
     try:
         runtime = setup_process_group(env, cfg.trainer.device, cfg.trainer.timeout_s, cfg.trainer.cpu_threads)
         trainer = Trainer(cfg, runtime, reporter, source=recipe, **trainer_args)
+        stop = trainer.stop  # after a finished run it only notes signals, until the teardown is done
         result = body(trainer)
         status = "finished"
         # Every rank is done with the group before any rank destroys it: a rank that tore gloo down while another
         # still finished its last save could abort at exit ("terminate called without an active exception",
         # SIGABRT), and a finished run was reported as failed.
         collectives.barrier(runtime)
+        if ended is not None:
+            ended(trainer)
         return result
     except Preempted:
         status = "preempted"
@@ -121,3 +131,5 @@ def _with_trainer(recipe: str, overrides: list[str], env: RankEnv, reporter: Rep
         gc.unfreeze()
         gc.collect()
         teardown()
+        if stop is not None:
+            stop.release()

@@ -3,6 +3,10 @@
 A handler must not stop a rank by itself: a rank that leaves while the others wait in the next all-reduce
 hangs them. It only notes the signal; the ranks agree on the stop at the next log-interval reduction
 (:mod:`mgpucli.engine.log_interval`), save there, and leave together. A second SIGINT stops at once.
+
+Once the run has finished (:meth:`StopRequests.finish`: its final checkpoint complete, every rank agreed), a signal
+is only noted until :meth:`StopRequests.release`: it arrived during the teardown, and a rank killed there would turn
+a finished run into a failed one.
 """
 
 from __future__ import annotations
@@ -20,21 +24,34 @@ class StopRequests:
 
     def __init__(self) -> None:
         self.received: str | None = None
+        self.run_finished = False
+        self._previous: dict = {}  # the handlers listening() replaced, kept after a finished run until release()
 
     def _note(self, signum, frame) -> None:
-        if self.received is not None and signum == signal.SIGINT:
+        if self.received is not None and signum == signal.SIGINT and not self.run_finished:
             raise KeyboardInterrupt  # a second Ctrl-C: stop now
         self.received = signal.Signals(signum).name
 
+    def finish(self) -> None:
+        """The run finished: from now until :meth:`release`, a stop signal is only noted (the teardown goes on)."""
+        self.run_finished = True
+
+    def release(self) -> None:
+        """Give the signals back to the handlers :meth:`listening` found (after a finished run's teardown)."""
+        previous, self._previous = self._previous, {}
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
     @contextlib.contextmanager
     def listening(self) -> Iterator[StopRequests]:
-        """Handle the signals while the block runs (main thread only; the previous handlers come back after)."""
+        """Handle the signals while the block runs (main thread only). The previous handlers come back after it, or,
+        when the run finished inside it, at :meth:`release`."""
         if threading.current_thread() is not threading.main_thread():
             yield self
             return
-        previous = {sig: signal.signal(sig, self._note) for sig in _SIGNALS}
+        self._previous = {sig: signal.signal(sig, self._note) for sig in _SIGNALS}
         try:
             yield self
         finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
+            if not self.run_finished:
+                self.release()

@@ -4,7 +4,8 @@
 
 - the C heap and the garbage collector set up for training (:mod:`mgpucli.heap`);
 - torch's ``@record``: an unexpected exception's traceback goes to the error file torch's agent reports;
-- the worker's mark that training started (:func:`mgpucli.run_records.worker_records.mark_started`);
+- the worker's marks that training started and that the run finished
+  (:func:`mgpucli.run_records.worker_records.mark_started`, :func:`~mgpucli.run_records.worker_records.mark_finished`);
 - errors printed by the right rank (:func:`run_as_rank`): bad input is the same on every rank, so rank 0 alone
   says it; a failure names its rank; a graceful stop on a signal is a plain note from rank 0, not an error;
 - exit codes: an MgpuError's own (1 failed, 2 bad input, 75 preempted); anything else keeps its traceback.
@@ -71,11 +72,11 @@ def _train(recipe: str, overrides: list[str], resume: str | None, overwrite: boo
            rank0_reporter: Callable[[], Reporter]) -> None:
     """Train, under :func:`_recorded`."""
     from mgpucli.engine.run import run_training
-    from mgpucli.run_records.worker_records import mark_started
+    from mgpucli.run_records.worker_records import mark_finished, mark_started
 
     reporter = rank0_reporter() if env.rank == 0 else None
     _recorded(lambda: run_training(recipe, overrides, resume=resume, overwrite=overwrite, env=env, reporter=reporter,
-                                   started=mark_started))
+                                   started=mark_started, finished=mark_finished))
 
 
 def _recorded(body: Callable[[], T]) -> T:

@@ -27,6 +27,7 @@ import torch
 from omegaconf import DictConfig
 
 from mgpucli import faults
+from mgpucli.distributed import collectives
 from mgpucli.distributed.heartbeat import Heartbeat
 from mgpucli.distributed.runtime import Runtime
 from mgpucli.engine import state as engine_state
@@ -59,6 +60,7 @@ class Trainer:
         self.profile: ProfileWindow | None = None
         self._resumed: Resumed | None = None  # applied when the epoch's loader iterator exists
         self._mid_epoch = False
+        self._stop_before_save: bool | None = None  # at this rank's last save: a stop was requested by then
 
     @property
     def step(self) -> int:
@@ -109,7 +111,9 @@ class Trainer:
         """Train for ``trainer.epochs`` (or until ``trainer.max_steps``); returns the final metrics.
 
         SIGTERM/SIGINT/SIGUSR1 request a stop; the ranks agree on it when the next log-interval reduction is read
-        (within ``trainer.log_every`` + 1 steps), save a checkpoint there and raise Preempted.
+        (within ``trainer.log_every`` + 1 steps), save a checkpoint there and raise Preempted. A stop requested after
+        the last step, before the final checkpoint is complete, raises Preempted too (:meth:`_finish`); one that
+        comes later only waits for the teardown.
         """
         settings = self.settings
         steps_per_epoch = math.ceil(len(self.loaders.train) / settings.grad_accum)
@@ -132,6 +136,7 @@ class Trainer:
                     self._record_early_stop()
                 elif self.intervals.stop_agreed:
                     self._preempt(mid_epoch=False, saved=saved)
+            self._finish()
         return {"step": self.step, "epoch": self.position.epoch, "train": train_metrics,
                 "val": self.position.last_val, "run_dir": str(self.checkpoints.run_dir),
                 "stopped_early": stopping.reason() if self._stopped_early() else None}
@@ -257,13 +262,21 @@ class Trainer:
         improved = self.checkpoints.improves_best(val)
         saved = last or (settings.checkpoint_every and position.epoch % settings.checkpoint_every == 0) or improved
         if saved:
+            if last and self._faults:  # test-only: hold here, after the last step, until a signal comes
+                faults.hold("hold_last_save", lambda: self.stop.received is not None, self.runtime.rank)
             self.save(mid_epoch=ended_early, best=improved)
         return val, bool(saved)
 
     def save(self, mid_epoch: bool, best: bool = False) -> None:
         """Record every step so far (which also checks them all for a non-finite loss), then checkpoint."""
         self._flush()
-        self.checkpoints.save(self.trained, self.position, self.intervals.epoch_sums, mid_epoch, best)
+        self.checkpoints.save(self.trained, self.position, self.intervals.epoch_sums, mid_epoch, best,
+                              written=self._note_saved)
+
+    def _note_saved(self) -> None:
+        """This rank's part of a save is done (rank 0: the checkpoint becomes complete): was a stop requested by
+        then?"""
+        self._stop_before_save = self.stop.received is not None
 
     def _flush(self) -> None:
         self.intervals.flush(self.step, self.position.epoch + 1, self._lr(), self.stop.received is not None)
@@ -282,6 +295,20 @@ class Trainer:
             "Continue the run with the same command plus --resume auto.",
             step=self.step, signal=self.stop.received,
         )
+
+    def _finish(self) -> None:
+        """The run's last checkpoint is written: the ranks agree once more. A stop requested on any rank before it
+        was complete (as each rank saw its save end, :meth:`_note_saved`; rank 0's ends with the write) still ends the
+        run as preempted (exit 75; the checkpoint holds the last step). Otherwise the run has finished, and a signal
+        from now on only waits for the teardown (:meth:`StopRequests.finish`)."""
+        before = self._stop_before_save if self._stop_before_save is not None else self.stop.received is not None
+        asked = torch.tensor([float(before)], dtype=torch.float64, device=self.runtime.device)
+        with self.heartbeat.in_phase("end of the run: stop all-reduce"):
+            collectives.all_reduce_sum(asked, self.runtime)
+            stop = asked.item() > 0
+        if stop:
+            self._preempt(mid_epoch=self._mid_epoch, saved=True)
+        self.stop.finish()
 
     def _stopped_early(self) -> bool:
         return self.trained.early_stopping is not None and self.trained.early_stopping.should_stop

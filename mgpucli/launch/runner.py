@@ -10,7 +10,8 @@
 * SIGINT and SIGTERM are handled by mgpu instead of torch: the first one does what torch does (raise
   torch's ``SignalException`` so the agent forwards the signal to the workers and gives them its shutdown
   window), a second one SIGKILLs the workers at once. Other signals (SIGHUP, SIGQUIT, SIGUSR1 under SLURM)
-  stay torch's.
+  stay torch's. A signal that comes once every rank has finished (its ``mgpu_finished`` mark: the final
+  checkpoint complete) only met the teardown: the run finished, exit 0.
 
 The agent runs in this process (rather than a ``torchrun`` subprocess) so that the workers are launch's
 own children: there is one process to watch for parent death, and torch's failure report (exit codes per
@@ -46,7 +47,14 @@ from mgpucli.launch.stall_watch import BUSY_SHARE, DEFAULT_STALL_S, Stall, Stall
 from mgpucli.proctree import kill_children
 from mgpucli.run_files import METRICS, last_checkpoint
 from mgpucli.run_records import stacks
-from mgpucli.run_records.first_failure import all_refused, collect, failure_records, job_exit_code, preempted
+from mgpucli.run_records.first_failure import (
+    all_finished,
+    all_refused,
+    collect,
+    failure_records,
+    job_exit_code,
+    preempted,
+)
 from mgpucli.run_records.launch_record import LaunchRecord, build_attempt
 
 _MGPU_SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -163,6 +171,16 @@ def _preempted(plan: LaunchPlan, attempt, signal_name: str | None) -> Outcome:
         f"plus --resume auto. Logs: {plan.log_dir}"), error=False, details={"signal": signal_name, "step": step})
 
 
+def _finished_in_teardown(plan: LaunchPlan, record: LaunchRecord, signal_name: str, took: float) -> Outcome:
+    """The signal came once every rank had finished, the final checkpoint complete: it only met the teardown. The run
+    finished: exit 0, recorded as succeeded (with the signal), nothing to resume."""
+    return Outcome("succeeded", EXIT_OK, (
+        f"mgpu launch: finished; {signal_name} arrived during the teardown, after every rank had finished and the "
+        f"final checkpoint was complete. Nothing to resume. "
+        + "".join(f"{what}: {path}; " for what, path in _outputs(plan.run_dir)) + f"logs: {plan.log_dir}"),
+        error=False, details={"attempts": len(record.attempts), "seconds": round(took, 1), "signal": signal_name})
+
+
 class _PromoteWhenStarted(threading.Thread):
     """Makes the launch record the run dir's ``launch.json`` as soon as a worker's training starts
     (:meth:`LaunchRecord.promote`), while the job runs: `mgpu doctor RUN_DIR` then reads this run, not the last."""
@@ -258,12 +276,14 @@ def _restart_refused(plan: LaunchPlan, record: LaunchRecord, err: RestartRefused
 
 
 def _signalled(plan: LaunchPlan, record: LaunchRecord, err: SignalException, handler: _Signals,
-               watch: StallWatch | None) -> Outcome:
+               watch: StallWatch | None, took: float) -> Outcome:
     """The launcher got SIGINT/SIGTERM (see :class:`_Signals`): the workers were stopped through torch's agent."""
     script = plan.script is not None
     sig = int(err.sigval)
     if not script and record.attempts and preempted(record.attempts[-1]):
         return _preempted(plan, record.attempts[-1], signal.Signals(sig).name)
+    if not script and record.attempts and all_finished(record.attempts[-1]):
+        return _finished_in_teardown(plan, record, signal.Signals(sig).name, took)
     code = 128 + sig
     again = "" if script else "Continue with: mgpu launch ... --resume auto "
     hang, where = _interrupted(handler, watch, record)
@@ -370,7 +390,7 @@ def run_plan(plan: LaunchPlan, record: LaunchRecord, live: bool = False, show_ra
     except RestartRefused as err:
         outcome = _restart_refused(plan, record, err, total)
     except SignalException as err:
-        outcome = _signalled(plan, record, err, handler, watchers.stall)
+        outcome = _signalled(plan, record, err, handler, watchers.stall, time.monotonic() - start)
     finally:
         left = kill_children()  # a safety net: torch's agent has stopped its workers on every path above
         if left:

@@ -180,10 +180,11 @@ def _record_failure(exc: BaseException) -> None:
 
 
 def _exit_through_signals() -> None:
-    """After a graceful stop (checkpoint saved, record written) or a refusal (bad input, said and recorded) only the
-    interpreter's exit is left, and it takes a second or more. torch's agent sends SIGTERM to every rank still
-    running the moment the first one exits; a rank killed by it there would turn this exit 75 or 2 into a death by
-    SIGTERM, and the launcher would report a job that was preempted, or a recipe every rank refused, as a crash.
+    """After a finished job, a graceful stop (checkpoint saved, record written) or a refusal (bad input, said and
+    recorded) only the interpreter's exit is left, and it takes a second or more. torch's agent sends SIGTERM to every
+    rank still running the moment the first one exits (and forwards a signal the launcher got); a rank killed by it
+    there would turn this exit 0, 75 or 2 into a death by SIGTERM, and the launcher would report a job that
+    finished, was preempted, or a recipe every rank refused, as a crash.
     So SIGTERM and SIGINT are ignored from here on: the agent's grace period and a second Ctrl-C at the launcher
     end in SIGKILL, which still works."""
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -213,7 +214,7 @@ def main(argv: list[str] | None = None) -> None:
             _record_failure(exc)
             if code not in (EXIT_USAGE, EXIT_PREEMPTED):  # a failure: where were the others?
                 stacks.request_siblings(os.environ.get(ERROR_FILE_ENV))
-        if code in (EXIT_PREEMPTED, EXIT_USAGE):
+        if code in (0, EXIT_PREEMPTED, EXIT_USAGE):
             _exit_through_signals()
         raise
     except KeyboardInterrupt:
@@ -222,6 +223,7 @@ def main(argv: list[str] | None = None) -> None:
         _record_failure(exc)
         stacks.request_siblings(os.environ.get(ERROR_FILE_ENV))
         raise
+    _exit_through_signals()
 
 
 if __name__ == "__main__":

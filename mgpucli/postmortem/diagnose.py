@@ -191,7 +191,8 @@ def diagnose_run(run_dir: str) -> Report:
                     last_val=run.last_metrics("val"), checkpoint=run.checkpoint, launch_json=run.launch_paths[0],
                     trackers=run.trackers, audit=run.audit,
                     logs=run.attempts[-1].dir if run.attempts else launch.get("log_dir"))
-    report.resume_command = resume_command(launch) if run.checkpoint and not run.is_script else None
+    unfinished = status != "succeeded"  # a finished run has nothing to resume
+    report.resume_command = resume_command(launch) if run.checkpoint and not run.is_script and unfinished else None
     if status == "running" and launcher_alive(launch):
         report.verdict = running_verdict(run)
         return report

@@ -137,6 +137,9 @@ def verdict(report: Report, run: RunRecord, status: str) -> str:
     n = report.attempts
     if status == "succeeded":
         extra = f" after {n - 1} restart(s)" if n > 1 else ""
+        late = run.result.get("signal")  # it reached mgpu launch during the teardown, after the run had finished
+        if isinstance(late, str):
+            extra += f" ({late} arrived during the teardown, after the final checkpoint was complete)"
         return f"{where} finished{extra}."
     f = report.first_failure
     if status == "preempted" and f is None and report.preemption is not None:

@@ -8,6 +8,6 @@ post-mortem all read these files, and the post-mortem must never import torch or
 - ``launch_record``: ``RUN_DIR/launch.json``, the launcher's record of the job: what ran, the environment that
   matters, every attempt's rank -> log files index, and the result.
 - ``worker_records``: what a worker leaves beside torch's ``error.json``: ``mgpu_failure.json`` (how it failed)
-  and ``mgpu_started`` (its training started); reading torch's error file.
+  ``mgpu_started`` (its training started) and ``mgpu_finished`` (the run finished); reading torch's error file.
 - ``first_failure``: the failed ranks of an attempt, the one most likely to have started it first.
 """

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from mgpucli.errors import EXIT_PREEMPTED, EXIT_USAGE
 from mgpucli.run_records.launch_record import Attempt, RankFiles
-from mgpucli.run_records.worker_records import FailureRecord, read_error_file, read_record, record_path
+from mgpucli.run_records.worker_records import FailureRecord, finished, read_error_file, read_record, record_path
 
 TEARDOWN_SIGNALS = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1}
 _PEER = re.compile(
@@ -159,3 +159,9 @@ def preempted(attempt: Attempt) -> list[FailureRecord]:
     if records and all(r.exit_code == EXIT_PREEMPTED for r in records):
         return records
     return []
+
+
+def all_finished(attempt: Attempt) -> bool:
+    """Whether every rank of ``attempt`` (on this node) marked the run as finished, its final checkpoint complete
+    (:func:`mgpucli.run_records.worker_records.mark_finished`)."""
+    return bool(attempt.ranks) and all(finished(files.error_file) for files in attempt.ranks.values())

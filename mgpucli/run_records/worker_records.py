@@ -4,7 +4,8 @@ torch's ``@record`` error file holds the exception's message and traceback but n
 exceptions (not for a clean ``sys.exit(1)`` after an mgpu error). mgpu's worker entry writes ``mgpu_failure.json``
 beside it with what the launcher needs to decide about a restart: exception type, message, the step it happened
 at, whether retrying can help, and a precise time. A worker also leaves ``mgpu_started`` there once its training
-started. The launcher and the post-mortem read these files; neither captures output itself.
+started, and ``mgpu_finished`` once the run finished. The launcher and the post-mortem read these files; neither
+captures output itself.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from mgpucli.run_records.json_files import read_json_object, write_json
 
 RECORD_NAME = "mgpu_failure.json"
 STARTED_NAME = "mgpu_started"  # a worker's mark that its training started (set-up done, run dir taken)
+FINISHED_NAME = "mgpu_finished"  # a worker's mark that the run finished (every rank agreed, final checkpoint complete)
 ERROR_FILE_ENV = "TORCHELASTIC_ERROR_FILE"  # where torch's agent wants this worker's error file
 PROGRESS_NAME = "mgpu_progress.json"  # the rank's step and phase, rewritten every second by its heartbeat
 
@@ -85,20 +87,36 @@ def mark_started(environ: Mapping[str, str] | None = None) -> None:
     """Under torchrun, leave ``mgpu_started`` beside this worker's error file: its training started. The launcher
     makes this launch the run dir's record of the run only then, so a launch that fails before training never
     replaces an earlier run's ``launch.json`` (see :meth:`mgpucli.run_records.launch_record.LaunchRecord.promote`)."""
+    _mark(STARTED_NAME, environ)  # the log dir gone or read-only: the launcher keeps the record where it started it
+
+
+def mark_finished(environ: Mapping[str, str] | None = None) -> None:
+    """Under torchrun, leave ``mgpu_finished`` beside this worker's error file: the run finished on every rank and
+    its final checkpoint is complete. A signal that reaches the launcher later, during the teardown, then leaves
+    the run finished (exit 0), not stopped."""
+    _mark(FINISHED_NAME, environ)
+
+
+def _mark(name: str, environ: Mapping[str, str] | None) -> None:
     error_file = (os.environ if environ is None else environ).get(ERROR_FILE_ENV)
     if not error_file:
         return
     try:
         os.makedirs(os.path.dirname(error_file), exist_ok=True)
-        with open(os.path.join(os.path.dirname(error_file), STARTED_NAME), "w") as fh:
+        with open(os.path.join(os.path.dirname(error_file), name), "w") as fh:
             fh.write(f"{time.time()}\n")
     except OSError:
-        pass  # the log dir is gone or read-only: the launcher then keeps the record where it started it
+        pass
 
 
 def started(error_file: str) -> bool:
     """Whether the worker whose error file is ``error_file`` marked its training as started."""
     return bool(error_file) and os.path.exists(os.path.join(os.path.dirname(error_file), STARTED_NAME))
+
+
+def finished(error_file: str) -> bool:
+    """Whether the worker whose error file is ``error_file`` marked the run as finished (:func:`mark_finished`)."""
+    return bool(error_file) and os.path.exists(os.path.join(os.path.dirname(error_file), FINISHED_NAME))
 
 
 def progress_path(error_file: str) -> str:

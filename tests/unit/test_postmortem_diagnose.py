@@ -208,6 +208,19 @@ def test_a_finished_run_exits_0_and_mentions_earlier_attempts(tmp_path: Path):
     assert [(e.attempt, e.rank, e.match.signature) for e in report.earlier_attempts] == [(0, 1, "python_exception")]
 
 
+def test_a_signal_in_a_finished_runs_teardown_is_named_and_nothing_is_resumed(tmp_path: Path):
+    RunDir(tmp_path, status="succeeded", signal="SIGINT")
+    save_checkpoint(tmp_path, 1920, 30)
+    report = diagnose_run(str(tmp_path))
+    assert report.finished and report.exit_code == 0 and report.first_failure is None and report.preemption is None
+    assert report.verdict.endswith(" finished (SIGINT arrived during the teardown, after the final checkpoint was "
+                                   "complete).")
+    assert report.resume_command is None
+    console = Console(file=io.StringIO(), width=200)
+    render(report, console)
+    assert "--resume auto" not in console.file.getvalue()
+
+
 def test_the_last_attempt_is_the_one_diagnosed(tmp_path: Path):
     run = RunDir(tmp_path, attempts=2, first_failed_rank=0)
     run.error(1, "injected fault: crash at step 3 on rank 1", CRASH_TRACE, step=3, attempt=0)

@@ -79,7 +79,7 @@ def test_the_stop_is_a_note_not_an_error(monkeypatch, capsys, rank):
         assert err.startswith(f"mgpu train: {MESSAGE}\n") and "--resume auto" in err
 
 
-@pytest.mark.parametrize(("code", "ignored"), [(EXIT_PREEMPTED, True), (1, False)])
+@pytest.mark.parametrize(("code", "ignored"), [(0, True), (EXIT_PREEMPTED, True), (1, False)])
 def test_after_a_graceful_stop_the_worker_exits_through_signals(monkeypatch, code, ignored):
     """torch's agent SIGTERMs the ranks still exiting once one has exited: that must not turn exit 75 into -15."""
     import signal
@@ -100,3 +100,50 @@ def test_after_a_graceful_stop_the_worker_exits_through_signals(monkeypatch, cod
     finally:
         for sig, handler in before.items():
             signal.signal(sig, handler)
+
+
+def test_after_a_finished_run_a_signal_is_only_noted_until_released():
+    """A finished run's teardown: Ctrl-C (twice) and SIGTERM are noted, not raised; release() gives them back."""
+    import os
+    import signal
+
+    from mgpucli.engine.stop_requests import StopRequests
+
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    stop = StopRequests()
+    with stop.listening():
+        stop.finish()
+    for sig in (signal.SIGINT, signal.SIGINT, signal.SIGTERM):
+        os.kill(os.getpid(), sig)  # the handler runs in this (main) thread before kill returns
+    assert stop.received == "SIGTERM"
+    stop.release()
+    assert {sig: signal.getsignal(sig) for sig in before} == before
+
+
+def test_an_unfinished_run_gives_the_signals_back_at_once_and_a_second_ctrl_c_stops_now():
+    import os
+    import signal
+
+    from mgpucli.engine.stop_requests import StopRequests
+
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    stop = StopRequests()
+    with pytest.raises(KeyboardInterrupt), stop.listening():
+        os.kill(os.getpid(), signal.SIGINT)
+        assert stop.received == "SIGINT"
+        os.kill(os.getpid(), signal.SIGINT)
+    assert {sig: signal.getsignal(sig) for sig in before} == before
+
+
+def test_the_run_is_finished_for_the_launcher_only_once_every_rank_marked_it(tmp_path: Path):
+    from mgpucli.run_records.first_failure import all_finished
+    from mgpucli.run_records.launch_record import build_attempt
+    from mgpucli.run_records.worker_records import mark_finished
+
+    files = {lr: str(tmp_path / "attempt_0" / str(lr) / "error.json") for lr in (0, 1)}
+    attempt = build_attempt(0, {lr: {"RANK": str(lr)} for lr in files}, {}, {}, files)
+    assert not all_finished(attempt)
+    mark_finished({"TORCHELASTIC_ERROR_FILE": files[0]})
+    assert not all_finished(attempt)  # rank 1 may still be saving or agreeing on a stop
+    mark_finished({"TORCHELASTIC_ERROR_FILE": files[1]})
+    assert all_finished(attempt)
