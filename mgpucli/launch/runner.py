@@ -40,7 +40,7 @@ from mgpucli.launch.parent_watch import LAUNCH_PID_ENV
 from mgpucli.launch.plan import LaunchPlan
 from mgpucli.launch.restart import stop_reason
 from mgpucli.launch.stall_watch import Stall, StallWatch
-from mgpucli.proctree import kill_children
+from mgpucli.proctree import adopt_orphans, kill_children
 from mgpucli.run_files import METRICS, last_checkpoint
 from mgpucli.run_records import stacks
 from mgpucli.run_records.first_failure import all_refused, collect, failure_records, job_exit_code, preempted
@@ -185,6 +185,7 @@ def run_plan(plan: LaunchPlan, record: LaunchRecord, live: bool = False, show_ra
     terminal: :mod:`mgpucli.launch.live_view`) instead of torch's ``--tee``."""
     os.environ.update(plan.env)
     os.environ[LAUNCH_PID_ENV] = str(os.getpid())
+    adopt_orphans()  # what a worker killed outright leaves comes back here, and the safety net below ends it
     script = plan.script is not None
     options, job_args = plan.split_at_job()
     args = torchrun.parse_args(options)
@@ -276,7 +277,8 @@ def run_plan(plan: LaunchPlan, record: LaunchRecord, live: bool = False, show_ra
     finally:
         left = kill_children()  # a safety net: torch's agent has stopped its workers on every path above
         if left:
-            err_console().print(f"[yellow]mgpu launch: killed {len(left)} worker(s) still running at exit.[/]")
+            err_console().print(f"[yellow]mgpu launch: killed {len(left)} process(es) of the job still running at "
+                                "exit.[/]")
         handler.restore()
         record.write()
     took = time.monotonic() - start
