@@ -22,7 +22,7 @@ Public API:
   tree: a process whose parent exits (a double-forked daemon, a helper in a session of its own whose parent died) is
   re-parented to this process instead of pid 1.
 - :func:`end_descendants`: end every process below this one, whatever session or process group it put itself in
-  (a SIGTERM and a short grace, then SIGKILL), and reap those that were its children.
+  (a SIGTERM and a short grace, then SIGKILL; optionally sparing one group), and reap those that were its children.
 
 Why ``prctl`` through ``ctypes`` and no library: psutil (not a dependency) reads the same /proc this module reads and
 cannot make a process a subreaper; ``PR_SET_CHILD_SUBREAPER`` is one libc call, and /proc gives the tree.
@@ -195,16 +195,30 @@ def _signal_all(pids, sig: int) -> None:
             os.kill(pid, sig)
 
 
-def _kill_below(pid: int, within_s: float = _END_WITHIN_S) -> list[int]:
-    """SIGKILL every process below ``pid``: freeze what is found (SIGSTOP: nothing forks while we look), look again
-    until nothing new appears, kill it all, and repeat until nothing is left (a killed process's orphans come back to
-    a subreaper) or ``within_s`` has passed (a process stuck in the kernel). Returns the pids killed."""
+def _below(pid: int, spare_group: int | None = None) -> list[int]:
+    """Live processes below ``pid``, those in process group ``spare_group`` left out."""
+    found = descendants(pid)
+    if spare_group is None:
+        return found
+    out = []
+    for below in found:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            if os.getpgid(below) != spare_group:
+                out.append(below)
+    return out
+
+
+def _kill_below(pid: int, within_s: float = _END_WITHIN_S, spare_group: int | None = None) -> list[int]:
+    """SIGKILL every process below ``pid`` (but those in ``spare_group``): freeze what is found (SIGSTOP: nothing
+    forks while we look), look again until nothing new appears, kill it all, and repeat until nothing is left (a
+    killed process's orphans come back to a subreaper) or ``within_s`` has passed (a process stuck in the kernel).
+    Returns the pids killed."""
     killed: dict[int, None] = {}
     deadline = time.monotonic() + within_s
     while time.monotonic() < deadline:
         found: dict[int, None] = {}
         for _ in range(50):  # a fork bomb is not our problem: bounded
-            new = [p for p in descendants(pid) if p not in found]
+            new = [p for p in _below(pid, spare_group) if p not in found]
             if not new:
                 break
             _signal_all(new, signal.SIGSTOP)
@@ -217,23 +231,23 @@ def _kill_below(pid: int, within_s: float = _END_WITHIN_S) -> list[int]:
     return list(killed)
 
 
-def end_descendants(grace: float = 0.0) -> list[int]:
-    """End every process below this one, whatever session or process group it is in: ``grace`` > 0 first sends each
-    a SIGTERM and waits up to that many seconds for them to exit by themselves (a helper flushes its files), then
-    SIGKILLs what is left. Those that were this process's children (its own, or orphans it adopted as a subreaper:
-    :func:`adopt_orphans`) are reaped. Returns the pids ended. Meant for a process's last moments: it may reap a
-    child another part of the program would have waited for."""
+def end_descendants(grace: float = 0.0, spare_group: int | None = None) -> list[int]:
+    """End every process below this one, whatever session or process group it is in (but ``spare_group``, when
+    given): ``grace`` > 0 first sends each a SIGTERM and waits up to that many seconds for them to exit by themselves
+    (a helper flushes its files), then SIGKILLs what is left. Those that were this process's children (its own, or
+    orphans it adopted as a subreaper: :func:`adopt_orphans`) are reaped. Returns the pids ended. Meant for a
+    process's last moments: it may reap a child another part of the program would have waited for."""
     me = os.getpid()
-    below = descendants(me)
+    below = _below(me, spare_group)
     if not below:
         return []
     mine = set(children(me))
     if grace > 0:
         _signal_all(below, signal.SIGTERM)
         deadline = time.monotonic() + grace
-        while descendants(me) and time.monotonic() < deadline:
+        while _below(me, spare_group) and time.monotonic() < deadline:
             time.sleep(0.02)
-    ended = list(dict.fromkeys(below + _kill_below(me)))
+    ended = list(dict.fromkeys(below + _kill_below(me, spare_group=spare_group)))
     for pid in mine | set(ended):  # zombies now; a pid that is not our child is refused by the kernel
         with contextlib.suppress(ChildProcessError, OSError):
             os.waitpid(pid, os.WNOHANG)

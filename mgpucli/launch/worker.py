@@ -210,14 +210,17 @@ HELPERS_GRACE_S = 2.0  # what a helper of the job gets between SIGTERM and SIGKI
 
 
 def keep_descendants() -> None:
-    """Nothing the job starts outlives this worker, whatever session or group it puts itself in: the worker becomes
-    a child subreaper (orphans below it come back to it instead of pid 1), and when the interpreter exits (the job's
-    end, a failure, Ctrl-C) every process still below it gets a SIGTERM, :data:`HELPERS_GRACE_S` and a SIGKILL.
-    Registered before the job runs, the exit hook runs after every other one: multiprocessing has joined its own
-    children (DataLoader workers) by then. A worker killed outright leaves its descendants to the launcher, a
-    subreaper too, which ends them; a launcher killed outright leaves them to this worker's launcher watch."""
+    """Nothing the job starts outlives it, whatever session or group it puts itself in: the worker becomes a child
+    subreaper (orphans below it come back to it instead of pid 1), and when the interpreter exits (the job's end, a
+    failure, Ctrl-C) every process below it that left its process group (a helper in a session of its own, a
+    daemon) gets a SIGTERM, :data:`HELPERS_GRACE_S` and a SIGKILL. What is still in the worker's group is left to
+    end with it: Python's own helpers (multiprocessing's resource tracker ignores SIGTERM and cleans up after the
+    worker) and, at the job's end, whatever else the launcher finds below it. Registered before the job runs, the
+    exit hook runs after every other one: multiprocessing has joined its children (DataLoader workers) by then. A
+    worker killed outright leaves its descendants to the launcher, a subreaper too, which ends them; a launcher
+    killed outright leaves them to this worker's launcher watch."""
     proctree.adopt_orphans()
-    atexit.register(proctree.end_descendants, HELPERS_GRACE_S)
+    atexit.register(proctree.end_descendants, HELPERS_GRACE_S, os.getpgrp())
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -83,8 +83,11 @@ def test_a_subreaper_ends_its_daemons_and_what_left_its_session(marker):
               "print(proctree.adopt_orphans())\n"
               f"subprocess.run([sys.executable, '-c', {daemon!r}, {marker!r}], check=True)\n"
               f"subprocess.Popen([sys.executable, '-c', {SLEEPER!r}, {marker!r}], start_new_session=True)\n"
-              "print(len(proctree.children()))\n"  # the daemon came back to this process, and the sleeper is its own
-              "print(len(proctree.end_descendants(grace=5)), proctree.descendants(proctree.os.getpid()))\n")
+              f"plain = subprocess.Popen([sys.executable, '-c', {SLEEPER!r}, {marker!r}])\n"
+              "print(len(proctree.children()))\n"  # the daemon came back to this process; the sleepers are its own
+              "ended = proctree.end_descendants(grace=5, spare_group=proctree.os.getpgrp())\n"
+              "print(len(ended), proctree.descendants(proctree.os.getpid()) == [plain.pid])\n"  # its group is spared
+              "print(len(proctree.end_descendants()), proctree.descendants(proctree.os.getpid()))\n")
     done = proctree.run_bounded([sys.executable, "-c", parent], timeout=60)
-    assert done.stdout == "True\n2\n2 []\n", done.stderr
+    assert done.stdout == "True\n3\n2 True\n1 []\n", done.stderr
     assert gone(marker)

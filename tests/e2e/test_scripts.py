@@ -260,15 +260,16 @@ def marker(tmp_path: Path):
 
 
 def helpers_of(marker: str) -> list[int]:
-    """The helpers' live processes (``MARKER-session-RANK``, ``MARKER-daemon-RANK``; the launcher and the workers
-    have the marker alone on their command lines)."""
+    """The helpers' live processes (``MARKER-session-RANK``, ``MARKER-daemon-RANK``, ``MARKER-plain-RANK``; the
+    launcher and the workers have the marker alone on their command lines)."""
     return [pid for pid in processes_mentioning(f"{marker}-") if proc_state(pid) not in (None, "Z")]
 
 
 def start_with_helpers(work: Path, tag: str, marker: str) -> Launch:
-    """``mgpu launch`` of leaves_helpers.py, once every rank's two helpers run (a session of their own, a daemon)."""
+    """``mgpu launch`` of leaves_helpers.py, once every rank's three helpers run (a session of their own, a daemon,
+    a plain child)."""
     launch = Launch([*CPU2, "leaves_helpers.py", marker, "--wait"], work, tag)
-    assert wait_until(lambda: len(helpers_of(marker)) == 4 or launch.proc.poll() is not None, 90), launch.output
+    assert wait_until(lambda: len(helpers_of(marker)) == 6 or launch.proc.poll() is not None, 90), launch.output
     assert launch.proc.poll() is None, launch.output
     return launch
 

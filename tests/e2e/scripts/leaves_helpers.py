@@ -1,7 +1,7 @@
-"""A script that starts two helpers meant to outlive it, as users' scripts do (a TensorBoard, a data server, a
-tracker's service): one in a session of its own, one a double-forked daemon (fork, setsid, fork). Each carries the
-marker given as the first argument on its command line. Then the script waits to be stopped (``--wait``) or ends
-with an exit code (``--exit N``).
+"""A script that starts helpers meant to outlive it, as users' scripts do (a TensorBoard, a data server, a tracker's
+service): one in a session of its own, one a double-forked daemon (fork, setsid, fork), and a plain child it never
+waits for. Each carries the marker given as the first argument on its command line. Then the script waits to be
+stopped (``--wait``) or ends with an exit code (``--exit N``).
 
     python leaves_helpers.py MARKER --wait | --exit N
 """
@@ -25,6 +25,7 @@ rank = os.environ.get("RANK", "0")
 subprocess.Popen([sys.executable, "-c", SLEEP, f"{marker}-session-{rank}"], start_new_session=True,
                  stdin=subprocess.DEVNULL)
 subprocess.run([sys.executable, "-c", DAEMON, f"{marker}-daemon-{rank}"], check=True, stdin=subprocess.DEVNULL)
+subprocess.Popen([sys.executable, "-c", SLEEP, f"{marker}-plain-{rank}"], stdin=subprocess.DEVNULL)  # never waited
 print(f"rank {rank}: helpers started", flush=True)
 if how == "--wait":
     while True:
