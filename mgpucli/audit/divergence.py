@@ -24,7 +24,7 @@ import struct
 import sys
 import time
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
@@ -201,7 +201,8 @@ class Divergence:
 
     def _track(self, opt) -> Tracked:
         params = _params(opt)
-        t = Tracked(index=len(self._all), site=self._sites.get(opt), ref=weakref.ref(opt),
+        site = self._sites.get(opt) or user_where()  # built where its __init__ was not watched: its first step
+        t = Tracked(index=len(self._all), site=site, ref=weakref.ref(opt),
                     param_ids={id(p) for p in params}, param_refs=[weakref.ref(p) for p in params])
         if any(sharded(p) for p in params):
             t.disabled = "sharded parameters (FSDP or DTensor) differ across ranks by design"
@@ -293,8 +294,8 @@ class Divergence:
         self.s.later(self._final, mine)
 
     def _final(self, mine: list[tuple[Tracked, Pending | None]]) -> None:
-        data = [{"steps": t.steps, "fp": p.digest() if p is not None else None, "checked": t.checked_steps}
-                for t, p in mine]
+        data = [{"steps": t.steps, "fp": p.digest() if p is not None else None, "checked": t.checked_steps,
+                 "site": asdict(t.site) if t.site is not None else None} for t, p in mine]
         got = self.s.meet("final", data)
         if got is None:
             return
@@ -332,8 +333,19 @@ class Divergence:
             "sampler = DistributedSampler(dataset, drop_last=True)\n"
             "# a skip decided on all ranks together (dist.all_reduce a flag), never by one rank alone;\n"
             "# uneven inputs on purpose: with model.join(): ...",
-            t.site if t is not None else None, {"optimizer": index, "steps": steps, "unmatched_checks": unmatched},
+            _site(t, per_rank), {"optimizer": index, "steps": steps, "unmatched_checks": unmatched},
             key=f"optimizer {index}")
+
+
+def _site(t: Tracked | None, per_rank: list[dict]) -> Where | None:
+    """Where an optimizer was built: this rank's record of it, or (this rank never stepped it) another rank's."""
+    if t is not None and t.site is not None:
+        return t.site
+    for data in per_rank:
+        site = data.get("site")
+        if isinstance(site, dict):
+            return Where(**site)
+    return None
 
 
 def _params(opt) -> list[torch.Tensor]:

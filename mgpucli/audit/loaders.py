@@ -123,7 +123,9 @@ class Loaders:
             return
         if ident is None:
             return
-        where, key = self._sites.get(loader, (None, "?"))
+        if loader not in self._sites:  # built where its __init__ was not watched: named where it is first iterated
+            self.created(loader)
+        where, key = self._sites[loader]
         self.s.later(self._meet, key, ident, where)
 
     def _meet(self, key: str, ident: dict[str, Any], where) -> None:

@@ -1,9 +1,14 @@
 """``DistributedSampler``: ``set_epoch`` never called (the same shuffle every epoch), and padded evaluation.
 
 ``DistributedSampler.__init__`` records where each sampler was created, ``set_epoch`` that it was called; its
-``__iter__`` (once per epoch, when a loader starts going through it) compares the epoch it shuffles for with the one
-it shuffled for last time, and looks at its padding: without ``drop_last`` a dataset whose length is not a multiple
-of the world size is padded with repeated samples, which is harmless in training and skews a metric in evaluation.
+``__iter__`` (when a loader starts going through it) looks at its padding, and hands out its indices through a watch
+that sees the pass end. An epoch is a full pass: when one ends, the epoch it was shuffled for is compared with the
+last full pass's. A partial pass is no epoch: the tutorial's peek at the first batch
+(``len(next(iter(loader))[0])``, before ``set_epoch``) shuffles for the previous epoch and is never judged. (With
+loader worker processes, the indices are drawn a few batches ahead of the batches used: a peek at a loader whose
+whole epoch fits in that prefetch counts as a full pass.) Without ``drop_last`` a dataset whose length is not a
+multiple of the world size is padded with repeated samples, which is harmless in training and skews a metric in
+evaluation.
 Evaluation means ``shuffle=False``, or iteration under ``torch.no_grad()``/``inference_mode``. Local checks: no store,
 nothing sent.
 """
@@ -12,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import weakref
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,8 +31,9 @@ from mgpucli.audit.where import user_where
 @dataclass
 class _State:
     where: Any
-    iterations: int = 0
-    last_epoch: int | None = None
+    iterations: int = 0  # passes begun, partial ones included
+    full_passes: int = 0  # passes that went through every index: the epochs
+    last_epoch: int | None = None  # the epoch the last full pass was shuffled for
     set_epoch_calls: int = 0
 
 
@@ -37,10 +44,10 @@ def padding(sampler: DistributedSampler) -> int:
     return max(0, sampler.total_size - len(sampler.dataset))  # type: ignore[arg-type]
 
 
-def same_shuffle(sampler: DistributedSampler, state: _State) -> bool:
-    """This iteration shuffles exactly as the previous one did: ``set_epoch`` not called, or called with the same
-    value (a sampler without shuffle has the same order on purpose)."""
-    return bool(sampler.shuffle) and state.iterations > 0 and state.last_epoch == sampler.epoch
+def same_shuffle(sampler: DistributedSampler, state: _State, epoch: int) -> bool:
+    """A full pass shuffled for ``epoch`` went exactly as the previous full pass did: ``set_epoch`` not called, or
+    called with the same value (a sampler without shuffle has the same order on purpose)."""
+    return bool(sampler.shuffle) and state.full_passes > 0 and state.last_epoch == epoch
 
 
 class Samplers:
@@ -62,7 +69,7 @@ class Samplers:
         @functools.wraps(original_iter)
         def __iter__(sampler):
             checks.iterating(sampler)
-            return original_iter(sampler)
+            return checks.passing(sampler, original_iter(sampler))
 
         @functools.wraps(original_set_epoch)
         def set_epoch(sampler, epoch):
@@ -75,35 +82,60 @@ class Samplers:
         DistributedSampler.__iter__ = __iter__
         DistributedSampler.set_epoch = set_epoch
 
-    def iterating(self, sampler: DistributedSampler) -> None:
+    def _state(self, sampler: DistributedSampler) -> _State:
         state = self._states.get(sampler)
-        if state is None:
-            state = self._states[sampler] = _State(None)
+        if state is None:  # built where its __init__ was not watched: named where it is used
+            state = self._states[sampler] = _State(user_where())
+        return state
+
+    def iterating(self, sampler: DistributedSampler) -> None:
+        state = self._state(sampler)
         try:
             if state.iterations == 0:
                 self.s.count("distributed samplers")
-            if same_shuffle(sampler, state):
-                self._report_epoch(sampler, state)
             extra = padding(sampler)
             if extra and (not sampler.shuffle or not torch.is_grad_enabled()):
                 self._report_padding(sampler, state, extra)
         finally:
             state.iterations += 1
-            state.last_epoch = sampler.epoch
 
-    def _report_epoch(self, sampler: DistributedSampler, state: _State) -> None:
-        how = "never called" if not state.set_epoch_calls else f"called with the same value ({sampler.epoch})"
+    def passing(self, sampler: DistributedSampler, indices: Iterator[int]) -> Iterator[int]:
+        """``indices`` (one pass of ``sampler``, shuffled for its epoch now), handed out as they are; when the pass
+        ends, :meth:`completed` judges it. A pass left early (a peek, a ``break``) is never judged."""
+        epoch = sampler.epoch
+
+        def watched() -> Iterator[int]:
+            yield from indices
+            try:
+                self.completed(sampler, epoch)
+            except Exception as err:  # noqa: BLE001 - the audit never breaks the script's loop
+                self.s.note(f"a sampler's pass could not be checked ({type(err).__name__}: {err})")
+
+        return watched()
+
+    def completed(self, sampler: DistributedSampler, epoch: int) -> None:
+        """A full pass of ``sampler`` shuffled for ``epoch`` ended: an epoch."""
+        state = self._state(sampler)
+        try:
+            if same_shuffle(sampler, state, epoch):
+                self._report_epoch(state, epoch)
+        finally:
+            state.full_passes += 1
+            state.last_epoch = epoch
+
+    def _report_epoch(self, state: _State, epoch: int) -> None:
+        how = "never called" if not state.set_epoch_calls else f"called with the same value ({epoch})"
         self.s.report(
             "set_epoch_missing",
-            f"DistributedSampler.set_epoch {how}: epoch {state.iterations + 1} is shuffled exactly like epoch "
-            f"{state.iterations}",
+            f"DistributedSampler.set_epoch {how}: epoch {state.full_passes + 1} is shuffled exactly like epoch "
+            f"{state.full_passes}",
             "The sampler's shuffle is seeded by seed + epoch: without set_epoch every epoch visits the samples in the "
             "same order, and each rank sees the same part of the dataset every epoch.",
             "for epoch in range(epochs):\n"
             "    sampler.set_epoch(epoch)  # before iterating the loader, every epoch\n"
             "    for batch in loader:\n"
             "        ...",
-            state.where, {"epoch": sampler.epoch, "iterations": state.iterations + 1})
+            state.where, {"epoch": epoch, "full_passes": state.full_passes + 1})
 
     def _report_padding(self, sampler: DistributedSampler, state: _State, extra: int) -> None:
         n = len(sampler.dataset)  # type: ignore[arg-type]

@@ -3,7 +3,9 @@
 If the launcher is SIGKILLed, torch's agent (which runs inside it) gets no chance to stop the workers, and
 they would run on, adopted by pid 1. ``mgpu launch`` therefore puts its pid in ``MGPU_LAUNCH_PID``; each
 worker starts a daemon thread that waits on a pidfd for that process (no polling: the kernel wakes the
-thread the moment the launcher exits) and then SIGKILLs the worker's whole process group. torch starts
+thread the moment the launcher exits) and then SIGKILLs every process below the worker, wherever it put
+itself (a helper in a session of its own, a double-forked daemon: the worker is their subreaper, see
+:func:`mgpucli.launch.worker.keep_descendants`), the worker's whole process group, and the worker. torch starts
 every worker in a session of its own, so that group is exactly the worker and its children (DataLoader
 workers), never the user's shell.
 
@@ -22,14 +24,17 @@ import threading
 import time
 from collections.abc import Mapping
 
+from mgpucli import proctree
+
 LAUNCH_PID_ENV = "MGPU_LAUNCH_PID"
 _POLL_S = 0.2
 
 
 def _kill_own_group() -> None:
-    """SIGKILL this process and its children: the whole group when this process leads it."""
+    """SIGKILL this process and everything below it, and the whole group when this process leads it."""
     pid = os.getpid()
     try:
+        proctree.kill_children()
         if os.getpgrp() == pid:
             os.killpg(pid, signal.SIGKILL)
     finally:

@@ -44,7 +44,7 @@ from mgpucli.launch.parent_watch import LAUNCH_PID_ENV
 from mgpucli.launch.plan import LaunchPlan
 from mgpucli.launch.restart import stop_reason
 from mgpucli.launch.stall_watch import BUSY_SHARE, DEFAULT_STALL_S, Stall, StallWatch
-from mgpucli.proctree import kill_children
+from mgpucli.proctree import adopt_orphans, kill_children
 from mgpucli.run_files import METRICS, last_checkpoint
 from mgpucli.run_records import stacks
 from mgpucli.run_records.first_failure import (
@@ -371,6 +371,7 @@ def run_plan(plan: LaunchPlan, record: LaunchRecord, live: bool = False, show_ra
     rank 0's output (or ``show_rank``'s: a local rank, or "all") itself, under a progress bar for a recipe (a
     terminal: :mod:`mgpucli.launch.live_view`) instead of torch's ``--tee``."""
     config, cmd, cmd_args, total, view = _agent_config(plan, record, live, show_rank)
+    adopt_orphans()  # what a worker killed outright leaves comes back here, and the safety net below ends it
     record.set_env(os.environ, plan.env)
     record.write()
     handler = _Signals(record)
@@ -394,7 +395,8 @@ def run_plan(plan: LaunchPlan, record: LaunchRecord, live: bool = False, show_ra
     finally:
         left = kill_children()  # a safety net: torch's agent has stopped its workers on every path above
         if left:
-            err_console().print(f"[yellow]mgpu launch: killed {len(left)} worker(s) still running at exit.[/]")
+            err_console().print(f"[yellow]mgpu launch: killed {len(left)} process(es) of the job still running at "
+                                "exit.[/]")
         handler.restore()
         record.write()
     return _record(record, outcome)

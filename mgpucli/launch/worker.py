@@ -12,9 +12,12 @@ The job (:func:`parse_job`):
 Around any job, the worker adds what only a launched worker needs:
 
 1. a watch on the launcher's pid, so the worker dies with the launcher even if that is SIGKILLed;
-2. on a torchelastic restart, the job's own restart rule (for a recipe: ``--resume auto`` and no ``--overwrite``,
+2. every process the job starts stays the worker's (a child subreaper: a double-forked daemon or the orphans of a
+   helper in a session of its own come back to it) and is ended when the worker ends, however it ends
+   (:func:`keep_descendants`);
+3. on a torchelastic restart, the job's own restart rule (for a recipe: ``--resume auto`` and no ``--overwrite``,
    see :mod:`mgpucli.launch.restart`);
-3. on failure, ``mgpu_failure.json`` next to torch's ``@record`` error file: the exception type, message, step
+4. on failure, ``mgpu_failure.json`` next to torch's ``@record`` error file: the exception type, message, step
    and whether a retry can help, so the launcher can stop retrying a failure that repeats.
 
 A job is an object with ``for_restart()`` and ``run()``, registered in :data:`JOBS`.
@@ -22,6 +25,7 @@ A job is an object with ``for_restart()`` and ``run()``, registered in :data:`JO
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import signal
@@ -31,6 +35,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol
 
+from mgpucli import proctree
 from mgpucli.errors import EXIT_PREEMPTED, EXIT_USAGE, Preempted, UsageError
 from mgpucli.launch import parent_watch, progress_file, restart
 from mgpucli.launch.script_job import USAGE as SCRIPT_USAGE
@@ -202,8 +207,26 @@ def _run(args: list[str]) -> None:
     job.for_restart().run()
 
 
+HELPERS_GRACE_S = 2.0  # what a helper of the job gets between SIGTERM and SIGKILL when its worker ends
+
+
+def keep_descendants() -> None:
+    """Nothing the job starts outlives it, whatever session or group it puts itself in: the worker becomes a child
+    subreaper (orphans below it come back to it instead of pid 1), and when the interpreter exits (the job's end, a
+    failure, Ctrl-C) every process below it that left its process group (a helper in a session of its own, a
+    daemon) gets a SIGTERM, :data:`HELPERS_GRACE_S` and a SIGKILL. What is still in the worker's group is left to
+    end with it: Python's own helpers (multiprocessing's resource tracker ignores SIGTERM and cleans up after the
+    worker) and, at the job's end, whatever else the launcher finds below it. Registered before the job runs, the
+    exit hook runs after every other one: multiprocessing has joined its children (DataLoader workers) by then. A
+    worker killed outright leaves its descendants to the launcher, a subreaper too, which ends them; a launcher
+    killed outright leaves them to this worker's launcher watch."""
+    proctree.adopt_orphans()
+    atexit.register(proctree.end_descendants, HELPERS_GRACE_S, os.getpgrp())
+
+
 def main(argv: list[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
+    keep_descendants()
     parent_watch.install_parent_watch()
     stacks.install(os.environ.get(ERROR_FILE_ENV))  # SIGUSR2: every thread's stack into stacks.txt
     try:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import time
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
@@ -22,6 +23,7 @@ from typing import Any
 from mgpucli.run_records.json_files import read_json_object, write_json
 
 FINDINGS_NAME = "mgpu_audit.jsonl"
+_IN_PACKAGES = re.compile(r"/(?:site|dist)-packages/(.+)$")
 AUDIT_JSON = "audit.json"
 
 # Every kind of finding, in the order the summary lists them, with a short name for tables.
@@ -41,15 +43,21 @@ KINDS: dict[str, str] = {
 
 @dataclass
 class Where:
-    """The user's own line that created the object (or made the call) a finding is about."""
+    """The user's own line that created the object (or made the call) a finding is about; or, when no frame of the
+    user's code was on the stack, the line of the installed package (``library``) that made the call."""
 
     file: str
     line: int
     function: str = ""
     code: str = ""
+    library: str = ""  # the package whose code it is ("torchdata"); "" for the user's own code
 
     def cite(self, cwd: str | None = None) -> str:
-        """``train.py:31``: relative to ``cwd`` (default: this process's) when the file is below it."""
+        """``train.py:31``: relative to ``cwd`` (default: this process's) when the file is below it; a library's line
+        as ``torchdata/sampler.py:12 (torchdata's code)``, from the package's folder."""
+        if self.library:
+            inside = _IN_PACKAGES.search(self.file)
+            return f"{inside.group(1) if inside else self.file}:{self.line} ({self.library}'s code)"
         here = cwd or os.getcwd()
         rel = os.path.relpath(self.file, here) if os.path.isabs(self.file) else self.file
         return f"{self.file if rel.startswith('..') else rel}:{self.line}"

@@ -67,3 +67,27 @@ def test_kill_children_takes_each_childs_whole_group(marker):
     done = proctree.run_bounded([sys.executable, "-c", launcher, marker], timeout=60)
     assert done.stdout == "True\n", done.stderr
     assert gone(marker)
+
+
+def test_a_subreaper_ends_its_daemons_and_what_left_its_session(marker):
+    """What every ``mgpu launch`` worker does at its end: a double-forked daemon and a child in a session of its own
+    are still its own (``adopt_orphans``) and are ended with a SIGTERM (``end_descendants``)."""
+    daemon = ("import os, time\n"
+              "if os.fork() == 0:\n"
+              "    os.setsid()\n"
+              "    if os.fork() == 0:\n"
+              "        time.sleep(600)\n"
+              "    os._exit(0)\n")
+    parent = ("import subprocess, sys, time\n"
+              "from mgpucli import proctree\n"
+              "print(proctree.adopt_orphans())\n"
+              f"subprocess.run([sys.executable, '-c', {daemon!r}, {marker!r}], check=True)\n"
+              f"subprocess.Popen([sys.executable, '-c', {SLEEPER!r}, {marker!r}], start_new_session=True)\n"
+              f"plain = subprocess.Popen([sys.executable, '-c', {SLEEPER!r}, {marker!r}])\n"
+              "print(len(proctree.children()))\n"  # the daemon came back to this process; the sleepers are its own
+              "ended = proctree.end_descendants(grace=5, spare_group=proctree.os.getpgrp())\n"
+              "print(len(ended), proctree.descendants(proctree.os.getpid()) == [plain.pid])\n"  # its group is spared
+              "print(len(proctree.end_descendants()), proctree.descendants(proctree.os.getpid()))\n")
+    done = proctree.run_bounded([sys.executable, "-c", parent], timeout=60)
+    assert done.stdout == "True\n3\n2 True\n1 []\n", done.stderr
+    assert gone(marker)

@@ -20,8 +20,10 @@ from pathlib import Path
 import pytest
 
 from tests.e2e import test_launch
+from tests.e2e.test_doctor import kill_marked, processes_mentioning
 from tests.e2e.test_first_hour import _on_a_terminal
 from tests.e2e.test_launch import Launch, run_launch, tagged, wait_until
+from tests.procs import proc_state
 
 tag = test_launch.tag  # the fixture: a fresh tag, and no tagged process left after the test
 
@@ -246,3 +248,61 @@ def test_a_second_launch_into_a_run_dir_keeps_the_first_launchs_records(work: Pa
     assert not (run_dir / "postmortem.json").exists()  # it described the first launch
     kept = run_dir / "logs" / f"launch-{earlier['rendezvous']['id']}"
     assert json.loads((kept / "launch.json").read_text()) == earlier and (kept / "postmortem.json").is_file()
+
+
+# ------------------------------------------------------------------------------------------ nothing left behind
+@pytest.fixture
+def marker(tmp_path: Path):
+    """A word on the command line of every helper a test's script starts; whatever carries it is killed after."""
+    word = f"helper-{tmp_path.name}"
+    yield word
+    kill_marked(word)
+
+
+def helpers_of(marker: str) -> list[int]:
+    """The helpers' live processes (``MARKER-session-RANK``, ``MARKER-daemon-RANK``, ``MARKER-plain-RANK``; the
+    launcher and the workers have the marker alone on their command lines)."""
+    return [pid for pid in processes_mentioning(f"{marker}-") if proc_state(pid) not in (None, "Z")]
+
+
+def start_with_helpers(work: Path, tag: str, marker: str) -> Launch:
+    """``mgpu launch`` of leaves_helpers.py, once every rank's three helpers run (a session of their own, a daemon,
+    a plain child)."""
+    launch = Launch([*CPU2, "leaves_helpers.py", marker, "--wait"], work, tag)
+    assert wait_until(lambda: len(helpers_of(marker)) == 6 or launch.proc.poll() is not None, 90), launch.output
+    assert launch.proc.poll() is None, launch.output
+    return launch
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_helpers_in_their_own_session_or_daemonized_do_not_outlive_a_stopped_job(work: Path, tag: str, marker: str,
+                                                                                 sig: int):
+    launch = start_with_helpers(work, tag, marker)
+    try:
+        os.killpg(launch.pid, sig)  # Ctrl-C at a terminal; SIGTERM from a scheduler
+        assert launch.wait(timeout=60) == 128 + sig, launch.output
+        assert wait_until(lambda: not helpers_of(marker), timeout=30), f"left: {helpers_of(marker)}"
+    finally:
+        launch.cleanup()
+
+
+def test_helpers_do_not_outlive_a_sigkilled_launch(work: Path, tag: str, marker: str):
+    launch = start_with_helpers(work, tag, marker)
+    try:
+        os.kill(launch.pid, signal.SIGKILL)
+        launch.proc.wait(timeout=20)
+        assert wait_until(lambda: not helpers_of(marker), timeout=30), f"left: {helpers_of(marker)}"
+    finally:
+        launch.cleanup()
+
+
+@pytest.mark.parametrize("exit_code", [0, 3])
+def test_helpers_do_not_outlive_a_job_that_ends_or_fails(work: Path, tag: str, marker: str, exit_code: int):
+    launch = Launch([*CPU2, "leaves_helpers.py", marker, "--exit", str(exit_code)], work, tag)
+    try:  # checked before the cleanup, which kills whatever carries the test's tag
+        assert launch.wait(timeout=120) == exit_code, launch.output
+        assert "rank 1: helpers started" in Path(rank_files(launch_json(only_run_dir(work, "leaves_helpers")))["1"][
+            "stdout"]).read_text()
+        assert wait_until(lambda: not helpers_of(marker), timeout=30), f"left: {helpers_of(marker)}"
+    finally:
+        launch.cleanup()

@@ -97,6 +97,23 @@ def test_the_users_line_is_the_innermost_frame_outside_torch_the_stdlib_and_mgpu
     assert user_where().file == __file__  # called from here, this test file is the user's code
 
 
+def test_without_the_users_code_on_the_stack_the_place_is_the_librarys_that_made_the_call():
+    from mgpucli.audit.where import where_in
+    from mgpucli.run_records.stacks import Frame
+
+    site = "/venv/lib/python3.11/site-packages"
+    mgpu = str(Path(samplers.__file__))
+    frames = [Frame(mgpu, 60, "__init__"), Frame(f"{site}/torch/utils/data/sampler.py", 30, "__init__"),
+              Frame(f"{site}/peerlib/data.py", 12, "shard"), Frame(f"{site}/peerlib/cli.py", 3, "main"),
+              Frame("/usr/lib/python3.11/runpy.py", 88, "_run_code")]
+    where = where_in(frames)
+    assert (where.file, where.line, where.library) == (f"{site}/peerlib/data.py", 12, "peerlib")
+    assert where.cite() == "peerlib/data.py:12 (peerlib's code)"
+    assert where_in(frames[:2] + frames[4:]).library == "torch"  # torch's own frame, when nothing else is there
+    assert where_in([Frame("/w/train.py", 7, "main"), *frames]).library == ""  # the user's line, whenever there is one
+    assert where_in([frames[0], frames[4]]) is None
+
+
 # ------------------------------------------------------------------------------------------ divergence
 def test_comparisons_double_up_to_64_then_every_64_and_a_backed_off_rank_meets_the_others():
     steps, at = [], 0
@@ -190,8 +207,21 @@ def test_the_same_training_on_every_rank_is_no_finding_and_different_step_counts
         s.finish(clean=True)
     (f,) = found(s1)
     assert f.kind == "optimizer_steps_differ" and "(rank 0: 5, rank 1: 3)" in f.title
-    assert f.details["unmatched_checks"] == [4]
+    assert f.details["unmatched_checks"] == [4] and f.where.file == __file__
     assert "comparison at step 4 was never completed: rank 1 never got there" in f.cost and "nothing hung" in f.cost
+
+
+def test_a_rank_that_never_stepped_names_the_optimizer_where_another_rank_built_it(ranks, no_backoff):
+    s0, s1 = ranks(2)
+    check = _divergence(s0)
+    _divergence(s1)
+    model = torch.nn.Linear(4, 1)
+    _stepped(check, torch.optim.SGD(model.parameters(), lr=0.1), model, 3)
+    s0.finish(clean=True)
+    s1.finish(clean=True)  # rank 1 compares, with no optimizer of its own
+    (f,) = found(s1)
+    assert f.kind == "optimizer_steps_differ" and "(rank 0: 3, rank 1: 0)" in f.title
+    assert f.where is not None and f.where.file == __file__ and f.where.library == ""
 
 
 def test_equal_training_is_no_finding_and_a_ddp_models_divergence_blames_a_step(ranks, no_backoff):
@@ -257,34 +287,60 @@ def test_every_rank_iterating_the_same_samples_is_found_and_a_rank_0_only_loader
 
 
 # ------------------------------------------------------------------------------------------ samplers
+def _pass(check: samplers.Samplers, sampler: DistributedSampler, full: bool = True) -> list[int]:
+    """One pass of ``sampler`` as the patched ``__iter__`` hands it out: to its end, or only its first index (a
+    peek, as ``next(iter(loader))`` takes)."""
+    check.iterating(sampler)
+    indices = check.passing(sampler, iter(list(DistributedSampler.__iter__(sampler))))
+    return list(indices) if full else [next(indices)]
+
+
 def test_a_sampler_iterated_twice_for_the_same_epoch_is_found_once(ranks):
     (s, _) = ranks(2)
     check = samplers.Samplers(s)
     sampler = DistributedSampler(_data(), num_replicas=2, rank=0)
-    for _ in range(3):
-        check.iterating(sampler)
+    passes = [_pass(check, sampler) for _ in range(3)]
+    assert passes[0] == passes[1] == passes[2] and len(passes[0]) == 10  # the indices go through untouched
     (f,) = found(s)
     assert f.kind == "set_epoch_missing" and "never called: epoch 2 is shuffled exactly like epoch 1" in f.title
-    assert "sampler.set_epoch(epoch)" in f.fix
+    assert "sampler.set_epoch(epoch)" in f.fix and f.where is not None
 
 
 def test_set_epoch_every_epoch_or_no_shuffle_is_no_finding_and_the_same_value_is(ranks):
     (s, _) = ranks(2)
     check = samplers.Samplers(s)
     right = DistributedSampler(_data(), num_replicas=2, rank=0)
-    check._states[right] = samplers._State(None)
     ordered = DistributedSampler(_data(), num_replicas=2, rank=0, shuffle=False)
     for epoch in range(3):
         right.set_epoch(epoch)
-        check.iterating(right)
-        check.iterating(ordered)
+        _pass(check, right)
+        _pass(check, ordered)
     assert found(s) == []
     same = DistributedSampler(_data(), num_replicas=2, rank=0)
     check._states[same] = samplers._State(None, set_epoch_calls=1)
     same.set_epoch(4)
-    check.iterating(same)
-    check.iterating(same)
+    _pass(check, same)
+    _pass(check, same)
     assert "called with the same value (4)" in found(s)[0].title
+
+
+def test_a_peek_at_the_loader_before_set_epoch_is_no_epoch(ranks):
+    """The PyTorch DDP tutorial's trainer: ``len(next(iter(loader))[0])``, then ``set_epoch(epoch)``, then the pass.
+    The peek shuffles for the previous epoch and is left after one batch: no epoch, no finding."""
+    (s, _) = ranks(2)
+    check = samplers.Samplers(s)
+    sampler = DistributedSampler(_data(), num_replicas=2, rank=0)
+    for epoch in range(3):
+        _pass(check, sampler, full=False)
+        sampler.set_epoch(epoch)
+        _pass(check, sampler)
+    assert found(s) == []
+    for _ in range(3):  # peeks alone, never a full pass: nothing to judge
+        _pass(check, sampler, full=False)
+    assert found(s) == []
+    _pass(check, sampler)  # the 4th full pass, shuffled like the 3rd (epoch 2): found
+    (f,) = found(s)
+    assert "epoch 4 is shuffled exactly like epoch 3" in f.title and f.details == {"epoch": 2, "full_passes": 4}
 
 
 def test_padding_skews_evaluation_and_not_training(ranks):
