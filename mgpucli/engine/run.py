@@ -35,7 +35,10 @@ def run_training(recipe: str, overrides: list[str], *, resume: str | None = None
         settle_gc()  # the start-up's objects are frozen: no collection walks them again (mgpucli/heap.py)
         return trainer.fit()
 
-    return _with_trainer(recipe, overrides, env, reporter, train, resume=resume, overwrite=overwrite)
+    from mgpucli.batch_layout import pinned_by
+
+    return _with_trainer(recipe, overrides, env, reporter, train, resume=resume, overwrite=overwrite,
+                         pinned=pinned_by(overrides))
 
 
 def run_probe(recipe: str, overrides: list[str], *, env: RankEnv, reporter: Reporter | None = None,
