@@ -106,7 +106,8 @@ def keep_global_batch(saved: Layout, world_size: int, batch_size: int, grad_accu
             f"the global batch changes from {saved.global_batch} ({saved}) to {layout.global_batch} ({layout}, "
             f"x{layout.global_batch / saved.global_batch:g}) because {' and '.join(sorted(pinned))} is set on the "
             "command line: this is another optimization than the checkpoint's (the learning rate and its schedule "
-            "are as they were, in optimizer steps)."))
+            "are as they were, in optimizer steps). To keep the global batch, resume without them on the command "
+            "line."))
     per_step = batch_size * world_size
     if saved.global_batch % per_step:
         raise UsageError(
@@ -115,7 +116,7 @@ def keep_global_batch(saved: Layout, world_size: int, batch_size: int, grad_accu
             f"({saved.global_batch} / ({world_size} x {batch_size}) = {saved.global_batch / per_step:g}).",
             _options(saved.global_batch, world_size, batch_size))
     layout = Layout(world_size, batch_size, saved.global_batch // per_step)
-    if layout.grad_accum == grad_accum:
+    if layout == saved:
         return Resolution(layout)
     return Resolution(layout, note=(
         f"keeping the checkpoint's global batch {saved.global_batch}: {saved} then, {layout} now "

@@ -14,7 +14,7 @@ from mgpucli.errors import EXIT_USAGE, UsageError
 def test_another_process_count_keeps_the_global_batch_with_grad_accum(saved, world, accum):
     kept = keep_global_batch(saved, world, 32, 1, frozenset())
     assert kept.layout == Layout(world, 32, accum) and kept.warning is None
-    assert (kept.note is None) == (accum == 1)  # said in one line when grad_accum changes
+    assert (kept.note is None) == (saved.world_size == world)  # said in one line when the layout changes
     if kept.note:
         assert f"keeping the checkpoint's global batch {saved.global_batch}" in kept.note
         assert f"trainer.grad_accum={accum}" in kept.note
@@ -36,6 +36,7 @@ def test_a_command_line_override_wins_and_says_how_the_global_batch_changed():
     kept = keep_global_batch(Layout(2, 32, 1), 1, 32, 1, frozenset({"trainer.grad_accum"}))
     assert kept.layout == Layout(1, 32, 1) and kept.note is None
     assert "the global batch changes from 64" in kept.warning and "to 32" in kept.warning and "x0.5" in kept.warning
+    assert "To keep the global batch, resume without them on the command line." in kept.warning
     same = keep_global_batch(Layout(2, 32, 1), 1, 64, 1, frozenset({"data.batch_size"}))
     assert same.layout == Layout(1, 64, 1) and same.warning is None
 
@@ -55,3 +56,4 @@ def test_segments_round_trip_and_name_each_process_count():
     assert text == ("steps 1-100 on 2 process(es) (global batch 64 = 2 x 32 x grad_accum 1), steps 101-192 on 1 "
                     "process(es) (global batch 64 = 1 x 32 x grad_accum 2)")
     assert describe(segments, 100).endswith("from step 101 on 1 process(es) (global batch 64 = 1 x 32 x grad_accum 2)")
+
