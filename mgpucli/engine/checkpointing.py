@@ -76,6 +76,7 @@ class Checkpoints:
         self.recipe_yaml = OmegaConf.to_yaml(cfg, resolve=True)
         self.layout: Layout | None = None  # this segment's (set by use())
         self.segments: list[Segment] = []  # the run's, this one last
+        self._accum_said = False  # resolve_layout's note already says trainer.grad_accum changed
         trainer = cfg.trainer
         self.sharded_format = trainer.checkpoint_format == "sharded"
         self.keep = int(trainer.keep_checkpoints)
@@ -108,7 +109,9 @@ class Checkpoints:
                 return Resolution(Layout(world, batch_size, grad_accum))
             return batch_layout.keep_global_batch(segments[-1].layout, world, batch_size, grad_accum, pinned)
 
-        return self._agree("the resumed run's global batch", decide)
+        resolution = self._agree("the resumed run's global batch", decide)
+        self._accum_said = resolution.note is not None
+        return resolution
 
     def check_run_dir(self, resume: str | None, overwrite: bool) -> Path | None:
         """Whether the run may start in the run dir as asked (:func:`mgpucli.run_files.check_start`): rank 0 decides,
@@ -206,7 +209,8 @@ class Checkpoints:
             trained.early_stopping.load_state_dict(ckpt["early_stopping"])
         mid_epoch = bool(ckpt.get("mid_epoch"))
         position.step, position.epoch, self.best = ckpt["step"], ckpt["epoch"], ckpt.get("best")
-        changed = engine_state.recipe_changes(ckpt.get("recipe", ""), self.recipe_yaml)
+        changed = [key for key in engine_state.recipe_changes(ckpt.get("recipe", ""), self.recipe_yaml)
+                   if not (self._accum_said and key == "trainer.grad_accum")]
         if changed:
             self.reporter.warn(f"the recipe changed since {path} was saved: {', '.join(changed)}")
         self.segments = batch_layout.continued(batch_layout.segments_of(ckpt), position.step, self.layout)

@@ -17,8 +17,10 @@ CHARLM = str(RECIPES / "charlm.yaml")
 # 1024 samples, a global batch of 64: 16 steps, no padding. One fixed schedule for the stopped and the whole runs.
 SMALL = ["data.train.num_samples=1024", "data.val.num_samples=301", "trainer.log_every=4", "trainer.cpu_threads=1",
          "trainer.epochs=1", "scheduler.T_max=16"]
-# The tolerance docs/launch.md states for weights after a resume on another process count (float reduction order).
-RTOL, ATOL = 1e-4, 1e-5
+# The tolerances docs/launch.md states for weights after a resume on another process count (float reduction order,
+# which AdamW amplifies where a gradient's second moment is still tiny).
+QUICK_TOL = {"rtol": 0.0, "atol": 1e-6}
+CHARLM_TOL = {"rtol": 1e-3, "atol": 1e-4}
 
 RECORDING = '''
 import os
@@ -47,10 +49,10 @@ def served(directory: Path) -> list[int]:
     return [int(line) for f in sorted(directory.glob("*.txt")) for line in f.read_text().split()]
 
 
-def assert_weights_close(a: dict, b: dict) -> None:
+def assert_weights_close(a: dict, b: dict, tolerance: dict) -> None:
     assert a.keys() == b.keys()
     for key in a:
-        torch.testing.assert_close(a[key], b[key], rtol=RTOL, atol=ATOL)
+        torch.testing.assert_close(a[key], b[key], **tolerance)
 
 
 @pytest.fixture(scope="module")
@@ -92,7 +94,7 @@ def test_another_process_count_sees_each_sample_once_and_keeps_the_global_batch(
     assert a["step"] == b["step"] == 16 and b["world_size"] == processes
     assert [(s["first_step"], s["world_size"], s["grad_accum"]) for s in b["segments"]] == \
         [(1, 3 - processes, processes), (6, processes, 3 - processes)]
-    assert_weights_close(a["model"], b["model"])
+    assert_weights_close(a["model"], b["model"], QUICK_TOL)
 
 
 def test_a_global_batch_no_whole_grad_accum_keeps_is_refused_with_the_options(cwd):
@@ -126,8 +128,8 @@ def test_fsdp_resumes_on_one_process_with_the_global_batch_and_the_optimizer_sta
     assert "keeping the checkpoint's global batch 32" in resumed.stderr and "grad_accum=2" in resumed.stderr
     a, b = load_ckpt(cwd / "fsdp-whole/checkpoints/last.pt"), load_ckpt(cwd / "fsdp/checkpoints/last.pt")
     assert a["step"] == b["step"] == 10 and b["world_size"] == 1
-    assert_weights_close(a["model"], b["model"])
+    assert_weights_close(a["model"], b["model"], CHARLM_TOL)
     for key, value in a["optimizer"]["state"].items():
-        torch.testing.assert_close(value["exp_avg"], b["optimizer"]["state"][key]["exp_avg"], rtol=RTOL, atol=ATOL)
+        torch.testing.assert_close(value["exp_avg"], b["optimizer"]["state"][key]["exp_avg"], **CHARLM_TOL)
     records = [json.loads(line) for line in (cwd / "fsdp/metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records if r["split"] == "train"] == [5, 10]
