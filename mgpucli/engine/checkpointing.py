@@ -147,7 +147,7 @@ class Checkpoints:
         ``data_position`` (mid-epoch only): ``consumed``, the samples of the epoch's order every rank together has
         taken, and ``skipped``, those this segment's sampler started after."""
         mid_epoch = data_position is not None
-        sharded = self.sharded_format and trained.model.is_fsdp
+        sharded = self.sharded_format  # also FSDP on one process (not sharded there): one format per run dir
         with self.heartbeat.in_phase("checkpoint: gathering state from every rank"):
             if not sharded:
                 model = engine_state.model_state(trained.model.raw)
