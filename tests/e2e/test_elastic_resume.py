@@ -95,6 +95,9 @@ def test_another_process_count_sees_each_sample_once_and_keeps_the_global_batch(
     assert [(s["first_step"], s["world_size"], s["grad_accum"]) for s in b["segments"]] == \
         [(1, 3 - processes, processes), (6, processes, 3 - processes)]
     assert_weights_close(a["model"], b["model"], QUICK_TOL)
+    if then is one:  # mgpu validate reads such a checkpoint as any other
+        validated = mgpu("validate", f"{name}/checkpoints/last.pt", "--json", cwd=cwd)
+        assert validated.returncode == 0 and json.loads(validated.stdout)["samples"] == 301, validated.output
 
 
 def test_a_global_batch_no_whole_grad_accum_keeps_is_refused_with_the_options(cwd):
