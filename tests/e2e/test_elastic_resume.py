@@ -96,7 +96,7 @@ def test_another_process_count_sees_each_sample_once_and_keeps_the_global_batch(
         [(1, 3 - processes, processes), (6, processes, 3 - processes)]
     assert_weights_close(a["model"], b["model"], QUICK_TOL)
     if then is one:  # mgpu validate reads such a checkpoint as any other
-        validated = mgpu("validate", f"{name}/checkpoints/last.pt", "--json", cwd=cwd)
+        validated = mgpu("validate", f"{name}/checkpoints/last.pt", "--json", "--trust-recipe", cwd=cwd)
         assert validated.returncode == 0 and json.loads(validated.stdout)["samples"] == 301, validated.output
 
 
