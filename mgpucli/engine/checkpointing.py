@@ -15,6 +15,8 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from mgpucli import batch_layout
+from mgpucli.batch_layout import Layout, Resolution, Segment
 from mgpucli.distributed import collectives
 from mgpucli.distributed.heartbeat import Heartbeat
 from mgpucli.distributed.runtime import Runtime
@@ -61,6 +63,8 @@ class Resumed:
     rng: dict[str, Any] | None = None
     epoch_sums: list[float] | None = None
     trackers: dict[str, str] | None = None
+    epoch_start: int | None = None  # mid-epoch: samples of the epoch's order the sampler skips
+    batches_taken: int = 0  # mid-epoch, with ``loader``: the batches each rank had taken since epoch_start
 
 
 class Checkpoints:
@@ -70,6 +74,9 @@ class Checkpoints:
         self.runtime, self.heartbeat, self.reporter = runtime, heartbeat, reporter
         self.run_dir = Path(cfg.run_dir)
         self.recipe_yaml = OmegaConf.to_yaml(cfg, resolve=True)
+        self.layout: Layout | None = None  # this segment's (set by use())
+        self.segments: list[Segment] = []  # the run's, this one last
+        self._accum_said = False  # resolve_layout's note already says trainer.grad_accum changed
         trainer = cfg.trainer
         self.sharded_format = trainer.checkpoint_format == "sharded"
         self.keep = int(trainer.keep_checkpoints)
@@ -82,39 +89,67 @@ class Checkpoints:
         self.best: float | None = None
         self.tracker_ids: Callable[[], dict[str, str]] | None = None  # rank 0's experiment trackers' run ids
 
+    def use(self, cfg: DictConfig, layout: Layout) -> None:
+        """The recipe as built (its run length resolved) and the layout this run trains on: what checkpoints record."""
+        self.recipe_yaml = OmegaConf.to_yaml(cfg, resolve=True)
+        self.layout, self.segments = layout, [Segment(1, layout)]
+
+    def resolve_layout(self, found: Path, batch_size: int, grad_accum: int, pinned: frozenset[str]) -> Resolution:
+        """The layout a resume from ``found`` trains on (:func:`mgpucli.batch_layout.keep_global_batch`), decided by
+        rank 0 from the checkpoint's last segment (read without loading it) and the same on every rank; a resume
+        no layout fits is a UsageError on every rank."""
+        world = self.runtime.world_size
+
+        def decide() -> Resolution:
+            from mgpucli.postmortem.checkpoint_peek import read_checkpoint_info
+
+            info = read_checkpoint_info(str(found))
+            segments = info.segments if info is not None else []
+            if not segments:  # written before checkpoints recorded their layout: the recipe's, as it is
+                return Resolution(Layout(world, batch_size, grad_accum))
+            return batch_layout.keep_global_batch(segments[-1].layout, world, batch_size, grad_accum, pinned)
+
+        resolution = self._agree("the resumed run's global batch", decide)
+        self._accum_said = resolution.note is not None
+        return resolution
+
     def check_run_dir(self, resume: str | None, overwrite: bool) -> Path | None:
         """Whether the run may start in the run dir as asked (:func:`mgpucli.run_files.check_start`): rank 0 decides,
         every rank gets the same verdict and the same checkpoint to resume from (None: a fresh start), so all fail or
         resume together. Nothing is written yet: a checkpoint that turns out not to fit leaves the run dir as it was.
         """
-        return self._agree("run-dir check", lambda: check_start(self.run_dir, resume, overwrite, self.sharded_format))
+        found = self._agree("run-dir check", lambda: check_start(self.run_dir, resume, overwrite, self.sharded_format))
+        return Path(found) if found is not None else None
 
     def take_run_dir(self, overwrite: bool) -> None:
         """Rank 0 takes the run dir (creates it, writes the recipe; ``overwrite`` deletes the old checkpoints), once
         :meth:`check_run_dir` allowed the start and any checkpoint to resume was loaded."""
         self._agree("taking the run dir", lambda: prepare_run_dir(self.run_dir, overwrite, self.recipe_yaml))
 
-    def _agree(self, what: str, decide) -> Path | None:
-        """``decide()`` on rank 0, its result or its UsageError on every rank."""
-        verdict: tuple = (None, None)  # (problem, path)
+    def _agree(self, what: str, decide) -> Any:
+        """``decide()`` on rank 0, its (picklable) result or its UsageError on every rank."""
+        verdict: tuple = (None, None)  # (problem, result)
         if self.runtime.is_main:
             try:
                 found = decide()
-                verdict = (None, str(found) if found is not None else None)
+                verdict = (None, str(found) if isinstance(found, Path) else found)
             except UsageError as err:
                 verdict = ((err.message, err.hint), None)
         with self.heartbeat.in_phase(f"setup: {what} (broadcast from rank 0)"):
             problem, found = collectives.broadcast_object(verdict, self.runtime)
         if problem:
             raise UsageError(*problem)
-        return Path(found) if found is not None else None
+        return found
 
-    def save(self, trained: Trained, position: Position, epoch_sums: list[float], mid_epoch: bool,
+    def save(self, trained: Trained, position: Position, epoch_sums: list[float], data_position: dict[str, int] | None,
              best: bool = False, written: Callable[[], None] | None = None) -> None:
-        """Every rank joins; rank 0 writes ``last.pt`` atomically (and ``best.pt``, numbered copies). ``written()`` is
-        called once this rank's part is done; on rank 0 as ``last.pt`` becomes complete (just before its rename)."""
+        """Every rank joins; rank 0 writes ``last.pt`` atomically (and ``best.pt``, numbered copies).
+        ``data_position`` (mid-epoch only): ``consumed``, the samples of the epoch's order every rank together has
+        taken, and ``skipped``, those this segment's sampler started after. ``written()`` is called once this rank's
+        part is done; on rank 0 as ``last.pt`` becomes complete (just before its rename)."""
         written = written or (lambda: None)
-        sharded = self.sharded_format and trained.model.is_fsdp
+        mid_epoch = data_position is not None
+        sharded = self.sharded_format  # also FSDP on one process (not sharded there): one format per run dir
         with self.heartbeat.in_phase("checkpoint: gathering state from every rank"):
             if not sharded:
                 model = engine_state.model_state(trained.model.raw)
@@ -129,7 +164,8 @@ class Checkpoints:
             epoch=position.epoch, step=position.step, mid_epoch=mid_epoch, per_rank=per_rank,
             world_size=self.runtime.world_size, recipe=self.recipe_yaml, metrics=position.last_val,
             best=self.best, best_metric=self.best_metric,
-            epoch_sums=list(epoch_sums) if mid_epoch else None,
+            epoch_sums=list(epoch_sums) if mid_epoch else None, data_position=data_position,
+            segments=[segment.record() for segment in self.segments],
             trackers=self.tracker_ids() if self.tracker_ids is not None else None,
             early_stopping=trained.early_stopping.state_dict() if trained.early_stopping is not None else None,
         )
@@ -177,24 +213,52 @@ class Checkpoints:
             trained.early_stopping.load_state_dict(ckpt["early_stopping"])
         mid_epoch = bool(ckpt.get("mid_epoch"))
         position.step, position.epoch, self.best = ckpt["step"], ckpt["epoch"], ckpt.get("best")
-        changed = engine_state.recipe_changes(ckpt.get("recipe", ""), self.recipe_yaml)
+        changed = [key for key in engine_state.recipe_changes(ckpt.get("recipe", ""), self.recipe_yaml)
+                   if not (self._accum_said and key == "trainer.grad_accum")]
         if changed:
             self.reporter.warn(f"the recipe changed since {path} was saved: {', '.join(changed)}")
-        world, rank = self.runtime.world_size, self.runtime.rank
-        same_world = ckpt.get("world_size") == world
-        per_rank = ckpt.get("per_rank") or []
-        mine = per_rank[rank] if same_world and rank < len(per_rank) else None
-        if mid_epoch and not same_world:
-            self.reporter.warn(f"{path} was saved mid-epoch by {ckpt.get('world_size')} process(es); with {world} "
-                               f"the loader position cannot carry over, so epoch {position.epoch + 1} restarts from "
-                               "its beginning.")
+        self.segments = batch_layout.continued(batch_layout.segments_of(ckpt), position.step, self.layout)
         self.reporter.message(f"resumed from {path} at step {position.step} "
-                              f"({engine_state.epoch_label(position.epoch, mid_epoch)})")
+                              f"({engine_state.epoch_label(position.epoch, mid_epoch)}): "
+                              f"{batch_layout.describe(self.segments, position.step)}")
+        resumed = self._data_position(ckpt, mid_epoch, path, position, len(trained.train_loader.dataset))
         sums = ckpt.get("epoch_sums") if mid_epoch else None  # the epoch's means go on from where they were
         ids = ckpt.get("trackers")
-        return Resumed(loader=mine["loader"] if mine and mid_epoch else None, rng=mine["rng"] if mine else None,
-                       epoch_sums=[float(v) for v in sums] if isinstance(sums, list) else None,
-                       trackers={str(k): str(v) for k, v in ids.items()} if isinstance(ids, dict) else None)
+        resumed.epoch_sums = [float(v) for v in sums] if isinstance(sums, list) else None
+        resumed.trackers = {str(k): str(v) for k, v in ids.items()} if isinstance(ids, dict) else None
+        return resumed
+
+    def _data_position(self, ckpt: dict[str, Any], mid_epoch: bool, path: Path, position: Position,
+                       train_samples: int) -> Resumed:
+        """Where this rank's loader and RNG go on. On the process count and per-process batch the checkpoint was
+        saved with, each rank's own loader position and RNG state (bitwise what an uninterrupted run does); on
+        another, the epoch's order after the samples every rank together had consumed."""
+        world, rank = self.runtime.world_size, self.runtime.rank
+        same_world = ckpt.get("world_size") == world
+        saved = batch_layout.segments_of(ckpt)
+        same_batch = not saved or saved[-1].layout.batch_size == self.layout.batch_size
+        per_rank = ckpt.get("per_rank") or []
+        mine = per_rank[rank] if same_world and rank < len(per_rank) else None
+        resumed = Resumed(rng=mine["rng"] if mine else None)
+        if not mid_epoch:
+            return resumed
+        data = ckpt.get("data_position")
+        if mine and same_batch and mine.get("loader") is not None:
+            resumed.loader = mine["loader"]
+            if data:
+                resumed.epoch_start = data["skipped"]
+                resumed.batches_taken = (data["consumed"] - data["skipped"]) // (self.layout.batch_size * world)
+            return resumed
+        if not data:
+            self.reporter.warn(f"{path} was saved mid-epoch by {ckpt.get('world_size')} process(es) by an mgpu that "
+                               f"did not record the epoch's position: with {world} epoch {position.epoch + 1} "
+                               "restarts from its beginning.")
+            return resumed
+        resumed.epoch_start = data["consumed"]
+        self.reporter.message(f"epoch {position.epoch + 1} goes on after the {data['consumed']} of its "
+                              f"{train_samples} samples already trained on, in the same order, on {world} "
+                              "process(es).")
+        return resumed
 
     @staticmethod
     def _sharded_extra(trained: Trained) -> dict[str, dict[str, torch.Tensor]]:

@@ -1,9 +1,10 @@
-"""Data loading: a DistributedSampler always (1 and N processes see the same order), a loader whose position
-is saved and restored mid-epoch (torchdata's StatefulDataLoader), and exact validation batches.
+"""Data loading: one global sample order on any number of processes (:class:`GlobalOrderSampler`), a loader whose
+position is saved and restored mid-epoch (torchdata's StatefulDataLoader), and exact validation batches.
 """
 
 from __future__ import annotations
 
+import math
 import random
 import warnings
 from collections.abc import Iterator
@@ -61,10 +62,59 @@ class FixedBatches(Sampler[list[int]]):
         return len(self.batch_ids)
 
 
+class GlobalOrderSampler(DistributedSampler):
+    """DistributedSampler's order, which can start part-way into an epoch on any number of processes.
+
+    An epoch's order is a permutation of the whole train set by (seed, epoch), whatever the process count; padded
+    with its first samples to a multiple of the process count W, rank ``r`` takes positions ``r, r+W, r+2W...``.
+    Taken in batches of B, batch ``k`` of every rank together is positions ``[k*B*W, (k+1)*B*W)``: each optimizer
+    step consumes the next ``global batch`` samples of the one order, so a count of samples consumed says where an
+    epoch stands on any process count. :meth:`resume_at` starts an epoch after that many samples: the rest of the
+    order, padded (with the epoch's first samples) to a multiple of this run's process count, split the same way.
+    Starting at 0 is exactly ``DistributedSampler(drop_last=False)``.
+    """
+
+    def __init__(self, dataset: Dataset, num_replicas: int, rank: int, shuffle: bool, seed: int):
+        super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=shuffle, seed=seed, drop_last=False)
+        self._resume: tuple[int, int] | None = None  # (epoch, samples of it already consumed)
+
+    def resume_at(self, epoch: int, consumed: int) -> None:
+        """Epoch ``epoch`` (when set) starts after its first ``consumed`` samples; other epochs start at 0."""
+        self._resume = (epoch, consumed)
+
+    @property
+    def skipped(self) -> int:
+        """Samples of the current epoch's order before the first one this sampler yields."""
+        return self._resume[1] if self._resume is not None and self._resume[0] == self.epoch else 0
+
+    def __iter__(self) -> Iterator[int]:
+        size = len(self.dataset)
+        if self.shuffle:
+            generator = torch.Generator()
+            generator.manual_seed(self.seed + self.epoch)
+            order = torch.randperm(size, generator=generator).tolist()
+        else:
+            order = list(range(size))
+        rest = order[self.skipped:]
+        padding = len(self) * self.num_replicas - len(rest)
+        if padding:
+            rest += (order * math.ceil(padding / size))[:padding]
+        return iter(rest[self.rank::self.num_replicas])
+
+    def __len__(self) -> int:
+        return math.ceil(max(0, len(self.dataset) - self.skipped) / self.num_replicas)
+
+
+def samples_consumed(sampler: GlobalOrderSampler, batches: int, batch_size: int) -> int:
+    """How many samples of the epoch's order every rank together has taken after ``batches`` batches each (the
+    padding at the epoch's end is not counted: at most the train set's size)."""
+    return min(len(sampler.dataset), sampler.skipped + batches * batch_size * sampler.num_replicas)
+
+
 @dataclass
 class Loaders:
     train: StatefulDataLoader
-    sampler: DistributedSampler
+    sampler: GlobalOrderSampler
     val: DataLoader | None
     val_batches: FixedBatches | None
     num_workers: int
@@ -89,8 +139,8 @@ def build_loaders(train_set: Dataset, val_set: Dataset | None, data_cfg, seed: i
     pin = runtime.device.type == "cuda" if data_cfg.pin_memory == "auto" else bool(data_cfg.pin_memory)
     common = {"num_workers": workers, "pin_memory": pin, "worker_init_fn": seed_worker if workers else None,
               "persistent_workers": workers > 0}
-    sampler = DistributedSampler(train_set, num_replicas=runtime.world_size, rank=runtime.rank,
-                                 shuffle=bool(data_cfg.shuffle), seed=seed, drop_last=False)
+    sampler = GlobalOrderSampler(train_set, num_replicas=runtime.world_size, rank=runtime.rank,
+                                 shuffle=bool(data_cfg.shuffle), seed=seed)
     # torch's BatchSampler, not torchdata's default, which builds each batch index by index in Python. Without a
     # stateful batch sampler, StatefulDataLoader saves how many batches it yielded and resumes by skipping as many
     # from the same (seeded, set_epoch'd) sampler, which also reads the state torchdata's batch sampler saved

@@ -42,7 +42,10 @@ def run_training(recipe: str, overrides: list[str], *, resume: str | None = None
             finished()
         faults.hold("hold_at_exit", lambda: trainer.stop.received is not None)  # test-only; inert unless MGPU_FAULT
 
-    return _with_trainer(recipe, overrides, env, reporter, train, resume=resume, overwrite=overwrite, ended=ended)
+    from mgpucli.batch_layout import pinned_by
+
+    return _with_trainer(recipe, overrides, env, reporter, train, resume=resume, overwrite=overwrite, ended=ended,
+                         pinned=pinned_by(overrides))
 
 
 def run_probe(recipe: str, overrides: list[str], *, env: RankEnv, reporter: Reporter | None = None,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,9 @@ from mgpucli.engine.checkpoint import read_file, save_atomic
 from mgpucli.errors import CheckpointError
 
 META = "meta.pt"
+# One process (FSDP resumed on one, which trains unsharded) saves and loads without a process group: dcp says so.
+warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized",
+                        category=UserWarning)
 
 
 def _flip(link: Path, target: str) -> None:

@@ -24,16 +24,17 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from mgpucli import faults
+from mgpucli.batch_layout import Layout
 from mgpucli.distributed import collectives
 from mgpucli.distributed.heartbeat import Heartbeat
 from mgpucli.distributed.runtime import Runtime
 from mgpucli.engine import state as engine_state
 from mgpucli.engine.build import build_run
 from mgpucli.engine.checkpointing import Checkpoints, Position, Resumed
-from mgpucli.engine.data import to_device
+from mgpucli.engine.data import samples_consumed, to_device
 from mgpucli.engine.evaluate import evaluate_exact
 from mgpucli.engine.log_interval import LogInterval
 from mgpucli.engine.profiling import ProfileWindow, window_for
@@ -48,11 +49,13 @@ class Trainer:
     """One worker's training run. Build with a validated recipe and a Runtime, call ``setup()``, then ``fit()``."""
 
     def __init__(self, cfg: DictConfig, runtime: Runtime, reporter: Reporter, resume: str | None = None,
-                 overwrite: bool = False, source: str = "the recipe", probe: bool = False):
+                 overwrite: bool = False, source: str = "the recipe", probe: bool = False,
+                 pinned: frozenset[str] = frozenset()):
         self.cfg, self.runtime, self.reporter = cfg, runtime, reporter
         self.source = source  # the recipe as the user named it, for problems found while building
         self.resume, self.overwrite = resume, overwrite
         self.probe = probe  # only measure (engine/probe.py): no run dir, no records, no checkpoints
+        self.pinned = pinned  # batch settings given on the command line (mgpucli.batch_layout.PINNED_KEYS)
         self.position = Position()
         self.stop = StopRequests()
         self.outputs = RunOutputs(reporter)  # metrics.jsonl, TensorBoard and trackers (rank 0), the reporter
@@ -61,6 +64,7 @@ class Trainer:
         self._resumed: Resumed | None = None  # applied when the epoch's loader iterator exists
         self._mid_epoch = False
         self._stop_before_save: bool | None = None  # at this rank's last save: a stop was requested by then
+        self._batches_taken = 0  # this epoch's, on each rank, since the sampler's start
 
     @property
     def step(self) -> int:
@@ -68,15 +72,22 @@ class Trainer:
 
     # ----------------------------------------------------------------------------------------- setup
     def setup(self) -> None:
-        """Build every part (engine/build.py), take the run dir, resume."""
+        """The checkpoint to resume and the global batch it keeps, every part built (engine/build.py), the run dir
+        taken, the checkpoint loaded."""
         runtime = self.runtime
         self.heartbeat = Heartbeat(runtime.rank, runtime.world_size)  # where each rank is, for timeout messages
         self.heartbeat.start()
+        self.checkpoints = Checkpoints(self.cfg, runtime, self.heartbeat, self.reporter)
+        # Read before the run dir is touched: a checkpoint that doesn't fit leaves it as it was.
+        found = None if self.probe else self.checkpoints.check_run_dir(self.resume, self.overwrite)
+        if found is not None:
+            self._keep_global_batch(found)
         built = build_run(self.cfg, runtime, self.heartbeat, self.reporter, self.source)
         self.cfg, self.task, self.loaders, self.trained = built.cfg, built.task, built.loaders, built.trained
         self.settings, self.total_steps, self.autocast_dtype = built.settings, built.total_steps, built.autocast_dtype
         self.intervals = LogInterval(self.task, runtime, self.heartbeat, self.outputs.emit)
-        self.checkpoints = Checkpoints(self.cfg, runtime, self.heartbeat, self.reporter)
+        self.checkpoints.use(self.cfg, Layout(runtime.world_size, int(self.cfg.data.batch_size),
+                                              self.settings.grad_accum))
         self._backward_phase = ("backward (gradient all-reduce)" if runtime.distributed
                                 and self.trained.model.strategy in ("ddp", "fsdp") else "backward")
         self._faults = faults.enabled()
@@ -84,13 +95,24 @@ class Trainer:
             self.intervals.emit = lambda record: None
             self.settings = dataclasses.replace(self.settings, checkpoint_every_steps=None)
         else:
-            self._take_run_dir()
+            self._take_run_dir(found)
         engine_state.seed_everything(self.cfg.seed + 1000 * runtime.rank + self.step)  # per-rank randomness
 
-    def _take_run_dir(self) -> None:
-        """The checkpoint to resume from, read before the run dir is touched (one that doesn't fit leaves it as it
-        was); then the run dir (rank 0 takes it), its records and the profiler window."""
-        found = self.checkpoints.check_run_dir(self.resume, self.overwrite)
+    def _keep_global_batch(self, found) -> None:
+        """Resuming: train on the checkpoint's global batch (``trainer.grad_accum`` changed to keep it on another
+        process count), unless the command line sets the batch (mgpucli/batch_layout.py)."""
+        batch, accum = int(self.cfg.data.batch_size), int(self.cfg.trainer.grad_accum)
+        kept = self.checkpoints.resolve_layout(found, batch, accum, self.pinned)
+        if kept.note:
+            self.reporter.message(kept.note)
+        if kept.warning:
+            self.reporter.warn(kept.warning)
+        if kept.layout.grad_accum != accum:
+            self.cfg = OmegaConf.merge(self.cfg, {"trainer": {"grad_accum": kept.layout.grad_accum}})
+
+    def _take_run_dir(self, found) -> None:
+        """Load the checkpoint to resume from (``found``, None: a fresh start), then take the run dir (rank 0), open
+        its records and the profiler window."""
         if found is not None:
             self._resumed = self.checkpoints.load(found, self.trained, self.position)
             sums = self._resumed.epoch_sums
@@ -147,10 +169,14 @@ class Trainer:
         position, loader = self.position, self.loaders.train
         self.loaders.sampler.set_epoch(position.epoch)
         resumed, self._resumed = self._resumed, None
+        self._batches_taken = 0
+        if resumed is not None and resumed.epoch_start is not None:  # mid-epoch: where the epoch's order goes on
+            self.loaders.sampler.resume_at(position.epoch, resumed.epoch_start)
         if resumed is not None and resumed.loader is not None:
-            loader.load_state_dict(resumed.loader)  # mid-epoch: the epoch's sums came with the checkpoint
-        else:
-            self.intervals.new_epoch()
+            loader.load_state_dict(resumed.loader)  # the same process count: this rank's own loader position
+            self._batches_taken = resumed.batches_taken
+        if resumed is None or (resumed.loader is None and resumed.epoch_start is None):
+            self.intervals.new_epoch()  # else the epoch's sums came with the checkpoint
         batches = iter(loader)  # building the iterator draws from the RNG: restore RNG after it
         if resumed is not None and resumed.rng is not None:
             engine_state.restore_rng(resumed.rng, self.runtime.device)
@@ -177,6 +203,7 @@ class Trainer:
         batch = next(batches, None)
         if batch is None:
             return False
+        self._batches_taken += 1
         if self.profile is not None:
             self.profile.before_step(self.step + 1)
         for micro in range(1, self.settings.grad_accum + 1):
@@ -184,6 +211,7 @@ class Trainer:
             self._forward_backward(batch, sync=following is None)
             if following is None:
                 break
+            self._batches_taken += 1
             batch = following
         self._optimizer_step()
         if self.profile is not None:
@@ -270,7 +298,12 @@ class Trainer:
     def save(self, mid_epoch: bool, best: bool = False) -> None:
         """Record every step so far (which also checks them all for a non-finite loss), then checkpoint."""
         self._flush()
-        self.checkpoints.save(self.trained, self.position, self.intervals.epoch_sums, mid_epoch, best,
+        data_position = None
+        if mid_epoch:
+            sampler = self.loaders.sampler
+            data_position = {"skipped": sampler.skipped, "consumed": samples_consumed(
+                sampler, self._batches_taken, int(self.cfg.data.batch_size))}
+        self.checkpoints.save(self.trained, self.position, self.intervals.epoch_sums, data_position, best,
                               written=self._note_saved)
 
     def _note_saved(self) -> None:

@@ -127,8 +127,22 @@ def _prepare(opts: LaunchOptions, claim_run_dir: bool = False):
     machine = this_machine(need_gpus=not opts.cpu and facts.device != "cpu")
     plan = build_plan(opts, facts, machine)
     if plan.node_rank == 0:  # this node's rank 0 takes the run dir: refuse here what it would refuse there
-        check_run_dir(plan.run_dir, opts, sharded=str(cfg.trainer.checkpoint_format) == "sharded")
+        found = check_run_dir(plan.run_dir, opts, sharded=str(cfg.trainer.checkpoint_format) == "sharded")
+        if found is not None:
+            _check_global_batch(str(found), plan, cfg, opts)
     return plan, cfg
+
+
+def _check_global_batch(checkpoint: str, plan: LaunchPlan, cfg, opts: LaunchOptions) -> None:
+    """A resume on a process count no whole grad_accum keeps the checkpoint's global batch on: refused here, as
+    every worker would (:func:`mgpucli.batch_layout.keep_global_batch`), before any starts."""
+    from mgpucli.batch_layout import keep_global_batch, pinned_by
+    from mgpucli.postmortem.checkpoint_peek import read_checkpoint_info
+
+    info = read_checkpoint_info(checkpoint)
+    if info is not None and info.segments:
+        keep_global_batch(info.segments[-1].layout, plan.nproc_per_node * plan.nnodes, int(cfg.data.batch_size),
+                          int(cfg.trainer.grad_accum), pinned_by(opts.overrides))
 
 
 def _prepare_script(opts: LaunchOptions, claim_run_dir: bool) -> LaunchPlan:

@@ -21,6 +21,8 @@ import zipfile
 from dataclasses import dataclass
 from typing import Any
 
+from mgpucli.batch_layout import Segment, segments_of
+
 MAX_PICKLE_BYTES = 64 * 1024 * 1024  # a data.pkl past this is not one of mgpu's (they hold no tensor bytes)
 SHARDED_META = "meta.pt"  # mgpucli.engine.sharded.META
 FORMAT_VERSION = 1  # mgpucli.engine.checkpoint.FORMAT_VERSION: the newest format this mgpu reads
@@ -35,6 +37,7 @@ class CheckpointInfo:
     epoch: int | None
     mid_epoch: bool | None
     world_size: int | None
+    segments: list[Segment]  # the process counts and batches it trained on (mgpucli.batch_layout)
 
 
 class _Inert:
@@ -80,7 +83,7 @@ def read_checkpoint_info(path: str) -> CheckpointInfo | None:
     epoch, mid, world = payload.get("epoch"), payload.get("mid_epoch"), payload.get("world_size")
     return CheckpointInfo(path=path, step=payload["step"], epoch=epoch if _is_int(epoch) else None,
                           mid_epoch=mid if isinstance(mid, bool) else None,
-                          world_size=world if _is_int(world) else None)
+                          world_size=world if _is_int(world) else None, segments=segments_of(payload))
 
 
 def resume_problem(path: str) -> str | None:

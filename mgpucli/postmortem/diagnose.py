@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import re
 
+from mgpucli.batch_layout import describe as describe_segments
 from mgpucli.errors import EXIT_PREEMPTED
 from mgpucli.postmortem.checkpoint_peek import read_checkpoint_info
 from mgpucli.postmortem.context import launcher_alive, nodes_disagree, resume_command, running_verdict, tailor
@@ -193,6 +194,7 @@ def diagnose_run(run_dir: str) -> Report:
                     logs=run.attempts[-1].dir if run.attempts else launch.get("log_dir"))
     unfinished = status != "succeeded"  # a finished run has nothing to resume
     report.resume_command = resume_command(launch) if run.checkpoint and not run.is_script and unfinished else None
+    report.segments = _segments(run.checkpoint)
     if status == "running" and launcher_alive(launch):
         report.verdict = running_verdict(run)
         return report
@@ -281,6 +283,12 @@ def _stopped(run: RunRecord) -> Failure:
     else:
         _when(failure, None, run, None)
     return failure
+
+
+def _segments(checkpoint: str | None) -> str | None:
+    """On how many processes each segment of the run trained, as its checkpoint records it (read without torch)."""
+    info = read_checkpoint_info(checkpoint) if checkpoint else None
+    return describe_segments(info.segments, info.step) if info is not None and info.segments else None
 
 
 _STOPPED_BY = re.compile(r"\bstopped by (SIG[A-Z0-9]+)\b")

@@ -120,13 +120,14 @@ def test_same_recipe_and_seed_gives_the_same_weights(tmp_path):
     assert list((tmp_path / "a/tensorboard").glob("events.out.tfevents.*"))
 
 
-def test_resume_with_another_world_size_works(tmp_path):
-    first = torchrun(2, "train", QUICK, *SMALL, "trainer.max_steps=10", cwd=tmp_path)
+def test_resume_with_another_world_size_at_an_epoch_end_keeps_the_global_batch(tmp_path):
+    first = torchrun(2, "train", QUICK, *SMALL, "trainer.epochs=1", cwd=tmp_path)
     assert first.returncode == 0, first.output
-    r = mgpu("train", QUICK, *SMALL, "trainer.epochs=1", "--resume", "auto", cwd=tmp_path)
+    r = mgpu("train", QUICK, *SMALL, "trainer.epochs=2", "--resume", "auto", cwd=tmp_path)
     assert r.returncode == 0, r.output
-    assert "restarts from its beginning" in r.stderr
-    assert load_ckpt(tmp_path / "runs/quickstart/checkpoints/last.pt")["world_size"] == 1
+    assert "keeping the checkpoint's global batch 64" in r.stderr and "goes on after" not in r.stderr
+    ckpt = load_ckpt(tmp_path / "runs/quickstart/checkpoints/last.pt")
+    assert ckpt["world_size"] == 1 and ckpt["step"] == 32  # 16 steps of 64 samples per epoch on 2 and on 1
 
 
 def test_resume_with_plain_sgd_keeps_the_schedule(tmp_path):
