@@ -19,7 +19,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-STATE_FILE = "trackers.json"  # in the run dir: each tracker's run id, mode, status and failure
+from mgpucli.run_layout import TRACKERS
+
+STATE_FILE = TRACKERS  # in the run dir: each tracker's run id, mode, status and failure
 LOGGERS = ("tensorboard", "wandb", "mlflow")  # what trainer.loggers may list; metrics.jsonl is always written
 WANDB_MODES = ("auto", "online", "offline")
 WANDB_HOST = "https://api.wandb.ai"

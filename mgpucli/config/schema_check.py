@@ -11,6 +11,7 @@ from omegaconf.errors import OmegaConfBaseException
 from mgpucli.config import run_length
 from mgpucli.config.schema import BUILTIN_TASKS, CHOICES, COMPONENT_PATHS, TASK_METRICS, RecipeSchema
 from mgpucli.errors import RecipeError
+from mgpucli.run_layout import METRICS
 from mgpucli.trackers import LOGGERS
 
 REQUIRED_COMPONENTS = ("model", "optim", "data.train")
@@ -113,8 +114,8 @@ def _logger_problems(loggers: list[str]) -> list[str]:
     for name in loggers:
         if name in LOGGERS:
             continue
-        if name in ("jsonl", "metrics", "metrics.jsonl"):
-            problems.append(f"trainer.loggers: {name!r} need not be listed: metrics.jsonl is always written "
+        if name in ("jsonl", "metrics", METRICS):
+            problems.append(f"trainer.loggers: {name!r} need not be listed: {METRICS} is always written "
                             f"(the list takes {', '.join(LOGGERS)})")
             continue
         close = difflib.get_close_matches(str(name), LOGGERS, n=1, cutoff=0.6)

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from mgpucli.errors import CheckpointError, MgpuError
+from mgpucli.run_layout import CHECKPOINTS, EXAMPLE_LAST_FULL
 
 FORMAT_VERSION = 1
 _TMP = re.compile(r"^\..+\.tmp-\d+$")
@@ -155,11 +156,11 @@ def read_file(path: str | Path, map_location: str | torch.device = "cpu") -> Any
     newer mgpu's format too: its fields may mean something else)."""
     if not str(path).strip():  # Path("") would be the current directory
         raise CheckpointError(f"the checkpoint is {str(path)!r}: empty.", "Give a checkpoint file, e.g. "
-                              "RUN_DIR/checkpoints/last.pt.")
+                              f"{EXAMPLE_LAST_FULL}.")
     path = Path(path)
     if not path.exists():
         raise CheckpointError(f"checkpoint {path} does not exist.", "Check the path; run dirs keep them in "
-                              "RUN_DIR/checkpoints/.")
+                              f"RUN_DIR/{CHECKPOINTS}/.")
     if path.is_dir():
         raise CheckpointError(f"{path} is a directory, not a checkpoint file.")
     if path.stat().st_size == 0:
@@ -175,11 +176,11 @@ def read_file(path: str | Path, map_location: str | torch.device = "cpu") -> Any
                 "Only load files from sources you trust; re-save the weights as a plain state_dict.",
             ) from None
         raise CheckpointError(f"{path} is not a readable checkpoint (not a torch file, or corrupt).",
-                              "Use another checkpoint, e.g. RUN_DIR/checkpoints/last.pt.") from None
+                              f"Use another checkpoint, e.g. {EXAMPLE_LAST_FULL}.") from None
     except Exception as err:  # noqa: BLE001 - unpickling garbage can raise anything (IndexError, KeyError, ...)
         reason = " ".join(str(err).split())[:200]
         raise CheckpointError(f"{path} is not a readable checkpoint (truncated or not a torch file: {reason}).",
-                              "Use another checkpoint, e.g. RUN_DIR/checkpoints/last.pt.") from None
+                              f"Use another checkpoint, e.g. {EXAMPLE_LAST_FULL}.") from None
     version = obj.get("mgpu_format") if isinstance(obj, dict) else None
     if version is not None and not (isinstance(version, int) and version <= FORMAT_VERSION):
         raise CheckpointError(f"{path} was written by a newer mgpu (checkpoint format {version!r}; this mgpu reads "

@@ -22,7 +22,9 @@ import threading
 import time
 from collections.abc import Mapping
 
-LAUNCH_PID_ENV = "MGPU_LAUNCH_PID"
+from mgpucli import env_vars
+
+LAUNCH_PID_ENV = env_vars.LAUNCH_PID
 _POLL_S = 0.2
 
 

@@ -39,7 +39,7 @@ def test_the_post_mortem_reads_run_records_and_never_imports_the_launcher():
 
 
 def test_run_records_need_only_the_standard_library_and_mgpus_errors():
-    allowed = ("mgpucli.errors", "mgpucli.run_records")
+    allowed = ("mgpucli.errors", "mgpucli.run_layout", "mgpucli.env_vars", "mgpucli.run_records")
     for path in sources("run_records"):
         for name in imports_of(path):
             assert name.split(".")[0] in sys.stdlib_module_names or name.startswith(allowed), (path.name, name)
@@ -64,3 +64,8 @@ def test_only_a_script_worker_with_audit_imports_the_audit_and_arming_it_imports
                 and "audit" in ast.dump(n)]  # not at module top
     for name in imports_of(PACKAGE / "audit" / "__init__.py"):
         assert name.split(".")[0] in sys.stdlib_module_names or name.startswith("mgpucli.audit"), name
+
+
+def test_the_run_dirs_names_and_the_env_var_names_import_nothing_but_the_standard_library():
+    for name in ("run_layout.py", "env_vars.py"):
+        assert all(m.split(".")[0] in sys.stdlib_module_names for m in imports_of(PACKAGE / name)), name
