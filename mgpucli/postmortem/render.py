@@ -140,7 +140,8 @@ def tracker_lines(trackers: dict[str, dict[str, Any]]) -> list[tuple[str, bool]]
             out.append((f"{run}: failed while {last.get('while')} ({_short(str(last.get('error')), 120)}); training "
                         f"went on without it, and {METRICS} has every record", True))
             continue
-        where = entry.get("sync") or entry.get("url") or entry.get("tracking_uri")
+        keys = SPECS[name].where if name in SPECS else ()
+        where = next((entry[key] for key in keys if entry.get(key)), None)
         mode = f", {entry['mode']}" if entry.get("mode") else ""
         out.append((f"{run} ({entry.get('status', '?')}{mode})" + (f": {where}" if where else ""), False))
     return out

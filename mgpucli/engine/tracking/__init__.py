@@ -22,8 +22,6 @@ import importlib
 import json
 import os
 import queue
-import secrets
-import string
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -104,15 +102,9 @@ def backlog(metrics_path: Path, through: int) -> list[dict[str, Any]]:
 
 
 def make_sink(name: str) -> Sink:
-    """The tracker's sink: its module (``wandb_sink``, ``mlflow_sink``) is imported here, on the tracking thread."""
-    return importlib.import_module(f"mgpucli.engine.tracking.{name}_sink").make()
-
-
-def new_wandb_id() -> str:
-    """A W&B run id chosen here (W&B's own form: 8 lowercase letters and digits), so that it is known, and goes into
-    checkpoints, before the tracker has started."""
-    alphabet = string.ascii_lowercase + string.digits
-    return "".join(secrets.choice(alphabet) for _ in range(8))
+    """The tracker's sink: its module (:attr:`mgpucli.trackers.Spec.sink`) is imported here, on the tracking
+    thread."""
+    return importlib.import_module(specs.SPECS[name].sink).make()
 
 
 class Tracking:
@@ -153,8 +145,9 @@ class Tracking:
         for name in names:
             run_id = ((before.get(name) or {}).get("id") or (checkpoint_ids or {}).get(name)) if resuming else None
             continuing = run_id is not None
-            if name == "wandb" and run_id is None:
-                run_id = new_wandb_id()
+            new_run_id = specs.SPECS[name].new_run_id
+            if run_id is None and new_run_id is not None:  # known, and in checkpoints, before the tracker starts
+                run_id = new_run_id()
             contexts[name] = Context(run_dir=run_dir, name=str(cfg.name), recipe=recipe, tags=tags,
                                      options=OmegaConf.to_container(trainer[name], resolve=True), run_id=run_id,
                                      continuing=continuing)
