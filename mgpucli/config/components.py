@@ -19,8 +19,10 @@ from typing import Any
 
 from omegaconf import DictConfig
 
+from mgpucli.config.schema import TASK_METRICS
 from mgpucli.config.targets import build
 from mgpucli.errors import MgpuError, RecipeError, UsageError
+from mgpucli.model_facts import blocks_to_checkpoint, metric_names, select_blocks
 
 DEBUG_ENV = "MGPU_DEBUG"
 
@@ -107,10 +109,12 @@ def check_builds(cfg: DictConfig, source: str) -> None:
         optimizer = attempt("optim", lambda: build_component("optim", cfg.optim, stand_in, source=source))
         if optimizer is not None and cfg.get("scheduler") is not None:
             attempt("scheduler", lambda: build_component("scheduler", cfg.scheduler, optimizer, source=source))
-    task = (attempt("task", lambda: build_component("task", cfg.task, source=source))
-            if isinstance(cfg.get("task"), DictConfig) else _builtin_task(cfg.get("task")))
-    if task is not None:
-        problems.extend(metric_problems(cfg, task))
+    if isinstance(cfg.get("task"), DictConfig):
+        task = attempt("task", lambda: build_component("task", cfg.task, source=source))
+        if task is not None:
+            problems.extend(metric_problems(cfg, task))
+    elif cfg.get("task") in TASK_METRICS:  # a built-in task: its metrics are known without building it
+        problems.extend(_metric_name_problems(cfg, list(TASK_METRICS[cfg.get("task")])))
     _check_model(cfg, source, problems)
     if problems:
         raise RecipeError(source, problems, f"Fix the keys above (in the recipe or with overrides); {DEBUG_ENV}=1 "
@@ -140,22 +144,18 @@ def _optimizers_without_dynamo():
             delattr(raw, cache)
 
 
-def _builtin_task(name: Any) -> Any:
-    from mgpucli.engine.tasks import BUILTIN
-
-    return BUILTIN[name]() if name in BUILTIN else None
-
-
 def metric_problems(cfg: DictConfig, task: Any) -> list[str]:
     """``trainer.best_metric`` (and the like) must name a metric the task reports, or best.pt never comes."""
-    import difflib
-
-    from mgpucli.engine.tasks import metric_names
-
     try:
         names = metric_names(task)
     except Exception:  # a custom task whose metrics() can't take unit sums: nothing to check against
         return []
+    return _metric_name_problems(cfg, names)
+
+
+def _metric_name_problems(cfg: DictConfig, names: list[str]) -> list[str]:
+    import difflib
+
     wanted = cfg.trainer.get("best_metric")
     if not wanted or wanted in names:
         return []
@@ -167,8 +167,6 @@ def metric_problems(cfg: DictConfig, task: Any) -> list[str]:
 def block_problems(cfg: DictConfig, model: Any) -> list[str]:
     """Module class names in ``trainer.fsdp.wrap`` (under fsdp) and ``trainer.activation_checkpointing`` must be
     classes of the model, or every worker would refuse the recipe once it had built its model."""
-    from mgpucli.engine.activation_checkpointing import blocks_to_checkpoint, select_blocks
-
     trainer = cfg.trainer
     try:
         if trainer.strategy == "fsdp" and trainer.fsdp.wrap:

@@ -24,7 +24,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "trainer.best_mode": ("auto", "min", "max"),
 }  # and each tracker's own (mgpucli.trackers: Spec.choices), see choices()
 BUILTIN_TASKS = ("classification", "regression", "language_model")
-# The validation metrics each built-in task reports (mgpucli.engine.tasks; a unit test keeps the two in step), for
+# The validation metrics each built-in task reports (the engine's tasks; a unit test keeps the two in step), for
 # checking names such as trainer.early_stopping.metric before anything is built.
 TASK_METRICS: dict[str, tuple[str, ...]] = {
     "classification": ("loss", "accuracy"),

@@ -38,6 +38,12 @@ def test_the_post_mortem_reads_run_records_and_never_imports_the_launcher():
     assert offenders(sources("postmortem"), "mgpucli.launch") == {}
 
 
+def test_config_imports_no_engine_module():
+    """Recipes know nothing of training: what the pre-flight check needs of the engine is in mgpucli/model_facts.py."""
+    assert offenders(sources("config"), "mgpucli.engine") == {}
+    assert offenders([PACKAGE / "model_facts.py"], "mgpucli.engine") == {}
+
+
 def test_run_records_need_only_the_standard_library_and_mgpus_errors():
     allowed = ("mgpucli.errors", "mgpucli.run_layout", "mgpucli.env_vars", "mgpucli.run_records")
     for path in sources("run_records"):
