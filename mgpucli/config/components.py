@@ -36,16 +36,44 @@ def original(err: BaseException) -> BaseException:
     return err
 
 
-def problem(path: str, target: str, what: str, err: BaseException) -> str:
-    """``data.train: building pkg.Set failed: OSError: no such file (raised at pkg.py:12)``."""
+def problem(path: str, target: str, what: str, err: BaseException, node: DictConfig | dict | None = None) -> str:
+    """``data.train: building pkg.Set failed: OSError: no such file (raised at pkg.py:12)``; when the constructor
+    raised on a value of the wrong type that ``node``'s arguments tell (:func:`wrong_type`), that argument first:
+    ``optim: building torch.optim.SGD failed: optim.lr='abc' is a string; SGD needs a number (TypeError: ...)``."""
     err = original(err)
     reason = " ".join(str(err).split()) or type(err).__name__
     frames = traceback.extract_tb(err.__traceback__)
     where = f" (raised at {frames[-1].filename}:{frames[-1].lineno})" if frames else ""
-    text = f"{path}: {what} {target} failed: {type(err).__name__}: {reason}{where}"
+    wrong = wrong_type(path, target, node) if node is not None and isinstance(err, TypeError | ValueError) else None
+    if wrong:
+        text = f"{path}: {what} {target} failed: {wrong} ({type(err).__name__}: {reason})"
+    else:
+        text = f"{path}: {what} {target} failed: {type(err).__name__}: {reason}{where}"
     if os.environ.get(DEBUG_ENV) == "1":
         text += "\n" + "".join(traceback.format_exception(err)).rstrip()
     return text
+
+
+def wrong_type(path: str, target: str, node: DictConfig | dict) -> str | None:
+    """``optim.lr='abc' is a string; SGD needs a number``: the first argument given as text where the target's own
+    default is a number (or true/false), the usual cause of a constructor's TypeError; None when none can be told."""
+    import inspect
+
+    from mgpucli.config.targets import locate
+
+    try:
+        params = inspect.signature(locate(target)).parameters
+    except Exception:  # noqa: BLE001 - no signature to read: nothing can be told
+        return None
+    for key, param in params.items():
+        value, default = node.get(key) if key in node else None, param.default
+        if not isinstance(value, str) or isinstance(default, str) or default in (None, inspect.Parameter.empty):
+            continue
+        need = "true or false" if isinstance(default, bool) else "a number" if isinstance(default, int | float) \
+            else None
+        if need:
+            return f"{path}.{key}={value!r} is a string; {target.rsplit('.', 1)[-1]} needs {need}"
+    return None
 
 
 def build_component(path: str, node: DictConfig | dict, *args: Any, source: str) -> Any:
@@ -56,7 +84,7 @@ def build_component(path: str, node: DictConfig | dict, *args: Any, source: str)
     except MgpuError:
         raise
     except Exception as err:
-        raise RecipeError(source, [problem(path, str(node.get("_target_")), "building", err)],
+        raise RecipeError(source, [problem(path, str(node.get("_target_")), "building", err, node)],
                           f"Fix {path} in the recipe (or override it); {DEBUG_ENV}=1 shows the whole traceback.",
                           ) from err
     wrong = kind_problem(path, node, built)

@@ -151,6 +151,20 @@ def clean_stale_temps(directory: str | Path) -> list[Path]:
     return removed
 
 
+# The modules the os functions live in on each platform: a pickle names them so (os.system is posix.system).
+_OS_MODULES = ("posix.", "nt.")
+
+
+def unsafe_globals(path: str | Path) -> list[str]:
+    """What a checkpoint's pickle would call that ``weights_only=True`` refuses (torch's public
+    ``get_unsafe_globals_in_checkpoint``, which runs nothing), named as users import them: ``os.system``."""
+    try:
+        found = torch.serialization.get_unsafe_globals_in_checkpoint(path)
+    except Exception:  # noqa: BLE001 - not a zip checkpoint: torch's own message names the global, if any
+        return []
+    return [f"os.{name.split('.', 1)[1]}" if name.startswith(_OS_MODULES) else name for name in found]
+
+
 def read_file(path: str | Path, map_location: str | torch.device = "cpu") -> Any:
     """``torch.load(weights_only=True)`` with every failure turned into a clear CheckpointError (a checkpoint of a
     newer mgpu's format too: its fields may mean something else)."""
@@ -168,11 +182,11 @@ def read_file(path: str | Path, map_location: str | torch.device = "cpu") -> Any
     try:
         obj = torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as err:
-        code = re.search(r"GLOBAL (\S+)", str(err))
+        code = unsafe_globals(path) or re.findall(r"GLOBAL (\S+)", str(err))
         if code:
             raise CheckpointError(
-                f"refused to load {path}: it is not a plain tensor checkpoint; loading it would call "
-                f"{code.group(1)} from the file (weights_only=True refused it). Nothing from it was executed.",
+                f"refused to load {path}: the checkpoint would call {', '.join(code)} from the file; it is not a "
+                "plain tensor checkpoint (weights_only=True refused it). Nothing from it was executed.",
                 "Only load files from sources you trust; re-save the weights as a plain state_dict.",
             ) from None
         raise CheckpointError(f"{path} is not a readable checkpoint (not a torch file, or corrupt).",
