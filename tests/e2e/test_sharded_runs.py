@@ -7,23 +7,17 @@ ends with none left.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
 import signal
 import sys
-import time
-import uuid
 from pathlib import Path
 
-import pytest
-
 from mgpucli import proctree
+from tests.e2e.test_preempted_postmortem import _env, _until, tag  # noqa: F401 - tag is a fixture
 from tests.procs import RECIPES, mgpu, stop_tree
-from tests.procs import tagged as tagged_by
 
-TAG = "MGPU_SHARDED_TAG"
 CHARLM = str(RECIPES / "charlm.yaml")
 TINY = ["vars.block_size=32", "model.d_model=32", "model.n_head=2", "+data.train.num_chars=12000",
         "+data.val.num_chars=6000", "data.batch_size=8", "trainer.log_every=2", "trainer.cpu_threads=1",
@@ -31,42 +25,14 @@ TINY = ["vars.block_size=32", "model.d_model=32", "model.n_head=2", "+data.train
 LAUNCH = ["--cpu", "--nproc", "2", CHARLM, *TINY]
 
 
-def _until(predicate, timeout: float):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = predicate()
-        if found:
-            return found
-        time.sleep(0.1)
-    return predicate()
-
-
-@pytest.fixture
-def tag():
-    value = uuid.uuid4().hex
-    yield value
-    _until(lambda: not tagged_by(TAG, value), timeout=20)
-    left = tagged_by(TAG, value)
-    for pid in left:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-    assert not left, f"processes left behind: {left}"
-
-
-def _env(tag: str, extra: dict[str, str] | None = None) -> dict[str, str]:
-    clean = {k: v for k, v in os.environ.items() if not k.startswith(("MGPU_FAULT", "RANK", "WORLD_SIZE",
-                                                                        "LOCAL_RANK", "MASTER_", "OMP_NUM"))}
-    return {**clean, "PYTHONUNBUFFERED": "1", TAG: tag, **(extra or {})}
-
-
-def _stopped_mid_way(tmp_path: Path, tag: str, run_dir: Path) -> tuple[int, str]:
+def _stopped_mid_way(tmp_path: Path, tagged: str, run_dir: Path) -> tuple[int, str]:
     """A long sharded run, SIGTERMed once it has logged a training record; (exit code, output)."""
     err_path = tmp_path / "stopped.err"
     metrics = run_dir / "metrics.jsonl"
     with open(err_path, "w") as err:
         args = [*LAUNCH, "trainer.max_steps=100000", "trainer.epochs=1000", f"run_dir={run_dir}"]
         slow = {"MGPU_FAULT": "sleep", "MGPU_FAULT_SLEEP": "0.05"}  # every step: time to stop it mid-way
-        proc = proctree.start([sys.executable, "-m", "mgpucli", "launch", *args], cwd=tmp_path, env=_env(tag, slow),
+        proc = proctree.start([sys.executable, "-m", "mgpucli", "launch", *args], cwd=tmp_path, env=_env(tagged, slow),
                               stdout=err, stderr=err)
     try:
         def training() -> bool:
@@ -81,7 +47,7 @@ def _stopped_mid_way(tmp_path: Path, tag: str, run_dir: Path) -> tuple[int, str]
     return code, err_path.read_text(errors="replace")
 
 
-def test_a_sharded_run_stopped_mid_way_is_diagnosed_and_a_restart_resumes_its_last_dcp(tmp_path: Path, tag: str):
+def test_a_stopped_sharded_run_is_diagnosed_and_its_restart_resumes_last_dcp(tmp_path: Path, tag: str):  # noqa: F811
     run_dir = tmp_path / "run"
     code, output = _stopped_mid_way(tmp_path, tag, run_dir)
     assert code == 75, output
