@@ -11,12 +11,9 @@ import os
 from pathlib import Path
 
 from mgpucli.errors import UsageError
-from mgpucli.run_records.launch_record import LAUNCH_JSON
-
-CHECKPOINTS = "checkpoints"
-LAST_FULL = "last.pt"
-LAST_SHARDED = "last.dcp"
-METRICS = "metrics.jsonl"
+from mgpucli.run_layout import CHECKPOINTS, LAUNCH_JSON, METRICS, last_name
+from mgpucli.run_layout import LAST_FULL as LAST_FULL  # the run dir's names, for the callers that import them here
+from mgpucli.run_layout import LAST_SHARDED as LAST_SHARDED
 
 
 def checkpoint_dir(run_dir: str | Path) -> Path:
@@ -25,7 +22,7 @@ def checkpoint_dir(run_dir: str | Path) -> Path:
 
 def last_checkpoint(run_dir: str | Path, sharded: bool = False) -> Path:
     """Where the run's latest checkpoint is (a file, or a directory of shards)."""
-    return checkpoint_dir(run_dir) / (LAST_SHARDED if sharded else LAST_FULL)
+    return checkpoint_dir(run_dir) / last_name(sharded)
 
 
 def existing_checkpoints(run_dir: str | Path) -> list[Path]:
@@ -77,8 +74,8 @@ def check_start(run_dir: str | Path, resume: str | None, overwrite: bool, sharde
         problem = resume_problem(str(found))
         if problem:
             raise UsageError(f"--resume{' auto' if resume == 'auto' else ''}: {problem}.",
-                             "Resume from another checkpoint (RUN_DIR/checkpoints/last.pt, a step-*.pt, or a sharded "
-                             "run's last.dcp), or start afresh without --resume.")
+                             f"Resume from another checkpoint (RUN_DIR/{CHECKPOINTS}/{LAST_FULL}, a step-*.pt, or a "
+                             f"sharded run's {LAST_SHARDED}), or start afresh without --resume.")
     existing = existing_checkpoints(run_dir)
     if existing and found is None and not overwrite:
         names = ", ".join(p.name for p in existing[:3]) + (", ..." if len(existing) > 3 else "")

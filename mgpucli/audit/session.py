@@ -22,6 +22,7 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
+from mgpucli import env_vars
 from mgpucli.run_records.audit_records import Finding, Where, append, findings_path
 from mgpucli.run_records.worker_records import ERROR_FILE_ENV
 
@@ -46,7 +47,7 @@ class Session:
         self.local_rank = _int_env(env, "LOCAL_RANK", 0)
         self.world_size = _int_env(env, "WORLD_SIZE", 1)
         self.local_world_size = _int_env(env, "LOCAL_WORLD_SIZE", 1)
-        self.attempt = _int_env(env, "TORCHELASTIC_RESTART_COUNT", 0)
+        self.attempt = _int_env(env, env_vars.RESTART_COUNT, 0)
         error_file = env.get(ERROR_FILE_ENV)
         self.path = findings_path(error_file) if error_file else None
         self.cwd = os.getcwd()

@@ -70,7 +70,9 @@ def doctor(
 
             print_error("--stacks asks a running job for its ranks' stacks: give its run directory "
                         "(mgpu doctor RUN_DIR --stacks).")
-            sys.exit(2)
+            from mgpucli.errors import EXIT_USAGE
+
+            sys.exit(EXIT_USAGE)
         machine_check(gpus, cpu, nproc, json_out, quick, timeout)
         return
     # Every machine-check option defaults to "not given" (None, or False for a flag): those given are refused.

@@ -11,6 +11,7 @@ import typer
 
 from mgpucli.cli.train import PROBE_STEPS, PROBE_STEPS_OPTION, probe_only_problem
 from mgpucli.errors import MgpuError
+from mgpucli.run_layout import LAST_FULL, LAST_SHARDED
 
 
 @dataclass(frozen=True)
@@ -81,7 +82,7 @@ _LOG_DIR = typer.Option(
 _DRY_RUN = typer.Option(False, "--dry-run", help="Check everything, print the torchrun command, exit.")
 _RESUME = typer.Option(
     None, "--resume", metavar="PATH|auto",
-    help="Passed to every worker: a checkpoint, or 'auto' (the run's last.pt if any)."
+    help=f"Passed to every worker: a checkpoint, or 'auto' (the run's {LAST_FULL} or {LAST_SHARDED} if any)."
 )
 _OVERWRITE = typer.Option(
     False, "--overwrite", help="Passed to every worker: start afresh in a run dir that holds checkpoints."

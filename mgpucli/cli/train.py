@@ -11,12 +11,14 @@ import sys
 
 import typer
 
+from mgpucli.run_layout import LAST_FULL, LAST_SHARDED, METRICS
+
 # the fit probe's timed steps (also mgpu launch's option)
 PROBE_STEPS = 20
 PROBE_STEPS_OPTION = typer.Option(None, "--probe-steps", metavar="N", show_default=False,
                                   help=f"With --probe: the optimizer steps it times, after its warm-up (default "
                                   f"{PROBE_STEPS}).")
-PROBE_ONLY = ("--json is the probe's report format: use it with --probe (training writes metrics.jsonl).",
+PROBE_ONLY = (f"--json is the probe's report format: use it with --probe (training writes {METRICS}).",
               "--probe-steps sets how many steps the probe times: use it with --probe.")
 
 
@@ -34,7 +36,7 @@ def train(
     ),
     resume: str | None = typer.Option(
         None, "--resume", metavar="PATH|auto",
-        help="Checkpoint to resume from, or 'auto' (the run dir's last.pt if any)."
+        help=f"Checkpoint to resume from, or 'auto' (the run dir's {LAST_FULL} or {LAST_SHARDED} if any)."
     ),
     overwrite: bool = typer.Option(
         False, "--overwrite", help="Start afresh in a run dir that already holds checkpoints (deletes them)."

@@ -19,8 +19,10 @@ from typing import Any
 
 from omegaconf import DictConfig
 
+from mgpucli.config.schema import TASK_METRICS
 from mgpucli.config.targets import build
 from mgpucli.errors import MgpuError, RecipeError, UsageError
+from mgpucli.model_facts import blocks_to_checkpoint, metric_names, select_blocks
 
 DEBUG_ENV = "MGPU_DEBUG"
 
@@ -34,16 +36,44 @@ def original(err: BaseException) -> BaseException:
     return err
 
 
-def problem(path: str, target: str, what: str, err: BaseException) -> str:
-    """``data.train: building pkg.Set failed: OSError: no such file (raised at pkg.py:12)``."""
+def problem(path: str, target: str, what: str, err: BaseException, node: DictConfig | dict | None = None) -> str:
+    """``data.train: building pkg.Set failed: OSError: no such file (raised at pkg.py:12)``; when the constructor
+    raised on a value of the wrong type that ``node``'s arguments tell (:func:`wrong_type`), that argument first:
+    ``optim: building torch.optim.SGD failed: optim.lr='abc' is a string; SGD needs a number (TypeError: ...)``."""
     err = original(err)
     reason = " ".join(str(err).split()) or type(err).__name__
     frames = traceback.extract_tb(err.__traceback__)
     where = f" (raised at {frames[-1].filename}:{frames[-1].lineno})" if frames else ""
-    text = f"{path}: {what} {target} failed: {type(err).__name__}: {reason}{where}"
+    wrong = wrong_type(path, target, node) if node is not None and isinstance(err, TypeError | ValueError) else None
+    if wrong:
+        text = f"{path}: {what} {target} failed: {wrong} ({type(err).__name__}: {reason})"
+    else:
+        text = f"{path}: {what} {target} failed: {type(err).__name__}: {reason}{where}"
     if os.environ.get(DEBUG_ENV) == "1":
         text += "\n" + "".join(traceback.format_exception(err)).rstrip()
     return text
+
+
+def wrong_type(path: str, target: str, node: DictConfig | dict) -> str | None:
+    """``optim.lr='abc' is a string; SGD needs a number``: the first argument given as text where the target's own
+    default is a number (or true/false), the usual cause of a constructor's TypeError; None when none can be told."""
+    import inspect
+
+    from mgpucli.config.targets import locate
+
+    try:
+        params = inspect.signature(locate(target)).parameters
+    except Exception:  # noqa: BLE001 - no signature to read: nothing can be told
+        return None
+    for key, param in params.items():
+        value, default = node.get(key) if key in node else None, param.default
+        if not isinstance(value, str) or isinstance(default, str) or default in (None, inspect.Parameter.empty):
+            continue
+        need = "true or false" if isinstance(default, bool) else "a number" if isinstance(default, int | float) \
+            else None
+        if need:
+            return f"{path}.{key}={value!r} is a string; {target.rsplit('.', 1)[-1]} needs {need}"
+    return None
 
 
 def build_component(path: str, node: DictConfig | dict, *args: Any, source: str) -> Any:
@@ -54,7 +84,7 @@ def build_component(path: str, node: DictConfig | dict, *args: Any, source: str)
     except MgpuError:
         raise
     except Exception as err:
-        raise RecipeError(source, [problem(path, str(node.get("_target_")), "building", err)],
+        raise RecipeError(source, [problem(path, str(node.get("_target_")), "building", err, node)],
                           f"Fix {path} in the recipe (or override it); {DEBUG_ENV}=1 shows the whole traceback.",
                           ) from err
     wrong = kind_problem(path, node, built)
@@ -107,10 +137,12 @@ def check_builds(cfg: DictConfig, source: str) -> None:
         optimizer = attempt("optim", lambda: build_component("optim", cfg.optim, stand_in, source=source))
         if optimizer is not None and cfg.get("scheduler") is not None:
             attempt("scheduler", lambda: build_component("scheduler", cfg.scheduler, optimizer, source=source))
-    task = (attempt("task", lambda: build_component("task", cfg.task, source=source))
-            if isinstance(cfg.get("task"), DictConfig) else _builtin_task(cfg.get("task")))
-    if task is not None:
-        problems.extend(metric_problems(cfg, task))
+    if isinstance(cfg.get("task"), DictConfig):
+        task = attempt("task", lambda: build_component("task", cfg.task, source=source))
+        if task is not None:
+            problems.extend(metric_problems(cfg, task))
+    elif cfg.get("task") in TASK_METRICS:  # a built-in task: its metrics are known without building it
+        problems.extend(_metric_name_problems(cfg, list(TASK_METRICS[cfg.get("task")])))
     _check_model(cfg, source, problems)
     if problems:
         raise RecipeError(source, problems, f"Fix the keys above (in the recipe or with overrides); {DEBUG_ENV}=1 "
@@ -140,22 +172,18 @@ def _optimizers_without_dynamo():
             delattr(raw, cache)
 
 
-def _builtin_task(name: Any) -> Any:
-    from mgpucli.engine.tasks import BUILTIN
-
-    return BUILTIN[name]() if name in BUILTIN else None
-
-
 def metric_problems(cfg: DictConfig, task: Any) -> list[str]:
     """``trainer.best_metric`` (and the like) must name a metric the task reports, or best.pt never comes."""
-    import difflib
-
-    from mgpucli.engine.tasks import metric_names
-
     try:
         names = metric_names(task)
     except Exception:  # a custom task whose metrics() can't take unit sums: nothing to check against
         return []
+    return _metric_name_problems(cfg, names)
+
+
+def _metric_name_problems(cfg: DictConfig, names: list[str]) -> list[str]:
+    import difflib
+
     wanted = cfg.trainer.get("best_metric")
     if not wanted or wanted in names:
         return []
@@ -167,8 +195,6 @@ def metric_problems(cfg: DictConfig, task: Any) -> list[str]:
 def block_problems(cfg: DictConfig, model: Any) -> list[str]:
     """Module class names in ``trainer.fsdp.wrap`` (under fsdp) and ``trainer.activation_checkpointing`` must be
     classes of the model, or every worker would refuse the recipe once it had built its model."""
-    from mgpucli.engine.activation_checkpointing import blocks_to_checkpoint, select_blocks
-
     trainer = cfg.trainer
     try:
         if trainer.strategy == "fsdp" and trainer.fsdp.wrap:

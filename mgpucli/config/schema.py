@@ -6,10 +6,13 @@ Components (``model``, ``optim``, ``scheduler``, ``data.train``, ``data.val``, a
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import functools
+from dataclasses import dataclass, field, make_dataclass
 from typing import Any, Optional
 
 from omegaconf import MISSING
+
+from mgpucli import trackers
 
 # Choices are validated by mgpu (with a message that lists them) rather than by Enum types.
 CHOICES: dict[str, tuple[str, ...]] = {
@@ -19,10 +22,9 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "trainer.precision": ("fp32", "bf16", "fp16"),
     "trainer.scheduler_interval": ("step", "epoch"),
     "trainer.best_mode": ("auto", "min", "max"),
-    "trainer.wandb.mode": ("auto", "online", "offline"),
-}
+}  # and each tracker's own (mgpucli.trackers: Spec.choices), see choices()
 BUILTIN_TASKS = ("classification", "regression", "language_model")
-# The validation metrics each built-in task reports (mgpucli.engine.tasks; a unit test keeps the two in step), for
+# The validation metrics each built-in task reports (the engine's tasks; a unit test keeps the two in step), for
 # checking names such as trainer.early_stopping.metric before anything is built.
 TASK_METRICS: dict[str, tuple[str, ...]] = {
     "classification": ("loss", "accuracy"),
@@ -45,22 +47,6 @@ class FSDPOptions:
     reshard_after_forward: bool = True
     activation_checkpointing: bool = False  # recompute each wrapped block's activations in backward
     cpu_offload: bool = False  # parameters and optimizer state in CPU memory (needs CUDA GPUs)
-
-
-@dataclass
-class WandbOptions:
-    project: Optional[str] = None  # default: the recipe's name
-    entity: Optional[str] = None  # default: your W&B default entity
-    name: Optional[str] = None  # the run's display name; default: the run dir's name
-    tags: list[str] = field(default_factory=list)  # added to mgpu's own (world size, device, versions)
-    mode: str = "auto"  # auto: WANDB_MODE if set, else online with credentials and offline without
-
-
-@dataclass
-class MLflowOptions:
-    tracking_uri: Optional[str] = None  # default: MLFLOW_TRACKING_URI, else sqlite:///RUN_DIR/mlflow.db
-    experiment: Optional[str] = None  # default: the recipe's name
-    run_name: Optional[str] = None  # default: the run dir's name
 
 
 @dataclass
@@ -126,11 +112,10 @@ class TrainerSchema:
     stall_s: Optional[int] = None  # stop a job whose rank makes no progress this long (None: the default; 0: never)
     progress: bool = True
     # Where rank 0 sends every record besides metrics.jsonl (always written): tensorboard (RUN_DIR/tensorboard
-    # scalar events, written without importing TensorBoard), wandb, mlflow (their options below).
+    # scalar events, written without importing TensorBoard) and the experiment trackers of mgpucli.trackers, whose
+    # options (trainer.<name>) recipe_schema() adds.
     loggers: list[str] = field(default_factory=lambda: ["tensorboard"])
     tensorboard: Optional[bool] = None  # true/false: TensorBoard on/off whatever loggers says; null: as it says
-    wandb: WandbOptions = field(default_factory=WandbOptions)
-    mlflow: MLflowOptions = field(default_factory=MLflowOptions)
 
 
 @dataclass
@@ -163,3 +148,23 @@ class RecipeSchema:
 
 # Sections whose contents are components (free-form, checked against signatures, not the schema).
 COMPONENT_PATHS = ("model", "optim", "scheduler", "data.train", "data.val", "task", "requires", "vars")
+
+
+def choices() -> dict[str, tuple[str, ...]]:
+    """Every key with a fixed set of values: :data:`CHOICES` and each registered tracker's."""
+    extra = {f"trainer.{spec.name}.{key}": tuple(values) for spec in trackers.SPECS.values()
+             for key, values in spec.choices.items()}
+    return {**CHOICES, **extra}
+
+
+def recipe_schema() -> type:
+    """:class:`RecipeSchema` with each registered tracker's options as ``trainer.<name>`` (mgpucli.trackers)."""
+    return _recipe_schema(tuple((spec.name, spec.options) for spec in trackers.SPECS.values()))
+
+
+@functools.lru_cache(maxsize=4)
+def _recipe_schema(options: tuple[tuple[str, type], ...]) -> type:
+    trainer = make_dataclass("TrainerSchema", [(name, kind, field(default_factory=kind)) for name, kind in options],
+                             bases=(TrainerSchema,))
+    return make_dataclass("RecipeSchema", [("trainer", trainer, field(default_factory=trainer))],
+                          bases=(RecipeSchema,))

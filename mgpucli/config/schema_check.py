@@ -9,9 +9,10 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from mgpucli.config import run_length
-from mgpucli.config.schema import BUILTIN_TASKS, CHOICES, COMPONENT_PATHS, TASK_METRICS, RecipeSchema
+from mgpucli.config.schema import BUILTIN_TASKS, COMPONENT_PATHS, TASK_METRICS, choices, recipe_schema
 from mgpucli.errors import RecipeError
-from mgpucli.trackers import LOGGERS
+from mgpucli.run_layout import METRICS
+from mgpucli.trackers import loggers
 
 REQUIRED_COMPONENTS = ("model", "optim", "data.train")
 
@@ -107,19 +108,20 @@ def _at(cfg: dict[str, Any], path: str) -> Any:
     return node
 
 
-def _logger_problems(loggers: list[str]) -> list[str]:
-    """Each entry of ``trainer.loggers`` is a sink mgpu knows (whether it is installed: mgpucli.config.trackers)."""
+def _logger_problems(names: list[str]) -> list[str]:
+    """Each entry of ``trainer.loggers`` is a sink mgpu knows (installed or not: mgpucli.config.tracker_check)."""
+    known = loggers()
     problems = []
-    for name in loggers:
-        if name in LOGGERS:
+    for name in names:
+        if name in known:
             continue
-        if name in ("jsonl", "metrics", "metrics.jsonl"):
-            problems.append(f"trainer.loggers: {name!r} need not be listed: metrics.jsonl is always written "
-                            f"(the list takes {', '.join(LOGGERS)})")
+        if name in ("jsonl", "metrics", METRICS):
+            problems.append(f"trainer.loggers: {name!r} need not be listed: {METRICS} is always written "
+                            f"(the list takes {', '.join(known)})")
             continue
-        close = difflib.get_close_matches(str(name), LOGGERS, n=1, cutoff=0.6)
+        close = difflib.get_close_matches(str(name), known, n=1, cutoff=0.6)
         guess = f"did you mean '{close[0]}'? " if close else ""
-        problems.append(f"trainer.loggers: {name!r} is not a logger mgpu knows ({guess}it knows {', '.join(LOGGERS)})")
+        problems.append(f"trainer.loggers: {name!r} is not a logger mgpu knows ({guess}it knows {', '.join(known)})")
     return problems
 
 
@@ -127,10 +129,10 @@ def _value_problems(cfg: dict[str, Any]) -> list[str]:
     """Constraints the types alone don't express."""
     problems = []
     trainer, data = cfg.get("trainer", {}), cfg.get("data", {})
-    for path, choices in CHOICES.items():
+    for path, allowed in choices().items():
         value = _at(cfg, path)
-        if value not in choices:
-            problems.append(f"{path}: {value!r} is not one of {', '.join(choices)}")
+        if value not in allowed:
+            problems.append(f"{path}: {value!r} is not one of {', '.join(allowed)}")
     problems += _logger_problems(trainer.get("loggers") or [])
 
     def at_least(section: dict, name: str, path: str, low: int, optional: bool = False) -> None:
@@ -227,7 +229,7 @@ def validate_recipe(raw: DictConfig, source: str) -> DictConfig:
     user = OmegaConf.to_container(raw, resolve=False)
     if not isinstance(user, dict):
         raise RecipeError(source, ["the recipe must be a YAML mapping (key: value lines) at the top level"])
-    merged = OmegaConf.structured(RecipeSchema)
+    merged = OmegaConf.structured(recipe_schema())
     problems: list[str] = []
     _merge_section(user, merged, "", problems)
     missing = _missing(merged, user)

@@ -19,7 +19,8 @@ KEY = "trainer.loggers"
 
 
 def tracker_problems(cfg: DictConfig, importing: bool, environ: Mapping[str, str] | None = None) -> list[str]:
-    """One line per tracker that cannot run here, each naming the key and the pip command that fixes it."""
+    """One line per tracker that cannot run here, each naming the key and the pip command that fixes it; then what
+    the tracker's own check finds (:attr:`mgpucli.trackers.Spec.check`)."""
     trainer = cfg.trainer
     loggers = OmegaConf.to_container(trainer.loggers) if trainer.get("loggers") is not None else []
     env = os.environ if environ is None else environ
@@ -31,13 +32,7 @@ def tracker_problems(cfg: DictConfig, importing: bool, environ: Mapping[str, str
             fix = "reinstall it" if "does not import" in problem else "install it"
             problems.append(f"{KEY}: {name}: {problem}; {fix} with {spec.pip}, or drop {name} from {KEY}")
             continue
-        if name == "mlflow":
-            uri, chosen_by = trackers.mlflow_uri(trainer.mlflow.tracking_uri, env, cfg.run_dir)
-            if trackers.mlflow_needs_sql(uri):
-                missing = [m for m in trackers.MLFLOW_SQL_MODULES if trackers.module_problem(m, importing)]
-                if missing:
-                    problems.append(
-                        f"{KEY}: mlflow: its store {uri} ({chosen_by}) needs {' and '.join(missing)}, which "
-                        f"mlflow-skinny leaves out; install them with {spec.pip}, or set trainer.mlflow.tracking_uri "
-                        "(or MLFLOW_TRACKING_URI) to an MLflow server")
+        if spec.check is not None:
+            options = OmegaConf.to_container(trainer[name], resolve=True) if trainer.get(name) is not None else {}
+            problems += [f"{KEY}: {line}" for line in spec.check(options, str(cfg.run_dir), env, importing)]
     return problems

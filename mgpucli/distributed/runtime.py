@@ -15,6 +15,7 @@ from typing import Any, NoReturn
 import torch
 import torch.distributed as dist
 
+from mgpucli import env_vars
 from mgpucli.cpus import omp_threads_problem, threads_per_process
 from mgpucli.distributed.env import RankEnv
 from mgpucli.errors import UsageError
@@ -122,9 +123,9 @@ def _attempt_store(env: RankEnv, timeout_s: int):
     store and fail to connect (pytorch#135712), intermittently with a static rendezvous (--master-port).
     Prefixing the keys with the attempt number keeps each attempt's rendezvous apart.
     """
-    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+    if os.environ.get(env_vars.USE_AGENT_STORE) != "True":
         return None
-    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    attempt = os.environ.get(env_vars.RESTART_COUNT, "0")
     store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), env.world_size,
                           is_master=False, timeout=timedelta(seconds=timeout_s))
     return dist.PrefixStore(f"mgpu/attempt_{attempt}", store)

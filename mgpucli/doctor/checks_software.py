@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import functools
 import re
+from collections.abc import Callable
 
+from mgpucli import trackers
 from mgpucli.distributed.cuda_visible import parse_cuda_visible_devices
 from mgpucli.doctor.observation import Observation, ProbeError, TrackerInfo
 from mgpucli.doctor.result import CheckResult, fail, ok, skipped, warn
@@ -222,26 +225,20 @@ def _tracker(obs: Observation, name: str) -> TrackerInfo:
     return next((t for t in obs.trackers if t.name == name), TrackerInfo(name))
 
 
-def check_wandb(obs: Observation) -> CheckResult:
-    t = _tracker(obs, "wandb")
+def check_tracker(obs: Observation, name: str) -> CheckResult:
+    """A registered experiment tracker (:mod:`mgpucli.trackers`): installed or not, and its mode here."""
+    spec = trackers.SPECS[name]
+    t = _tracker(obs, name)
     if t.version is None:
-        return skipped("W&B", AREA, "not installed (optional, for trainer.loggers: [wandb]: pip install 'mgpu[wandb]')")
+        return skipped(spec.title, AREA, f"not installed (optional, for trainer.loggers: [{name}]: {spec.pip})")
     if t.problem:
-        return warn("W&B", AREA, f"wandb {t.version}; {t.problem}: runs log offline instead",
-                    "Log in once with `wandb login` (or export WANDB_API_KEY); upload offline runs with `wandb sync`.")
-    detail = f"wandb {t.version}; runs log {t.mode} ({t.why})"
-    return ok("W&B", AREA, detail + ("; upload them with `wandb sync`" if t.mode == "offline" else ""))
+        return warn(spec.title, AREA, f"{spec.module} {t.version}; {t.problem}", spec.fix)
+    return ok(spec.title, AREA, f"{spec.module} {t.version}; {spec.shows(trackers.Observed(t.mode, t.why))}")
 
 
-def check_mlflow(obs: Observation) -> CheckResult:
-    t = _tracker(obs, "mlflow")
-    if t.version is None:
-        return skipped("MLflow", AREA, "not installed (optional, for trainer.loggers: [mlflow]: "
-                       "pip install 'mgpu[mlflow]')")
-    if t.problem:
-        return warn("MLflow", AREA, f"mlflow {t.version}; {t.problem}",
-                    "pip install 'mgpu[mlflow]' (or export MLFLOW_TRACKING_URI=http://your-server:5000)")
-    return ok("MLflow", AREA, f"mlflow {t.version}; runs go to {t.mode} ({t.why})")
+def tracker_checks() -> tuple[Callable[[Observation], CheckResult], ...]:
+    """One check per tracker registered now."""
+    return tuple(functools.partial(check_tracker, name=name) for name in trackers.SPECS)
 
 
 CHECKS = (
@@ -253,6 +250,4 @@ CHECKS = (
     check_cudnn,
     check_nccl,
     check_gloo,
-    check_wandb,
-    check_mlflow,
-)
+)  # then tracker_checks()

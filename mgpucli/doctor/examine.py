@@ -17,6 +17,7 @@ from mgpucli.errors import UsageError
 DEFAULT_TIMEOUT = 30.0
 CHECKS = (
     *checks_software.CHECKS,
+    *checks_software.tracker_checks(),  # one per tracker registered when the doctor is imported
     *checks_devices.CHECKS,
     *checks_visible.CHECKS,
     *checks_rank.CHECKS,

@@ -36,23 +36,14 @@ def observe(devices: DeviceOptions, timeout: float, environ: Mapping[str, str]) 
 
 
 def observe_trackers(env: Mapping[str, str]) -> tuple[TrackerInfo, ...]:
-    """W&B and MLflow as a run started from this shell would use them: installed (looked up, not imported), and
-    the mode (W&B: from WANDB_MODE and credentials, no network; MLflow: the tracking URI)."""
+    """Every registered tracker as a run started from this shell would use it: installed (looked up, not imported),
+    and its mode as the tracker's entry observes it (W&B: WANDB_MODE and credentials, no network; MLflow: the
+    tracking URI)."""
     found = []
     for name, spec in trackers.SPECS.items():
         if trackers.module_problem(spec.module, importing=False) is not None:
             found.append(TrackerInfo(name))
             continue
-        if name == "wandb":
-            mode = trackers.wandb_mode("auto", env)
-            problem = mode.why if mode.asked_online_without_credentials else ""
-            found.append(TrackerInfo(name, trackers.version(spec), mode.mode, mode.why, problem))
-            continue
-        uri, why = trackers.mlflow_uri(None, env, "RUN_DIR")
-        if why.startswith("the default"):
-            uri, why = "sqlite:///RUN_DIR/mlflow.db", "the default, a SQLite store in each run dir"
-        missing = [m for m in trackers.MLFLOW_SQL_MODULES if trackers.module_problem(m, importing=False)]
-        problem = (f"{uri} needs {' and '.join(missing)}, which mlflow-skinny leaves out"
-                   if missing and trackers.mlflow_needs_sql(uri) else "")
-        found.append(TrackerInfo(name, trackers.version(spec), uri, why, problem))
+        seen = spec.observe(env)
+        found.append(TrackerInfo(name, trackers.version(spec), seen.mode, seen.why, seen.problem))
     return tuple(found)

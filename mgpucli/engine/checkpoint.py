@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from mgpucli.errors import CheckpointError, MgpuError
+from mgpucli.run_layout import CHECKPOINTS, EXAMPLE_LAST_FULL
 
 FORMAT_VERSION = 1
 _TMP = re.compile(r"^\..+\.tmp-\d+$")
@@ -154,16 +155,30 @@ def clean_stale_temps(directory: str | Path) -> list[Path]:
     return removed
 
 
+# The modules the os functions live in on each platform: a pickle names them so (os.system is posix.system).
+_OS_MODULES = ("posix.", "nt.")
+
+
+def unsafe_globals(path: str | Path) -> list[str]:
+    """What a checkpoint's pickle would call that ``weights_only=True`` refuses (torch's public
+    ``get_unsafe_globals_in_checkpoint``, which runs nothing), named as users import them: ``os.system``."""
+    try:
+        found = torch.serialization.get_unsafe_globals_in_checkpoint(path)
+    except Exception:  # noqa: BLE001 - not a zip checkpoint: torch's own message names the global, if any
+        return []
+    return [f"os.{name.split('.', 1)[1]}" if name.startswith(_OS_MODULES) else name for name in found]
+
+
 def read_file(path: str | Path, map_location: str | torch.device = "cpu") -> Any:
     """``torch.load(weights_only=True)`` with every failure turned into a clear CheckpointError (a checkpoint of a
     newer mgpu's format too: its fields may mean something else)."""
     if not str(path).strip():  # Path("") would be the current directory
         raise CheckpointError(f"the checkpoint is {str(path)!r}: empty.", "Give a checkpoint file, e.g. "
-                              "RUN_DIR/checkpoints/last.pt.")
+                              f"{EXAMPLE_LAST_FULL}.")
     path = Path(path)
     if not path.exists():
         raise CheckpointError(f"checkpoint {path} does not exist.", "Check the path; run dirs keep them in "
-                              "RUN_DIR/checkpoints/.")
+                              f"RUN_DIR/{CHECKPOINTS}/.")
     if path.is_dir():
         raise CheckpointError(f"{path} is a directory, not a checkpoint file.")
     if path.stat().st_size == 0:
@@ -171,19 +186,19 @@ def read_file(path: str | Path, map_location: str | torch.device = "cpu") -> Any
     try:
         obj = torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as err:
-        code = re.search(r"GLOBAL (\S+)", str(err))
+        code = unsafe_globals(path) or re.findall(r"GLOBAL (\S+)", str(err))
         if code:
             raise CheckpointError(
-                f"refused to load {path}: it is not a plain tensor checkpoint; loading it would call "
-                f"{code.group(1)} from the file (weights_only=True refused it). Nothing from it was executed.",
+                f"refused to load {path}: the checkpoint would call {', '.join(code)} from the file; it is not a "
+                "plain tensor checkpoint (weights_only=True refused it). Nothing from it was executed.",
                 "Only load files from sources you trust; re-save the weights as a plain state_dict.",
             ) from None
         raise CheckpointError(f"{path} is not a readable checkpoint (not a torch file, or corrupt).",
-                              "Use another checkpoint, e.g. RUN_DIR/checkpoints/last.pt.") from None
+                              f"Use another checkpoint, e.g. {EXAMPLE_LAST_FULL}.") from None
     except Exception as err:  # noqa: BLE001 - unpickling garbage can raise anything (IndexError, KeyError, ...)
         reason = " ".join(str(err).split())[:200]
         raise CheckpointError(f"{path} is not a readable checkpoint (truncated or not a torch file: {reason}).",
-                              "Use another checkpoint, e.g. RUN_DIR/checkpoints/last.pt.") from None
+                              f"Use another checkpoint, e.g. {EXAMPLE_LAST_FULL}.") from None
     version = obj.get("mgpu_format") if isinstance(obj, dict) else None
     if version is not None and not (isinstance(version, int) and version <= FORMAT_VERSION):
         raise CheckpointError(f"{path} was written by a newer mgpu (checkpoint format {version!r}; this mgpu reads "

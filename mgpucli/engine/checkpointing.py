@@ -30,6 +30,7 @@ from mgpucli.engine.sharded import load_sharded, save_sharded
 from mgpucli.engine.strategy import Wrapped
 from mgpucli.errors import UsageError
 from mgpucli.run_files import check_start, checkpoint_dir
+from mgpucli.run_layout import BEST_FULL, LAST_FULL, step_name
 
 
 @dataclass
@@ -180,11 +181,11 @@ class Checkpoints:
             written()
             return
         tensors = {"model": model, "optimizer": optim, **({"ema": ema} if ema is not None else {})}
-        save_atomic({**meta, **tensors}, ckpts / "last.pt", step=position.step, committing=written)
+        save_atomic({**meta, **tensors}, ckpts / LAST_FULL, step=position.step, committing=written)
         if best:
-            copy_atomic(ckpts / "last.pt", ckpts / "best.pt")
+            copy_atomic(ckpts / LAST_FULL, ckpts / BEST_FULL)
         if self.keep > 0:
-            copy_atomic(ckpts / "last.pt", ckpts / f"step-{position.step:08d}.pt")
+            copy_atomic(ckpts / LAST_FULL, ckpts / step_name(position.step, sharded=False))
             for old in sorted(ckpts.glob("step-*.pt"))[: -self.keep]:
                 old.unlink(missing_ok=True)
 

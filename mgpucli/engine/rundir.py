@@ -15,6 +15,7 @@ from mgpucli.engine.checkpoint import clean_stale_temps
 from mgpucli.engine.tbevents import ScalarWriter
 from mgpucli.errors import UsageError
 from mgpucli.run_files import METRICS, checkpoint_dir
+from mgpucli.run_layout import RECIPE, TENSORBOARD
 from mgpucli.trackers import STATE_FILE
 
 
@@ -29,7 +30,7 @@ def prepare_run_dir(run_dir: str | Path, overwrite: bool, recipe_yaml: str) -> N
             (path / STATE_FILE).unlink(missing_ok=True)  # new tracker runs (earlier ones stay in wandb/, mlflow.db)
         checkpoint_dir(path).mkdir(parents=True, exist_ok=True)
         clean_stale_temps(checkpoint_dir(path))
-        (path / "recipe.yaml").write_text(recipe_yaml)
+        (path / RECIPE).write_text(recipe_yaml)
     except OSError as err:
         blocker = next((p for p in [path, *path.parents] if p.exists() and not p.is_dir()), None)
         why = f"{blocker} is a file, not a directory" if blocker else (err.strerror or str(err))
@@ -46,9 +47,9 @@ class MetricsWriter:
     writes train intervals in batches) unless TensorBoard is off (``trainer.loggers``, ``trainer.tensorboard``)."""
 
     def __init__(self, run_dir: Path, tensorboard: bool = True):
-        self.path = run_dir / "metrics.jsonl"
+        self.path = run_dir / METRICS
         self._fh = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - kept open for the run
-        self._tb = ScalarWriter(run_dir / "tensorboard") if tensorboard else None
+        self._tb = ScalarWriter(run_dir / TENSORBOARD) if tensorboard else None
 
     def write(self, record: dict[str, Any]) -> None:
         self._fh.write(json.dumps(record) + "\n")

@@ -21,8 +21,9 @@ from mgpucli.distributed import collectives
 from mgpucli.distributed.runtime import Runtime
 from mgpucli.engine.checkpoint import read_file, save_atomic
 from mgpucli.errors import CheckpointError
+from mgpucli.run_layout import BEST_SHARDED, CHECKPOINTS, LAST_SHARDED, SHARDED_META, step_name
 
-META = "meta.pt"
+META = SHARDED_META
 # One process (FSDP resumed on one, which trains unsharded) saves and loads without a process group: dcp says so.
 warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized",
                         category=UserWarning)
@@ -43,7 +44,7 @@ def save_sharded(model: torch.nn.Module, optimizer: torch.optim.Optimizer, meta:
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
-    name = f"step-{step:08d}.dcp"
+    name = step_name(step, sharded=True)
     tmp, final = ckpts / f".{name}.tmp", ckpts / name
     if runtime.is_main and tmp.exists():
         shutil.rmtree(tmp)  # a stale one from a killed writer
@@ -58,7 +59,7 @@ def save_sharded(model: torch.nn.Module, optimizer: torch.optim.Optimizer, meta:
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
-        _flip(ckpts / "last.dcp", name)
+        _flip(ckpts / LAST_SHARDED, name)
         if best:
             _flip(ckpts / "best.dcp", name)
         _prune(ckpts, keep)
@@ -67,7 +68,7 @@ def save_sharded(model: torch.nn.Module, optimizer: torch.optim.Optimizer, meta:
 
 def _prune(ckpts: Path, keep: int) -> None:
     """Keep the directories last.dcp/best.dcp point to and the newest ``keep`` others."""
-    pinned = {os.readlink(ckpts / n) for n in ("last.dcp", "best.dcp") if (ckpts / n).is_symlink()}
+    pinned = {os.readlink(ckpts / n) for n in (LAST_SHARDED, BEST_SHARDED) if (ckpts / n).is_symlink()}
     numbered = sorted(p for p in ckpts.glob("step-*.dcp") if p.name not in pinned)
     for old in numbered[: max(0, len(numbered) - keep)]:
         shutil.rmtree(old, ignore_errors=True)
@@ -86,7 +87,7 @@ def load_sharded(model: torch.nn.Module, optimizer: torch.optim.Optimizer, path:
 
     if not is_sharded(path):
         raise CheckpointError(f"{path} is not a sharded mgpu checkpoint (no {META} inside).",
-                              "Point --resume at RUN_DIR/checkpoints/last.dcp or a step-*.dcp directory.")
+                              f"Point --resume at RUN_DIR/{CHECKPOINTS}/{LAST_SHARDED} or a step-*.dcp directory.")
     meta = read_file(path / META)
     model_sd, optim_sd = get_state_dict(model, optimizer)
     saved = set(meta.get("extra", ()))

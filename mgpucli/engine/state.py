@@ -28,6 +28,7 @@ import yaml
 from mgpucli import __version__
 from mgpucli.engine.checkpoint import FORMAT_VERSION, check_model_fit, is_mgpu_checkpoint, normalize_keys, read_file
 from mgpucli.errors import CheckpointError
+from mgpucli.run_layout import EXAMPLE_LAST_FULL
 
 
 def _dcp():
@@ -250,7 +251,7 @@ def read_mgpu_checkpoint(path: str | Path) -> dict[str, Any]:
         what = type(ckpt).__name__
         raise CheckpointError(
             f"{path} is not an mgpu checkpoint (it holds a {what} without mgpu's fields), so it cannot be resumed.",
-            "Resume from RUN_DIR/checkpoints/last.pt; to start from plain weights, load them in your model code.",
+            f"Resume from {EXAMPLE_LAST_FULL}; to start from plain weights, load them in your model code.",
         )
     return ckpt
 

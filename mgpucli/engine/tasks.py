@@ -13,6 +13,8 @@ import math
 import torch
 import torch.nn.functional as F
 
+from mgpucli.model_facts import metric_names as metric_names  # shared with the recipe check
+
 
 class Task:
     """Base class: ``loss`` (a mean, for backward), ``stats`` (sums), ``metrics`` (from summed stats)."""
@@ -111,11 +113,6 @@ class LanguageModel(Task):
 
 
 BUILTIN = {"classification": Classification, "regression": Regression, "language_model": LanguageModel}
-
-
-def metric_names(task: Task) -> list[str]:
-    """The metrics ``task`` reports (what ``trainer.best_metric`` may name): the keys of its metrics of unit sums."""
-    return list(task.metrics([1.0] * len(task.stat_names)))
 
 
 def build_task(spec) -> Task:

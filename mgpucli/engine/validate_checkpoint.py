@@ -21,6 +21,7 @@ from mgpucli.config.trust import require_trusted
 from mgpucli.engine.checkpoint import is_mgpu_checkpoint, read_file
 from mgpucli.engine.state import load_model_state
 from mgpucli.errors import CheckpointError, RecipeError, UsageError
+from mgpucli.run_layout import EXAMPLE_LAST_FULL
 
 
 @dataclass
@@ -59,7 +60,7 @@ def _state_dict_of(obj: Any, path: str, weights: str = "model") -> tuple[dict[st
     raise CheckpointError(
         f"{path} loads, but it is neither an mgpu checkpoint nor a model state_dict (it holds a "
         f"{type(obj).__name__}{' with keys ' + ', '.join(map(str, list(obj)[:5])) if isinstance(obj, dict) else ''}).",
-        "Pass an mgpu checkpoint (RUN_DIR/checkpoints/last.pt) or a file saved with torch.save(model.state_dict()).",
+        f"Pass an mgpu checkpoint ({EXAMPLE_LAST_FULL}) or a file saved with torch.save(model.state_dict()).",
     )
 
 

@@ -24,9 +24,9 @@ import threading
 import time
 from collections.abc import Mapping
 
-from mgpucli import proctree
+from mgpucli import env_vars, proctree
 
-LAUNCH_PID_ENV = "MGPU_LAUNCH_PID"
+LAUNCH_PID_ENV = env_vars.LAUNCH_PID
 _POLL_S = 0.2
 
 

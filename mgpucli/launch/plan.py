@@ -28,21 +28,19 @@ import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 
+from mgpucli import env_vars
 from mgpucli.distributed.select import DeviceSelection, select_devices
 from mgpucli.errors import UsageError
 from mgpucli.launch.job_source import SchedulerJob, read_scheduler, unread_torchrun_variables
 from mgpucli.launch.ports import check_port_number, host_problem, port_problem, require_free_port
 from mgpucli.launch.script import ScriptTarget
 from mgpucli.run_files import unwritable
-from mgpucli.run_records.launch_record import LAUNCH_JSON
+from mgpucli.run_layout import LAUNCH_JSON, LOGS
 
 WORKER_MODULE = "mgpucli.launch.worker"
 DEFAULT_STATIC_PORT = 29500  # torchrun's own default for a static rendezvous
 RESOLVE_WAIT_S = 60.0  # a master named by the job's environment: its DNS name may appear only as the pods start
 LOG_PREFIX_TEMPLATE = "[rank${rank}]:"
-LOG_PREFIX_ENV = "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"
-RUN_DIR_ENV = "MGPU_RUN_DIR"
-LOGS_DIR = "logs"
 
 
 @dataclass(frozen=True)
@@ -473,8 +471,8 @@ def workers_env(opts: LaunchOptions, facts: RecipeFacts, machine: Machine, selec
                 nproc: int, run_dir: str, backend: str) -> dict[str, str]:
     """The environment mgpu sets for the workers (shown in the torchrun command too)."""
     # A script may write its own files there: an absolute path, whatever directory it changes to.
-    env = {LOG_PREFIX_ENV: LOG_PREFIX_TEMPLATE,
-           RUN_DIR_ENV: run_dir if opts.script is None else os.path.abspath(run_dir)}
+    env = {env_vars.LOG_LINE_PREFIX: LOG_PREFIX_TEMPLATE,
+           env_vars.RUN_DIR: run_dir if opts.script is None else os.path.abspath(run_dir)}
     if backend == "c10d" and opts.max_restarts > 0:
         # torch 2.13's c10d rendezvous hands every restart round the same bootstrap TCPStore, so the restarted
         # workers read the previous attempt's gloo/NCCL addresses and fail to connect ("Connection refused";
@@ -550,7 +548,7 @@ def build_plan(
         if name_run_dir is None:
             raise ValueError("no run dir, and nothing to name one")
         run_dir = name_run_dir(nnodes, rdzv.rdzv_id)
-    log_dir = os.path.abspath(opts.log_dir or os.path.join(run_dir, LOGS_DIR))
+    log_dir = os.path.abspath(opts.log_dir or os.path.join(run_dir, LOGS))
     # Every rank's stdout+stderr to files (redirects 3), local rank 0 (or --show-rank) also to this terminal (tee).
     args += ["--log-dir", log_dir, "--redirects", "3", "--tee", tee]
     if job is not None and job.signals:

@@ -1,10 +1,10 @@
-"""Restarts: resume from the run's ``last.pt`` on a restart only, and stop retrying a failure that repeats.
+"""Restarts: resume from the run's latest checkpoint on a restart only, and stop retrying a failure that repeats.
 
 torch's elastic agent restarts the whole worker group after a failure (``--max-restarts K``) and tells the
 new workers which attempt they are in through ``TORCHELASTIC_RESTART_COUNT``. A fresh launch (count 0) does
 exactly what the user typed, so it never picks up a stale checkpoint by itself; a restart (count > 0)
-continues from the run's ``checkpoints/last.pt`` (``--resume auto``) and never re-applies ``--overwrite``, which
-would delete the very checkpoint it should continue from.
+continues from the run's latest checkpoint (``--resume auto``: ``checkpoints/last.pt``, or ``last.dcp`` when
+sharded) and never re-applies ``--overwrite``, which would delete the very checkpoint it should continue from.
 
 The launched worker (:mod:`mgpucli.launch.worker`) applies these rules to its job before it runs it. A plain
 ``torchrun --max-restarts K -m mgpucli train`` does not: it restarts with the arguments it was given.
@@ -15,13 +15,15 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 
+from mgpucli import env_vars
+from mgpucli.run_layout import CHECKPOINTS, LAST_FULL, LAST_SHARDED
 from mgpucli.run_records.worker_records import FailureRecord
 
-RESTART_COUNT_ENV = "TORCHELASTIC_RESTART_COUNT"
-RUN_DIR_ENV = "MGPU_RUN_DIR"
-# Where the engine keeps the run's latest checkpoint (mgpucli.engine.rundir.checkpoint_dir(run_dir) / "last.pt";
-# a unit test keeps the two in step without importing torch here).
-LAST_CHECKPOINT = os.path.join("checkpoints", "last.pt")
+RESTART_COUNT_ENV = env_vars.RESTART_COUNT
+RUN_DIR_ENV = env_vars.RUN_DIR
+# Where the engine keeps the run's latest checkpoint, full or sharded (mgpucli.run_layout).
+LAST_CHECKPOINT = os.path.join(CHECKPOINTS, LAST_FULL)
+LAST_CHECKPOINTS = (LAST_CHECKPOINT, os.path.join(CHECKPOINTS, LAST_SHARDED))
 
 
 def restart_count(environ: Mapping[str, str] | None = None) -> int:
@@ -34,9 +36,10 @@ def restart_count(environ: Mapping[str, str] | None = None) -> int:
 def resume_arg_for_restart(
     resume: str | None, *, run_dir: str | None = None, environ: Mapping[str, str] | None = None
 ) -> str | None:
-    """The ``--resume`` value to use: the user's on a first start; ``"auto"`` (the run's ``last.pt``) on a restart.
+    """The ``--resume`` value to use: the user's on a first start; ``"auto"`` (the run's latest checkpoint) on a
+    restart.
 
-    On a restart an explicit checkpoint path is kept only while the run has no ``last.pt`` of its own yet
+    On a restart an explicit checkpoint path is kept only while the run has no latest checkpoint of its own yet
     (the crash came before the first save), so the restart still starts from what the user asked for.
     ``run_dir`` defaults to ``$MGPU_RUN_DIR`` (set by ``mgpu launch``); when unknown, a restart uses "auto".
     """
@@ -46,7 +49,7 @@ def resume_arg_for_restart(
     if resume in (None, "auto"):
         return "auto"
     directory = run_dir or env.get(RUN_DIR_ENV)
-    if directory and not os.path.isfile(os.path.join(directory, LAST_CHECKPOINT)):
+    if directory and not any(os.path.exists(os.path.join(directory, last)) for last in LAST_CHECKPOINTS):
         return resume
     return "auto"
 

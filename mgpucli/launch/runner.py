@@ -34,6 +34,7 @@ from torch.distributed.elastic.multiprocessing.api import DefaultLogsSpecs, Std
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import elastic_launch
 
+from mgpucli import env_vars
 from mgpucli.console import err_console, print_error
 from mgpucli.errors import EXIT_FAILED, EXIT_OK, EXIT_PREEMPTED, EXIT_USAGE
 from mgpucli.launch import hang_verdict, progress_file
@@ -80,7 +81,7 @@ class IndexingLogsSpecs(DefaultLogsSpecs):
 
     def reify(self, envs):
         first_env = next(iter(envs.values()), {})
-        attempt = int(first_env.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+        attempt = int(first_env.get(env_vars.RESTART_COUNT, "0") or 0)
         if attempt > 0:
             reason = stop_reason(self._records(attempt - 1), self._records(attempt - 2))
             if reason:

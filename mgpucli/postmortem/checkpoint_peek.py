@@ -22,9 +22,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from mgpucli.batch_layout import Segment, segments_of
+from mgpucli.run_layout import SHARDED_META
 
 MAX_PICKLE_BYTES = 64 * 1024 * 1024  # a data.pkl past this is not one of mgpu's (they hold no tensor bytes)
-SHARDED_META = "meta.pt"  # mgpucli.engine.sharded.META
 FORMAT_VERSION = 1  # mgpucli.engine.checkpoint.FORMAT_VERSION: the newest format this mgpu reads
 
 

@@ -11,6 +11,7 @@ import shlex
 import time
 from typing import Any
 
+from mgpucli import env_vars
 from mgpucli.postmortem.lines import LogLine
 from mgpucli.postmortem.matchers import Match
 from mgpucli.postmortem.reader import RunRecord
@@ -117,7 +118,7 @@ def nodes_disagree(run: RunRecord) -> Match | None:
 
 def launcher_alive(launch: dict[str, Any]) -> bool:
     """The recorded launcher pid still runs ``mgpu launch`` (launch.json is rewritten at the end)."""
-    pid = (launch.get("env") or {}).get("MGPU_LAUNCH_PID")
+    pid = (launch.get("env") or {}).get(env_vars.LAUNCH_PID)
     try:
         with open(f"/proc/{int(pid)}/cmdline", "rb") as fh:
             return b"mgpu" in fh.read()

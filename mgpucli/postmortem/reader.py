@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mgpucli.errors import UsageError
-from mgpucli.postmortem.checkpoint_peek import SHARDED_META
 from mgpucli.postmortem.lines import LogLine, parse, read_log
+from mgpucli.run_layout import CHECKPOINTS, LAST_FULL, LAST_SHARDED, METRICS, RECIPE, SHARDED_META
 from mgpucli.run_records.audit_records import AUDIT_JSON, findings_path, from_rank_files, read_audit
 from mgpucli.run_records.first_failure import failure_record_of
 from mgpucli.run_records.json_files import read_json_object
@@ -132,9 +132,9 @@ def read_run(path: str) -> RunRecord:
             exitcodes[int(rank)] = int(code)
     run = RunRecord(run_dir=run_dir, launch_paths=paths, launch=launch, attempts=attempts, exitcodes=exitcodes,
                     node_records=[(p, r) for p, r in zip(paths, records, strict=True) if r])
-    run.metrics = _read_metrics(os.path.join(run_dir, "metrics.jsonl"))
-    run.recipe = _read_recipe(os.path.join(run_dir, "recipe.yaml"))
-    run.checkpoint = _last_checkpoint(os.path.join(run_dir, "checkpoints"))
+    run.metrics = _read_metrics(os.path.join(run_dir, METRICS))
+    run.recipe = _read_recipe(os.path.join(run_dir, RECIPE))
+    run.checkpoint = _last_checkpoint(os.path.join(run_dir, CHECKPOINTS))
     run.trackers = read_state(run_dir)
     run.audit = _read_audit(run_dir, launch, attempts)
     return run
@@ -155,10 +155,10 @@ def _read_audit(run_dir: str, launch: dict[str, Any], attempts: list[Attempt]) -
 
 def _last_checkpoint(ckpts: str) -> str | None:
     """``last.pt``, else a sharded run's ``last.dcp`` (a directory with its ``meta.pt``): what --resume auto reads."""
-    last = os.path.join(ckpts, "last.pt")
+    last = os.path.join(ckpts, LAST_FULL)
     if os.path.isfile(last):
         return last
-    sharded = os.path.join(ckpts, "last.dcp")
+    sharded = os.path.join(ckpts, LAST_SHARDED)
     return sharded if os.path.isfile(os.path.join(sharded, SHARDED_META)) else None
 
 

@@ -6,9 +6,9 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from mgpucli.postmortem.report import Failure, Report, fate, short_path
+from mgpucli.run_layout import METRICS, POSTMORTEM_JSON
 from mgpucli.run_records import stacks
 from mgpucli.run_records.json_files import write_json
-from mgpucli.run_records.launch_record import POSTMORTEM_JSON
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -140,9 +140,10 @@ def tracker_lines(trackers: dict[str, dict[str, Any]]) -> list[tuple[str, bool]]
         if failures:
             last = failures[-1]
             out.append((f"{run}: failed while {last.get('while')} ({_short(str(last.get('error')), 120)}); training "
-                        "went on without it, and metrics.jsonl has every record", True))
+                        f"went on without it, and {METRICS} has every record", True))
             continue
-        where = entry.get("sync") or entry.get("url") or entry.get("tracking_uri")
+        keys = SPECS[name].where if name in SPECS else ()
+        where = next((entry[key] for key in keys if entry.get(key)), None)
         mode = f", {entry['mode']}" if entry.get("mode") else ""
         out.append((f"{run} ({entry.get('status', '?')}{mode})" + (f": {where}" if where else ""), False))
     return out

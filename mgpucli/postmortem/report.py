@@ -10,6 +10,7 @@ from typing import Any
 from mgpucli.errors import EXIT_FAILED, EXIT_OK, EXIT_PREEMPTED
 from mgpucli.postmortem.matchers import Match
 from mgpucli.postmortem.reader import RunRecord
+from mgpucli.run_layout import CHECKPOINTS, LAST_FULL
 
 
 @dataclass
@@ -173,7 +174,7 @@ def _preempted_verdict(where: str, p: Preemption, checkpoint: str | None) -> str
     when = f" at step {p.step}" if p.step is not None else ""
     if p.step is not None and p.epoch is not None:
         when += f" (epoch {p.epoch})"
-    ckpt = short_path(checkpoint) if checkpoint else "checkpoints/last.pt"
+    ckpt = short_path(checkpoint) if checkpoint else f"{CHECKPOINTS}/{LAST_FULL}"
     if p.resumable:
         return (f"{where} was preempted{by}{when}: every rank stopped at that step and {ckpt} holds it, complete. "
                 "Nothing is broken: continue it with --resume auto.")

@@ -20,11 +20,11 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from mgpucli.run_layout import AUDIT_JSON as AUDIT_JSON  # its name in the run dir
 from mgpucli.run_records.json_files import read_json_object, write_json
 
 FINDINGS_NAME = "mgpu_audit.jsonl"
 _IN_PACKAGES = re.compile(r"/(?:site|dist)-packages/(.+)$")
-AUDIT_JSON = "audit.json"
 
 # Every kind of finding, in the order the summary lists them, with a short name for tables.
 KINDS: dict[str, str] = {

@@ -20,7 +20,7 @@ import signal
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from mgpucli.errors import EXIT_PREEMPTED, EXIT_USAGE
+from mgpucli.errors import EXIT_FAILED, EXIT_PREEMPTED, EXIT_USAGE
 from mgpucli.run_records.launch_record import Attempt, RankFiles
 from mgpucli.run_records.worker_records import FailureRecord, finished, read_error_file, read_record, record_path
 
@@ -146,7 +146,7 @@ def job_exit_code(failures: list[RankFailure]) -> int:
     128+N for a rank killed by signal N, as a shell reports it; 1 when the code is unknown. Never 0."""
     code = failures[0].exitcode if failures else None
     if code is None or code == 0:
-        return 1
+        return EXIT_FAILED
     if code < 0:
         return 128 + (-code)
     return code

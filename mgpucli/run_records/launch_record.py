@@ -23,11 +23,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from mgpucli.run_layout import LAUNCH_JSON as LAUNCH_JSON  # its names in the run dir
+from mgpucli.run_layout import POSTMORTEM_JSON as POSTMORTEM_JSON
 from mgpucli.run_records.json_files import read_json_object, write_json
 from mgpucli.run_records.worker_records import started
-
-LAUNCH_JSON = "launch.json"
-POSTMORTEM_JSON = "postmortem.json"  # the post-mortem's report, beside launch.json (mgpucli.postmortem.render)
 
 ENV_PREFIXES = ("CUDA_", "NCCL_", "TORCH_", "TORCHELASTIC_", "OMP_", "MASTER_", "SLURM_", "PET_", "GLOO_", "MGPU_")
 # Even under a kept prefix, a name like these is a secret (e.g. a token for a model hub): never written.
@@ -201,7 +200,7 @@ def _from_json(cls: type, data: Mapping[str, Any]) -> Any:
 
 def _value(value: Any, hint: Any) -> Any:
     kind = _kind(hint)
-    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    args = typing.get_args(_required(hint))
     if dataclasses.is_dataclass(kind):
         return _from_json(kind, value)
     if kind is dict and len(args) == 2:
@@ -211,10 +210,16 @@ def _value(value: Any, hint: Any) -> Any:
     return value
 
 
+def _required(hint: Any) -> Any:
+    """``hint`` without its None (``dict[int, int] | None`` -> ``dict[int, int]``)."""
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        return next(a for a in typing.get_args(hint) if a is not type(None))
+    return hint
+
+
 def _kind(hint: Any) -> Any:
     """The one non-None type of ``hint`` (``int | None`` -> int, ``list[str]`` -> list)."""
-    if typing.get_origin(hint) in (typing.Union, types.UnionType):
-        hint = next(a for a in typing.get_args(hint) if a is not type(None))
+    hint = _required(hint)
     return typing.get_origin(hint) or hint
 
 
@@ -340,7 +345,7 @@ def _type_problem(value: Any, hint: Any, where: str) -> str | None:
         return f"its field {where} is {_json_name(value)}, where mgpu launch writes {_JSON_NAMES[expected]}"
     if dataclasses.is_dataclass(kind):
         return _fields_problem(value, typing.get_type_hints(kind), where)
-    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    args = typing.get_args(_required(hint))
     if kind is list and args:
         return next((p for i, item in enumerate(value) if (p := _type_problem(item, args[0], f"{where}[{i}]"))), None)
     if kind is dict and len(args) == 2:

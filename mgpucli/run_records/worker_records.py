@@ -16,13 +16,14 @@ import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 
+from mgpucli.env_vars import ERROR_FILE
 from mgpucli.errors import EXIT_PREEMPTED, EXIT_USAGE, Preempted
 from mgpucli.run_records.json_files import read_json_object, write_json
 
 RECORD_NAME = "mgpu_failure.json"
 STARTED_NAME = "mgpu_started"  # a worker's mark that its training started (set-up done, run dir taken)
 FINISHED_NAME = "mgpu_finished"  # a worker's mark that the run finished (every rank agreed, final checkpoint complete)
-ERROR_FILE_ENV = "TORCHELASTIC_ERROR_FILE"  # where torch's agent wants this worker's error file
+ERROR_FILE_ENV = ERROR_FILE  # where torch's agent wants this worker's error file
 PROGRESS_NAME = "mgpu_progress.json"  # the rank's step and phase, rewritten every second by its heartbeat
 
 # A non-finite loss comes back on every retry from the same checkpoint: retrying only burns restarts.

@@ -93,7 +93,7 @@ COMMANDS = [["train"], ["train", "--check"], ["launch", "--cpu", "--nproc", "2"]
 
 @pytest.mark.parametrize("command", COMMANDS)
 @pytest.mark.parametrize("override, fragments", [
-    ("optim.lr=abc", ["optim: building torch.optim.SGD failed: TypeError"]),
+    ("optim.lr=abc", ["optim: building torch.optim.SGD failed: optim.lr='abc' is a string; SGD needs a number"]),
     ("optim.momentum=-1", ["optim: building torch.optim.SGD failed: ValueError: Invalid momentum value: -1"]),
     ("model.dropout=2", ["model: building mgpucli.components.models.MLP failed: ValueError: dropout probability"]),
 ])

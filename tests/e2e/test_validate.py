@@ -111,8 +111,8 @@ class _Evil:
 def test_malicious_pickle_is_refused_and_its_payload_never_runs(trained):
     marker = trained / "pwned"
     torch.save({"model": _Evil(marker)}, trained / "evil.pt")
-    assert_usage_error(validate(trained, "evil.pt", "--recipe", QUICK), "refused to load evil.pt",
-                       "Nothing from it was executed")
+    assert_usage_error(validate(trained, "evil.pt", "--recipe", QUICK),
+                       "refused to load evil.pt: the checkpoint would call os.system", "Nothing from it was executed")
     assert not marker.exists()
     with open(trained / "evil.pkl", "wb") as fh:  # a bare pickle, not even a torch zip file
         pickle.dump(_Evil(marker), fh)

@@ -38,8 +38,14 @@ def test_the_post_mortem_reads_run_records_and_never_imports_the_launcher():
     assert offenders(sources("postmortem"), "mgpucli.launch") == {}
 
 
+def test_config_imports_no_engine_module():
+    """Recipes know nothing of training: what the pre-flight check needs of the engine is in mgpucli/model_facts.py."""
+    assert offenders(sources("config"), "mgpucli.engine") == {}
+    assert offenders([PACKAGE / "model_facts.py"], "mgpucli.engine") == {}
+
+
 def test_run_records_need_only_the_standard_library_and_mgpus_errors():
-    allowed = ("mgpucli.errors", "mgpucli.run_records")
+    allowed = ("mgpucli.errors", "mgpucli.run_layout", "mgpucli.env_vars", "mgpucli.run_records")
     for path in sources("run_records"):
         for name in imports_of(path):
             assert name.split(".")[0] in sys.stdlib_module_names or name.startswith(allowed), (path.name, name)
@@ -73,3 +79,8 @@ def test_the_job_source_is_standard_library_only():
     for path in (PACKAGE / "launch" / "job_source.py", PACKAGE / "launch" / "slurm.py"):
         for name in imports_of(path):
             assert name.split(".")[0] in sys.stdlib_module_names or name.startswith(allowed), (path.name, name)
+
+
+def test_the_run_dirs_names_and_the_env_var_names_import_nothing_but_the_standard_library():
+    for name in ("run_layout.py", "env_vars.py"):
+        assert all(m.split(".")[0] in sys.stdlib_module_names for m in imports_of(PACKAGE / name)), name

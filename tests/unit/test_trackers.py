@@ -283,16 +283,18 @@ def test_a_fresh_start_in_a_used_run_dir_starts_new_tracker_runs(tmp_path, monke
 
 # ------------------------------------------------------------------------------------- doctor and post-mortem
 def test_doctor_shows_each_tracker_installed_and_its_mode():
-    assert sw.check_wandb(Observation()).status == "skipped" and "mgpu[wandb]" in sw.check_wandb(Observation()).detail
+    absent = sw.check_tracker(Observation(), "wandb")
+    assert absent.status == "skipped" and "mgpu[wandb]" in absent.detail
     offline = Observation(trackers=(TrackerInfo("wandb", "0.31.0", "offline", "no W&B credentials"),))
-    r = sw.check_wandb(offline)
+    r = sw.check_tracker(offline, "wandb")
     assert r.status == "ok" and "runs log offline" in r.detail and "wandb sync" in r.detail
     stuck = Observation(trackers=(TrackerInfo("wandb", "0.31.0", "offline", "x", problem="WANDB_MODE=online asks"),))
-    assert sw.check_wandb(stuck).status == "warn" and "wandb login" in sw.check_wandb(stuck).hint
+    assert sw.check_tracker(stuck, "wandb").status == "warn" and "wandb login" in sw.check_tracker(stuck, "wandb").hint
     served = Observation(trackers=(TrackerInfo("mlflow", "3.1.0", "http://m:5000", "MLFLOW_TRACKING_URI"),))
-    assert sw.check_mlflow(served).detail == "mlflow 3.1.0; runs go to http://m:5000 (MLFLOW_TRACKING_URI)"
+    assert sw.check_tracker(served, "mlflow").detail == "mlflow 3.1.0; runs go to http://m:5000 (MLFLOW_TRACKING_URI)"
     no_sql = Observation(trackers=(TrackerInfo("mlflow", "3.1.0", "sqlite:///x", "y", problem="needs sqlalchemy"),))
-    assert sw.check_mlflow(no_sql).status == "warn" and "mgpu[mlflow]" in sw.check_mlflow(no_sql).hint
+    r = sw.check_tracker(no_sql, "mlflow")
+    assert r.status == "warn" and "mgpu[mlflow]" in r.hint
 
 
 def test_doctor_observes_the_trackers_of_this_environment(tmp_path):

@@ -22,8 +22,6 @@ import importlib
 import json
 import os
 import queue
-import secrets
-import string
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -34,12 +32,14 @@ from typing import Any, Protocol
 from mgpucli import faults
 from mgpucli import trackers as specs
 from mgpucli.engine.reporter import Reporter
+from mgpucli.errors import EXIT_FAILED, EXIT_OK, EXIT_PREEMPTED
+from mgpucli.run_layout import METRICS
 
 SPLITS = ("train", "val")  # the records trackers get; metrics.jsonl's other records (events) are not metrics
 # How long rank 0 waits for the trackers at the end. Preempted: within torch's 30 s between its SIGTERM and SIGKILL.
 # Failed: the other ranks may wait for rank 0 to leave before the failure is reported.
 FINISH_TIMEOUT_S = {"finished": 120.0, "failed": 10.0, "preempted": 15.0}
-EXIT_CODES = {"finished": 0, "failed": 1, "preempted": 75}
+EXIT_CODES = {"finished": EXIT_OK, "failed": EXIT_FAILED, "preempted": EXIT_PREEMPTED}
 
 
 @dataclass(frozen=True)
@@ -102,15 +102,9 @@ def backlog(metrics_path: Path, through: int) -> list[dict[str, Any]]:
 
 
 def make_sink(name: str) -> Sink:
-    """The tracker's sink: its module (``wandb_sink``, ``mlflow_sink``) is imported here, on the tracking thread."""
-    return importlib.import_module(f"mgpucli.engine.tracking.{name}_sink").make()
-
-
-def new_wandb_id() -> str:
-    """A W&B run id chosen here (W&B's own form: 8 lowercase letters and digits), so that it is known, and goes into
-    checkpoints, before the tracker has started."""
-    alphabet = string.ascii_lowercase + string.digits
-    return "".join(secrets.choice(alphabet) for _ in range(8))
+    """The tracker's sink: its module (:attr:`mgpucli.trackers.Spec.sink`) is imported here, on the tracking
+    thread."""
+    return importlib.import_module(specs.SPECS[name].sink).make()
 
 
 class Tracking:
@@ -151,14 +145,15 @@ class Tracking:
         for name in names:
             run_id = ((before.get(name) or {}).get("id") or (checkpoint_ids or {}).get(name)) if resuming else None
             continuing = run_id is not None
-            if name == "wandb" and run_id is None:
-                run_id = new_wandb_id()
+            new_run_id = specs.SPECS[name].new_run_id
+            if run_id is None and new_run_id is not None:  # known, and in checkpoints, before the tracker starts
+                run_id = new_run_id()
             contexts[name] = Context(run_dir=run_dir, name=str(cfg.name), recipe=recipe, tags=tags,
                                      options=OmegaConf.to_container(trainer[name], resolve=True), run_id=run_id,
                                      continuing=continuing)
             kept = before.get(name, {}) if continuing else {}  # a new run has logged nothing yet
             state[name] = {**kept, "id": run_id, "status": "running", "logged": kept.get("logged") or {}}
-        earlier = backlog(run_dir / "metrics.jsonl", resumed_at) if resuming else []
+        earlier = backlog(run_dir / METRICS, resumed_at) if resuming else []
         tracking = cls(names, contexts, {**before, **state}, run_dir, write_event, reporter, earlier)
         tracking._save_state()
         tracking._thread.start()
@@ -211,7 +206,7 @@ class Tracking:
         for name, count in caught_up.items():
             if count:
                 self._notes.append(("message", f"{specs.SPECS[name].title}: sent {count} earlier record(s) it had "
-                                    "missed (from metrics.jsonl)", None))
+                                    f"missed (from {METRICS})", None))
         while True:
             kind, item = self._queue.get()
             if kind == "log":
@@ -285,7 +280,7 @@ class Tracking:
         self._notes.append((
             "warn",
             f"{title} failed while {doing} ({error}); mgpu sends it nothing more in this run. Training and "
-            "checkpoints go on; metrics.jsonl has every record.",
+            f"checkpoints go on; {METRICS} has every record.",
             {"split": "event", "event": "tracker_failed", "tracker": name, "step": self._last_step, "while": doing,
              "error": error, "time": failure["time"]},
         ))

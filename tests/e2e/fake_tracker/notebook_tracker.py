@@ -1,0 +1,1 @@
+"""The fake tracker's client library: what trainer.loggers: [notebook] needs installed."""
