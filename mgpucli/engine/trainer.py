@@ -30,6 +30,7 @@ from mgpucli import faults
 from mgpucli.distributed.heartbeat import Heartbeat
 from mgpucli.distributed.runtime import Runtime
 from mgpucli.engine import state as engine_state
+from mgpucli.engine.anatomy import StepClock, StragglerWatch
 from mgpucli.engine.build import build_run
 from mgpucli.engine.checkpointing import Checkpoints, Position, Resumed
 from mgpucli.engine.data import to_device
@@ -73,7 +74,13 @@ class Trainer:
         built = build_run(self.cfg, runtime, self.heartbeat, self.reporter, self.source)
         self.cfg, self.task, self.loaders, self.trained = built.cfg, built.task, built.loaders, built.trained
         self.settings, self.total_steps, self.autocast_dtype = built.settings, built.total_steps, built.autocast_dtype
-        self.intervals = LogInterval(self.task, runtime, self.heartbeat, self.outputs.emit)
+        self.clock = StepClock() if self.cfg.trainer.anatomy else None
+        if self.clock is not None and runtime.distributed and self.trained.model.is_ddp:
+            self.clock.watch_ddp(self.trained.model.train)
+        self.intervals = LogInterval(self.task, runtime, self.heartbeat, self.outputs.emit, self.clock)
+        if self.clock is not None and runtime.world_size > 1 and runtime.is_main and not self.probe:
+            self.outputs.stragglers = StragglerWatch(self.loaders.num_workers, self.cfg.data.pin_memory,
+                                                     runtime.device.type)
         self.checkpoints = Checkpoints(self.cfg, runtime, self.heartbeat, self.reporter)
         self._backward_phase = ("backward (gradient all-reduce)" if runtime.distributed
                                 and self.trained.model.strategy in ("ddp", "fsdp") else "backward")
@@ -169,14 +176,17 @@ class Trainer:
         accumulation still steps), then the optimizer step and the log interval's bookkeeping. Returns False, having
         done nothing, when ``batches`` is exhausted."""
         self.heartbeat.phase = "loading a batch"  # an attribute set: what a rank stalled here was doing
-        batch = next(batches, None)
+        batch = self._next_batch(batches)
         if batch is None:
             return False
         if self.profile is not None:
             self.profile.before_step(self.step + 1)
         for micro in range(1, self.settings.grad_accum + 1):
-            following = next(batches, None) if micro < self.settings.grad_accum else None
+            following = self._next_batch(batches) if micro < self.settings.grad_accum else None
+            started = time.perf_counter()
             self._forward_backward(batch, sync=following is None)
+            if self.clock is not None:
+                self.clock.add_backward(started, time.perf_counter())
             if following is None:
                 break
             batch = following
@@ -184,6 +194,14 @@ class Trainer:
         if self.profile is not None:
             self.profile.after_step(self.step)
         return True
+
+    def _next_batch(self, batches: Iterator):
+        """The next batch (None at the end), its wait timed for the step anatomy."""
+        started = time.perf_counter()
+        batch = next(batches, None)
+        if self.clock is not None:
+            self.clock.add_data(time.perf_counter() - started)
+        return batch
 
     def _forward_backward(self, batch, sync: bool) -> None:
         model, runtime = self.trained.model, self.runtime
@@ -213,6 +231,7 @@ class Trainer:
     def _optimizer_step(self) -> None:
         settings, trained, position = self.settings, self.trained, self.position
         optimizer, scaler = trained.optimizer, trained.scaler
+        started = time.perf_counter()
         if settings.clip_grad_norm is not None:
             if scaler is not None:
                 scaler.unscale_(optimizer)
@@ -226,6 +245,8 @@ class Trainer:
         optimizer.zero_grad(set_to_none=True)
         if trained.scheduler is not None and settings.scheduler_interval == "step":
             trained.scheduler.step()
+        if self.clock is not None:
+            self.clock.add_optimizer(time.perf_counter() - started)
         position.step += 1
         if trained.ema is not None:
             trained.ema.update(position.step)

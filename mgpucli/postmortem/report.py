@@ -81,6 +81,7 @@ class Report:
     trackers: dict[str, dict[str, Any]] = field(default_factory=dict)  # W&B/MLflow runs (trackers.json)
     stacks: dict[int, Any] = field(default_factory=dict)  # rank -> its stacks dump (run_records.stacks.Dump)
     audit: dict[str, Any] | None = None  # mgpu launch --audit's findings (audit.json); None: not audited
+    straggler: dict[str, Any] | None = None  # the rank the others waited for (postmortem/pace.py); None: none
 
     @property
     def preempted(self) -> bool:
@@ -107,6 +108,7 @@ class Report:
             "last_metrics": {"train": self.last_train, "val": self.last_val},
             "checkpoint": self.checkpoint, "resume_command": self.resume_command, "logs": self.logs,
             "launch_json": self.launch_json, "trackers": self.trackers, "audit": self.audit,
+            "straggler": self.straggler,
             "stacks": {str(rank): dump.to_json() for rank, dump in sorted(self.stacks.items())},
             "diagnosed_at": _iso(time.time()),
         }
