@@ -77,7 +77,9 @@ class Trainer:
         self.clock = StepClock() if self.cfg.trainer.anatomy else None
         if self.clock is not None and runtime.distributed and self.trained.model.is_ddp:
             self.clock.watch_ddp(self.trained.model.train)
-        self.intervals = LogInterval(self.task, runtime, self.heartbeat, self.outputs.emit, self.clock)
+        # the probe reads the clock itself, over its timed steps (engine/probe.py)
+        self.intervals = LogInterval(self.task, runtime, self.heartbeat, self.outputs.emit,
+                                     None if self.probe else self.clock)
         if self.clock is not None and runtime.world_size > 1 and runtime.is_main and not self.probe:
             self.outputs.stragglers = StragglerWatch(self.loaders.num_workers, self.cfg.data.pin_memory,
                                                      runtime.device.type)
