@@ -146,6 +146,13 @@ def _cause(rank: int, intervals: list[list[dict[str, float]]]) -> str:
 def summary(found: Straggler, num_workers: Any = None, pin_memory: Any = None, device: str | None = None,
             script: bool = False) -> str:
     """One line for people: who, how much, why, and the fix in the recipe's terms (a script's with ``script``)."""
+    what, fix = explain(found, num_workers, pin_memory, device, script)
+    return f"{what}: {fix}."
+
+
+def explain(found: Straggler, num_workers: Any = None, pin_memory: Any = None, device: str | None = None,
+            script: bool = False) -> tuple[str, str]:
+    """(who waits for whom and why, the fix)."""
     head = f"rank {found.rank} "
     others = (f"the others wait for rank {found.rank} in all-reduce ({found.others_comm:.0%} of theirs), in "
               f"{found.intervals} of {found.of} intervals")
@@ -158,11 +165,11 @@ def summary(found: Straggler, num_workers: Any = None, pin_memory: Any = None, d
             fix = (f"raise data.num_workers (now {num_workers})"
                    + (", set data.pin_memory=true" if device == "cuda" and pin_memory is False else "")
                    + ", or check that rank's dataset reads (a slow disk, a slow transform)")
-        return f"{head}waits for data {found.share:.0%} of its steps; {others}: {fix}."
+        return f"{head}waits for data {found.share:.0%} of its steps; {others}", fix
     if found.cause == "compute":
-        return (f"{head}computes {found.lead_s * 1000:.0f} ms per step longer than the others; {others}: its device "
-                "or cores are slower or shared (run `mgpu doctor` on its machine: CPU, NUMA, PCIe findings), or its "
-                "batches are bigger (the same batch size and sequence lengths on every rank).")
+        return (f"{head}computes {found.lead_s * 1000:.0f} ms per step longer than the others; {others}",
+                "its device or cores are slower or shared (run `mgpu doctor` on its machine: CPU, NUMA, PCIe "
+                "findings), or its batches are bigger (the same batch size and sequence lengths on every rank)")
     threads = "" if script else "; on CPU workers lower trainer.cpu_threads"
     return (f"{head}spends {found.share:.0%} of its steps outside data and compute (optimizer, Python, logging); "
-            f"{others}: another process may share its cores (run `mgpu doctor` on its machine{threads}).")
+            f"{others}", f"another process may share its cores (run `mgpu doctor` on its machine{threads})")

@@ -50,3 +50,16 @@ def test_a_rank_slow_to_load_its_data_is_named_with_the_fix(tmp_path: Path, tag:
 def test_balanced_ranks_name_nobody(tmp_path: Path, tag: str, run: int):  # noqa: F811
     output, _, straggler = _launch(tmp_path, tag)
     assert "straggler" not in output and straggler is None, output
+
+
+def test_a_scripts_slow_loader_on_rank_1_is_named_under_audit(tmp_path: Path, tag: str):  # noqa: F811
+    script = HERE / "scripts" / "slow_loader_rank1.py"
+    code, launch = run_launch(["--cpu", "--nproc", "2", "--audit", "--run-dir", "run", str(script)], tmp_path, tag,
+                              timeout=150)
+    assert code == 0, launch.output
+    assert "rank 1 waits for data" in launch.output and "DataLoader's num_workers" in launch.output, launch.output
+    audit = json.loads((tmp_path / "run" / "audit.json").read_text())
+    (finding,) = [f for f in audit["findings"] if f["kind"] == "straggler"]
+    assert (finding["details"]["rank"], finding["details"]["cause"]) == (1, "data")
+    shown = mgpu("doctor", "run", cwd=tmp_path, timeout=60)
+    assert "rank 1 waits for data" in shown.stderr, shown.stderr
