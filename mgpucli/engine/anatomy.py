@@ -4,11 +4,11 @@ The trainer adds seconds to four phases as it steps (:mod:`mgpucli.run_records.s
 means); the log interval takes them at its end and sends them with its one all-reduce, each rank in its own slots
 of the vector (the others add zeros), so every rank's figures reach the record without another collective.
 
-The gradient communication that did not overlap with backward is measured with a DDP communication hook (the
-public ``register_comm_hook``): it launches each bucket's all-reduce exactly as DDP's default does (torch's
-``allreduce_hook``) and notes when the last one was handed over; backward returns only once every bucket is
-reduced, so the time from that hand-over to backward's return is the wait. A rank that arrives first waits there for
-the last one; the last one barely waits.
+The gradient communication that did not overlap with backward: a post-accumulate-grad hook on every trained
+parameter notes when the last gradient of a backward was computed; DDP hands each bucket to its all-reduce as its
+gradients are ready, and backward returns only once every bucket is reduced, so the time from that last gradient
+to backward's return is the wait. A rank that arrives first waits there for the last one; the last one barely
+waits. (DDP's communication itself is left as it is: no comm hook.)
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ import time
 from typing import Any
 
 import torch
-from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
 from mgpucli.run_records import step_anatomy
 
@@ -27,19 +26,25 @@ class StepClock:
 
     def __init__(self):
         self.seconds = [0.0, 0.0, 0.0, 0.0]
-        self.handed_over: float | None = None  # when the last gradient bucket went to communication
+        self.handed_over: float | None = None  # when the last gradient was computed (its bucket then reduced)
 
-    def watch_ddp(self, ddp_model: torch.nn.Module) -> None:
-        """Time the gradient all-reduce's tail on this DDP model (the hook reduces as DDP's default does)."""
-        ddp_model.register_comm_hook(self, _timed_allreduce)
+    def watch_gradients(self, model: torch.nn.Module) -> None:
+        """Note when each of ``model``'s trained parameters gets its gradient (DDP: the all-reduce's tail follows)."""
+        for param in model.parameters():
+            if param.requires_grad:
+                param.register_post_accumulate_grad_hook(self._gradient_ready)
+
+    def _gradient_ready(self, _param: torch.Tensor) -> None:
+        self.handed_over = time.perf_counter()
 
     def add_data(self, seconds: float) -> None:
         self.seconds[0] += seconds
 
-    def add_backward(self, started: float, ended: float) -> None:
-        """Forward+backward from ``started`` to ``ended``: the tail after the last hand-over is comm."""
+    def add_backward(self, started: float, ended: float, communicated: bool = True) -> None:
+        """Forward+backward from ``started`` to ``ended``: the tail after the last gradient is comm (only where
+        :meth:`watch_gradients` was called: DDP on N processes; not on an accumulation's ``no_sync`` micro-steps)."""
         handed, self.handed_over = self.handed_over, None
-        tail = min(max(ended - handed, 0.0), ended - started) if handed is not None else 0.0
+        tail = min(max(ended - handed, 0.0), ended - started) if handed is not None and communicated else 0.0
         self.seconds[1] += ended - started - tail
         self.seconds[2] += tail
 
@@ -50,11 +55,6 @@ class StepClock:
         """The seconds since the last take, and start again."""
         out, self.seconds = self.seconds, [0.0, 0.0, 0.0, 0.0]
         return out
-
-
-def _timed_allreduce(clock: StepClock, bucket):
-    clock.handed_over = time.perf_counter()
-    return allreduce_hook(None, bucket)
 
 
 class StragglerWatch:

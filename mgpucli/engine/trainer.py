@@ -76,7 +76,7 @@ class Trainer:
         self.settings, self.total_steps, self.autocast_dtype = built.settings, built.total_steps, built.autocast_dtype
         self.clock = StepClock() if self.cfg.trainer.anatomy else None
         if self.clock is not None and runtime.distributed and self.trained.model.is_ddp:
-            self.clock.watch_ddp(self.trained.model.train)
+            self.clock.watch_gradients(self.trained.model.raw)
         # the probe reads the clock itself, over its timed steps (engine/probe.py)
         self.intervals = LogInterval(self.task, runtime, self.heartbeat, self.outputs.emit,
                                      None if self.probe else self.clock)
@@ -188,7 +188,7 @@ class Trainer:
             started = time.perf_counter()
             self._forward_backward(batch, sync=following is None)
             if self.clock is not None:
-                self.clock.add_backward(started, time.perf_counter())
+                self.clock.add_backward(started, time.perf_counter(), communicated=following is None)
             if following is None:
                 break
             batch = following

@@ -7,9 +7,9 @@ Each train record (one per log interval) carries ``anatomy``: a list indexed by 
 
 - ``data``: waiting for the next batch (``next()`` on the loader: the loader's own work with 0 workers, the wait
   for a worker's batch otherwise);
-- ``compute``: forward and backward, up to the moment the last gradient bucket is handed to communication;
+- ``compute``: forward and backward, up to the moment the last gradient is computed;
 - ``comm``: the rest of backward: waiting for the gradient all-reduce beyond what overlapped with backward (DDP:
-  from the last bucket's hand-over to backward's return; 0 on one process and where it is not separated, FSDP);
+  from the last gradient computed to backward's return; 0 on one process and where it is not separated, FSDP);
 - ``optimizer``: gradient clipping, the optimizer and scheduler steps, zeroing the gradients;
 - ``other``: everything else (the log interval's own reduction, checkpoints, EMA, the loop itself).
 

@@ -77,14 +77,16 @@ def test_figures_are_shares_of_the_wall_time_and_flatten_for_trackers():
     assert flat["anatomy/rank1/data"] == 0.2 and len(flat) == 12
 
 
-def test_the_clock_counts_backwards_tail_after_the_last_bucket_as_comm():
+def test_the_clock_counts_backwards_tail_after_the_last_gradient_as_comm():
     clock = StepClock()
     clock.add_data(0.5)
     clock.handed_over = 10.75
     clock.add_backward(10.0, 11.0)  # 0.75 s computing, then 0.25 s waiting for the all-reduce
-    clock.add_backward(20.0, 20.5)  # no bucket handed over (no_sync, one process): all compute
+    clock.add_backward(20.0, 20.5)  # no gradient noted (one process): all compute
+    clock.handed_over = 30.25
+    clock.add_backward(30.0, 30.5, communicated=False)  # a no_sync micro-step: no all-reduce to wait for
     clock.add_optimizer(0.1)
-    assert clock.take() == [0.5, 1.25, 0.25, 0.1] and clock.take() == [0.0, 0.0, 0.0, 0.0]
+    assert clock.take() == [0.5, 1.75, 0.25, 0.1] and clock.take() == [0.0, 0.0, 0.0, 0.0]
 
 
 def test_the_watch_speaks_once_per_verdict():
