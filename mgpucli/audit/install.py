@@ -5,12 +5,13 @@ from __future__ import annotations
 from mgpucli.audit.devices import Devices
 from mgpucli.audit.divergence import Divergence
 from mgpucli.audit.loaders import Loaders
+from mgpucli.audit.pace import Pace
 from mgpucli.audit.samplers import Samplers
 from mgpucli.audit.saves import Saves
 from mgpucli.audit.session import Session
 from mgpucli.audit.unused import Unused
 
-CHECKS = (Divergence, Loaders, Samplers, Saves, Unused, Devices)
+CHECKS = (Divergence, Loaders, Samplers, Saves, Unused, Devices, Pace)
 
 
 def install(session: Session | None = None) -> Session:

@@ -122,6 +122,10 @@ _PROBE = typer.Option(
     False, "--probe", help="Will it fit? Every worker builds everything and times a few optimizer steps "
     "(mgpu train --probe); the report gathers every rank. No checkpoint written, the run dir left alone."
 )
+_PROBE_SCALING = typer.Option(
+    False, "--probe-scaling", help="With --probe: time the same steps on 1 process first, then on all of them: "
+    "throughput, scaling efficiency, and where each rank's step time goes."
+)
 _AS_JSON = typer.Option(False, "--json", help="With --probe: print the report as one JSON object on stdout.")
 
 
@@ -152,6 +156,7 @@ def launch(
     audit: bool = _AUDIT,
     probe: bool = _PROBE,
     probe_steps: int | None = PROBE_STEPS_OPTION,
+    probe_scaling: bool = _PROBE_SCALING,
     as_json: bool = _AS_JSON,
 ) -> None:
     """Train a recipe, or run your own training script, on all visible GPUs (or --gpus, or --cpu --nproc N) with one
@@ -175,7 +180,7 @@ def launch(
             audit=audit,
             stall_s=stall_s,
         )
-        code = _run(opts, recipe, check, probe, probe_steps, as_json, dry_run)
+        code = _run(opts, recipe, check, probe, probe_steps, probe_scaling, as_json, dry_run)
     except MgpuError as err:
         print_error(str(err))
         sys.exit(err.exit_code)
@@ -185,8 +190,8 @@ def launch(
     sys.exit(code)
 
 
-def _run(opts, recipe: str | None, check: bool, probe: bool, probe_steps: int | None, as_json: bool,
-         dry_run: bool) -> int:
+def _run(opts, recipe: str | None, check: bool, probe: bool, probe_steps: int | None, probe_scaling: bool,
+         as_json: bool, dry_run: bool) -> int:
     """The launch the options ask for: ``--check``, ``--probe``, or the job itself; returns the exit code."""
     from mgpucli.errors import UsageError
     from mgpucli.launch.main import launch as run_launch
@@ -195,13 +200,15 @@ def _run(opts, recipe: str | None, check: bool, probe: bool, probe_steps: int | 
     if recipe_only and opts.script is not None:
         raise UsageError(f"{recipe_only} is for recipes: it goes through mgpu's trainer, which a script does not.",
                          f"Drop {recipe_only}; --dry-run shows what would run, without starting anything.")
-    unused = probe_only_problem(probe, as_json, probe_steps)
+    unused = probe_only_problem(probe, as_json, probe_steps) or (
+        "--probe-scaling compares the probe's figures on 1 and on N processes: use it with --probe."
+        if probe_scaling and not probe else None)
     if unused:
         raise UsageError(unused)
     if check:
         return _check(opts, recipe)
     if probe:
-        return _probe(opts, PROBE_STEPS if probe_steps is None else probe_steps, as_json, dry_run)
+        return _probe(opts, PROBE_STEPS if probe_steps is None else probe_steps, as_json, dry_run, probe_scaling)
     return run_launch(opts, dry_run=dry_run)
 
 
@@ -238,17 +245,15 @@ def _script(ctx: typer.Context, target: str | None, rest: list[str] | None, modu
     return ScriptTarget(path=target, args=args) if is_script(target) else None
 
 
-def _probe(opts, steps: int, as_json: bool, dry_run: bool) -> int:
+def _probe(opts, steps: int, as_json: bool, dry_run: bool, scaling: bool = False) -> int:
     """``--probe``: the workers run ``mgpu train --probe`` in a temporary run dir (the recipe's own, and any
     checkpoints in it, stay untouched, and are no reason to refuse the launch); rank 0's report comes back through
-    a file and is rendered here."""
+    a file and is rendered here. With ``scaling``, the same probe on one process first (cli/probe_report.py compares
+    them)."""
     import dataclasses
-    import json
-    import tempfile
-    from pathlib import Path
 
+    from mgpucli.cli.probe_report import render
     from mgpucli.errors import UsageError
-    from mgpucli.launch.main import launch as run_launch
 
     clash = "--resume" if opts.resume else "--overwrite" if opts.overwrite else \
         "--max-restarts" if opts.max_restarts else None
@@ -257,6 +262,51 @@ def _probe(opts, steps: int, as_json: bool, dry_run: bool) -> int:
                          f"Drop {clash} (or --probe).")
     if steps < 1:
         raise UsageError(f"--probe-steps {steps}: the probe needs at least one step to time.")
+    if scaling:
+        _scaling_refused(opts)
+        first_gpu = opts.gpus.split(",")[0] + "," if opts.gpus and "," in opts.gpus else "1"  # N's first GPU
+        one_process = dataclasses.replace(opts, gpus=first_gpu)
+        if opts.cpu:  # the threads each of the N processes gets: the same resources per process, as a GPU is
+            from mgpucli.cpus import threads_per_process
+
+            given = any(o.lstrip("+").startswith("trainer.cpu_threads=") for o in opts.overrides)
+            threads = () if given else (f"trainer.cpu_threads={threads_per_process(opts.nproc)}",)
+            one_process = dataclasses.replace(opts, nproc=1, overrides=(*opts.overrides, *threads))
+        code, single = _probe_once(one_process, steps, dry_run)
+        if code != 0 or dry_run:
+            return code
+    code, report = _probe_once(opts, steps, dry_run)
+    if code != 0 or dry_run:
+        return code
+    if scaling:
+        from mgpucli.cli.probe_report import add_scaling
+
+        add_scaling(report, single)
+    render(report, as_json)
+    return 0
+
+
+def _scaling_refused(opts) -> None:
+    """--probe-scaling compares 1 process with N on this machine: N must be 2 or more, and one node."""
+    from mgpucli.errors import UsageError
+
+    if (opts.nnodes or 1) > 1:
+        raise UsageError("--probe-scaling measures on this machine: it does not run across nodes.",
+                         "Drop --nnodes (or --probe-scaling).")
+    if opts.cpu and (opts.nproc or 1) < 2:
+        raise UsageError("--probe-scaling compares 1 process with N: give N with --nproc (2 or more).",
+                         "Example: mgpu launch --cpu --nproc 2 quickstart --probe --probe-scaling.")
+
+
+def _probe_once(opts, steps: int, dry_run: bool):
+    """One probe launch: (its exit code, rank 0's report or None)."""
+    import dataclasses
+    import json
+    import tempfile
+    from pathlib import Path
+
+    from mgpucli.launch.main import launch as run_launch
+
     with tempfile.TemporaryDirectory(prefix="mgpu-probe-") as tmp:
         result = Path(tmp) / "probe.json"
         overrides = [o for o in opts.overrides if o.lstrip("+").split("=", 1)[0].strip() != "run_dir"]
@@ -264,8 +314,5 @@ def _probe(opts, steps: int, as_json: bool, dry_run: bool) -> int:
                                       probe_steps=steps, probe_result=None if dry_run else str(result))
         code = run_launch(probing, dry_run=dry_run)
         if code != 0 or dry_run:
-            return code
-        from mgpucli.cli.probe_report import render
-
-        render(json.loads(result.read_text()), as_json)
-    return 0
+            return code, None
+        return 0, json.loads(result.read_text())

@@ -66,8 +66,72 @@ def lines(report: dict[str, Any]) -> list[str]:
                "it ran, but a GPU's allocator reserved more than 95% of its memory: little headroom (see knobs: "
                "data.batch_size with trainer.grad_accum, trainer.precision=bf16, trainer.activation_checkpointing, "
                "trainer.strategy=fsdp).")
+    if r.get("scaling"):
+        out += scaling_lines(r)
     out.append("Nothing was written: no checkpoint, no run dir.")
     return out
+
+
+PHASES = ("data", "compute", "comm", "optimizer", "other")
+
+
+def add_scaling(report: dict[str, Any], single: dict[str, Any]) -> None:
+    """Put the 1-process probe beside the N-process one: throughput, efficiency (N-process samples/s over N times
+    the 1-process samples/s) and, per phase, the seconds per step each added (the anatomy that explains the loss)."""
+    n = report["world_size"]
+    one = single["samples_per_s"]
+    report["scaling"] = {
+        "processes": n, "one_process": {key: single[key] for key in ("step_time_s", "samples_per_s", "global_batch")}
+        | {"anatomy": single["ranks"][0].get("anatomy")},
+        "samples_per_s": report["samples_per_s"], "speedup": report["samples_per_s"] / one if one else None,
+        "efficiency": report["samples_per_s"] / (n * one) if one else None,
+        "added_s_per_step": _added(single, report),
+    }
+
+
+def _seconds(rank: dict[str, Any]) -> dict[str, float] | None:
+    anatomy = rank.get("anatomy")
+    if not anatomy:
+        return None
+    return {p: anatomy[p] * anatomy["step_s"] for p in PHASES}
+
+
+def _added(single: dict[str, Any], report: dict[str, Any]) -> dict[str, float] | None:
+    """Per phase: the N-process ranks' mean seconds per step minus the 1-process run's."""
+    base = _seconds(single["ranks"][0])
+    ranks = [_seconds(k) for k in report["ranks"]]
+    if base is None or not ranks or any(k is None for k in ranks):
+        return None
+    return {p: sum(k[p] for k in ranks) / len(ranks) - base[p] for p in PHASES}
+
+
+def scaling_lines(r: dict[str, Any]) -> list[str]:
+    s = r["scaling"]
+    one, n = s["one_process"], s["processes"]
+    out = [f"scaling: the same {r['measured_steps']} timed steps on 1 process and on {n}, "
+           f"{r['batch_size']} samples per process per micro-batch"]
+    rows = [("processes", "step time", "samples/s", "speedup", "efficiency", *PHASES)]
+    rows.append(("1", duration(one["step_time_s"]), f"{one['samples_per_s']:.0f}", "1.00x", "100%",
+                 *_shares(one.get("anatomy"))))
+    for k in r["ranks"]:
+        rows.append((f"{n} (rank {k['rank']})", duration(k["step_time_s"]), "", "", "", *_shares(k.get("anatomy"))))
+    rows.append((f"{n} (job)", duration(r["step_time_s"]), f"{s['samples_per_s']:.0f}", f"{s['speedup']:.2f}x",
+                 f"{s['efficiency']:.0%}", *[""] * len(PHASES)))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    out += ["  " + "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths,
+                                                                                               strict=True)))
+            for row in rows]
+    added = s.get("added_s_per_step")
+    if added:
+        grew = sorted(((v, p) for p, v in added.items() if v > 0), reverse=True)
+        if grew:
+            out.append(f"where the {n}-process step's extra time goes (per step, the ranks' mean beyond 1 process): "
+                       + ", ".join(f"{p} +{duration(v)}" for v, p in grew[:3]))
+    return out
+
+
+def _shares(anatomy: dict[str, Any] | None) -> list[str]:
+    return [f"{anatomy[p]:.0%}" for p in PHASES] if anatomy else ["?"] * len(PHASES)
 
 
 def render(report: dict[str, Any], as_json: bool) -> None:

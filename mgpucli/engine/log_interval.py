@@ -22,8 +22,12 @@ import torch
 from mgpucli.distributed import collectives
 from mgpucli.distributed.heartbeat import Heartbeat
 from mgpucli.distributed.runtime import Runtime
+from mgpucli.engine.anatomy import StepClock
 from mgpucli.engine.tasks import Task
 from mgpucli.errors import JobFailed
+from mgpucli.run_records import step_anatomy
+
+ANATOMY_SLOTS = 5  # per rank: seconds in data, compute, comm, optimizer, and the interval's wall time
 
 NO_NONFINITE = 2**62  # "no non-finite step on this rank" in the MIN all-reduce that finds the first one
 
@@ -32,11 +36,12 @@ NO_NONFINITE = 2**62  # "no non-finite step on this rank" in the MIN all-reduce 
 class InFlight:
     """An interval whose all-reduce has started: the reduced vector, and what its record and NaN check need."""
 
-    reduced: torch.Tensor  # the task's sums, the loss total, the stop flag (float64, all-reduced in place)
+    reduced: torch.Tensor  # the task's sums, the loss total, the stop flag, the ranks' anatomy slots (float64)
     work: Any  # the collective's handle (None on one process)
     losses: list[torch.Tensor]  # this rank's detached losses, to name the first non-finite step if there is one
     loss_steps: list[int]
     step: int
+    steps: int  # optimizer steps in the interval
     epoch: int  # the epoch the interval's steps belong to, numbered from 1
     elapsed: float
     lr: float
@@ -50,8 +55,10 @@ class LogInterval:
     the reduced sums of the current epoch's intervals (host numbers: the epoch's means need no extra collective).
     """
 
-    def __init__(self, task: Task, runtime: Runtime, heartbeat: Heartbeat, emit: Callable[[dict[str, Any]], None]):
+    def __init__(self, task: Task, runtime: Runtime, heartbeat: Heartbeat, emit: Callable[[dict[str, Any]], None],
+                 clock: StepClock | None = None):
         self.task, self.runtime, self.heartbeat, self.emit = task, runtime, heartbeat, emit
+        self.clock = clock  # this rank's step anatomy (engine/anatomy.py), sent with the interval's all-reduce
         self.sums = torch.zeros(len(task.stat_names), dtype=torch.float64, device=runtime.device)
         self.losses: list[torch.Tensor] = []
         self.loss_steps: list[int] = []
@@ -77,12 +84,27 @@ class LogInterval:
         total = (torch.stack(self.losses).sum(dtype=torch.float64) if self.losses
                  else torch.zeros((), dtype=torch.float64, device=device))
         flag = torch.full((1,), float(stop_requested), dtype=torch.float64, device=device)  # a fill: no copy
-        vector = torch.cat([self.sums, total.reshape(1), flag])
-        self.sums.zero_()
         now = time.perf_counter()
+        parts = [self.sums, total.reshape(1), flag]
+        if self.clock is not None:
+            parts.append(self._anatomy_slots(now - self.started))
+        vector = torch.cat(parts)
+        self.sums.zero_()
         self.in_flight = InFlight(vector, collectives.all_reduce_sum(vector, self.runtime, async_op=True),
-                                  self.losses, self.loss_steps, step, epoch, now - self.started, lr, time.time())
+                                  self.losses, self.loss_steps, step, self.steps, epoch, now - self.started, lr,
+                                  time.time())
         self.losses, self.loss_steps, self.steps, self.started = [], [], 0, now
+
+    def _anatomy_slots(self, wall_s: float) -> torch.Tensor:
+        """Every rank's anatomy slots, this rank's filled (the all-reduce's sum fills the others'). Host numbers
+        copied to the device without waiting for it (pinned memory, non-blocking)."""
+        runtime = self.runtime
+        slots = torch.zeros(ANATOMY_SLOTS * runtime.world_size, dtype=torch.float64)
+        start = ANATOMY_SLOTS * runtime.rank
+        slots[start:start + ANATOMY_SLOTS] = torch.tensor([*self.clock.take(), wall_s], dtype=torch.float64)
+        if runtime.device.type == "cuda":
+            return slots.pin_memory().to(runtime.device, non_blocking=True)
+        return slots.to(runtime.device)
 
     def flush(self, step: int, epoch: int, lr: float, stop_requested: bool) -> None:
         """Reduce and record everything now: the interval in flight, then the open one if it has steps."""
@@ -99,16 +121,23 @@ class LogInterval:
         with self.heartbeat.in_phase("log interval: metrics/NaN/stop all-reduce"):
             if done.work is not None:
                 done.work.wait()
-            *sums, loss_total, stop = done.reduced.tolist()
+            values = done.reduced.tolist()
+        count = len(self.task.stat_names)
+        sums, (loss_total, stop), slots = values[:count], values[count:count + 2], values[count + 2:]
         if not math.isfinite(loss_total):
             self._raise_nonfinite(done)
         self.epoch_sums = [a + b for a, b in zip(self.epoch_sums, sums, strict=True)]
         self.stop_agreed = self.stop_agreed or stop > 0
         names = self.task.stat_names
         samples = sums[names.index("samples")] if "samples" in names else 0
-        self.emit({"split": "train", "step": done.step, "epoch": done.epoch, **self.task.metrics(sums),
-                   "samples_per_s": samples / done.elapsed if done.elapsed > 0 else 0.0, "lr": done.lr,
-                   "time": done.time})
+        record = {"split": "train", "step": done.step, "epoch": done.epoch, **self.task.metrics(sums),
+                  "samples_per_s": samples / done.elapsed if done.elapsed > 0 else 0.0, "lr": done.lr,
+                  "time": done.time}
+        if slots:
+            record[step_anatomy.KEY] = [
+                step_anatomy.figures(slots[i:i + ANATOMY_SLOTS - 1], slots[i + ANATOMY_SLOTS - 1], done.steps)
+                for i in range(0, len(slots), ANATOMY_SLOTS)]
+        self.emit(record)
 
     def epoch_means(self) -> dict[str, float] | None:
         """The current epoch's metrics over every sample of its recorded intervals (None before the first)."""

@@ -26,6 +26,7 @@ import torch
 
 from mgpucli.distributed import collectives
 from mgpucli.errors import JobFailed
+from mgpucli.run_records import step_anatomy
 
 WARMUP_STEPS = 3
 GIB = 1024**3
@@ -41,17 +42,21 @@ def measure(trainer, steps: int, warmup: int = WARMUP_STEPS) -> dict[str, Any]:
         next(batches)
     _sync(runtime.device)
     collectives.barrier(runtime)  # every rank starts its clock together
+    clock = trainer.clock
+    if clock is not None:
+        clock.take()  # the warm-up's seconds are not the measured steps'
     start = time.perf_counter()
     for _ in range(steps):
         next(batches)
     _sync(runtime.device)
     elapsed = time.perf_counter() - start
+    anatomy = step_anatomy.figures(clock.take(), elapsed, steps) if clock is not None else None
     trainer.intervals.read_reduction()  # finish the metrics all-reduce still in flight (every rank has one)
     per_step = elapsed / steps
     samples = trainer.cfg.data.batch_size * trainer.settings.grad_accum  # this rank's, per optimizer step
     return {"rank": runtime.rank, "host": socket.gethostname(), "device": str(runtime.device),
             "step_time_s": per_step, "samples_per_s": samples / per_step if per_step > 0 else 0.0,
-            **_memory(runtime.device)}
+            "anatomy": anatomy, **_memory(runtime.device)}
 
 
 def _endless(trainer) -> Iterator[None]:

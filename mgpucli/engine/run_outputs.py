@@ -15,6 +15,7 @@ from omegaconf import DictConfig
 from mgpucli import trackers
 from mgpucli.distributed.runtime import Runtime
 from mgpucli.engine import state as engine_state
+from mgpucli.engine.anatomy import StragglerWatch
 from mgpucli.engine.reporter import Reporter
 from mgpucli.engine.rundir import MetricsWriter
 from mgpucli.run_files import checkpoint_dir
@@ -26,6 +27,7 @@ class RunOutputs:
         self.writer: MetricsWriter | None = None
         self.tracking = None  # engine/tracking's Tracking, on rank 0 when trainer.loggers names a tracker
         self.run_dir: Path | None = None
+        self.stragglers: StragglerWatch | None = None  # rank 0 of a run with the step anatomy on, on N processes
 
     def open(self, cfg: DictConfig, run_dir: Path, runtime: Runtime, tags: dict[str, str], resumed_at: int | None,
              tracker_ids: dict[str, str] | None) -> None:
@@ -55,6 +57,10 @@ class RunOutputs:
         if self.tracking is not None:
             self.tracking.log(record)
         self.reporter.log(record)
+        if self.stragglers is not None:
+            line = self.stragglers.observe(record)
+            if line:
+                self.reporter.message(f"straggler: {line}")
 
     def write(self, record: dict[str, Any]) -> None:
         """A record for metrics.jsonl only (a closing record, an event)."""

@@ -16,6 +16,7 @@ from mgpucli.engine.tbevents import ScalarWriter
 from mgpucli.errors import UsageError
 from mgpucli.run_files import METRICS, checkpoint_dir
 from mgpucli.run_layout import RECIPE, TENSORBOARD
+from mgpucli.run_records import step_anatomy
 from mgpucli.trackers import STATE_FILE
 
 
@@ -59,7 +60,8 @@ class MetricsWriter:
             step = record.get("step", 0)
             self._tb.add_scalars(step, {f"{split}/{key}": float(value) for key, value in record.items()
                                         if key not in ("split", "step", "epoch", "time")
-                                        and isinstance(value, (int, float))}, wall_time=record.get("time"))
+                                        and isinstance(value, (int, float))} | step_anatomy.scalars(record),
+                               wall_time=record.get("time"))
             if split != "train":  # validations are rare and worth seeing at once
                 self._tb.flush()
 

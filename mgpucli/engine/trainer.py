@@ -32,6 +32,7 @@ from mgpucli.distributed import collectives
 from mgpucli.distributed.heartbeat import Heartbeat
 from mgpucli.distributed.runtime import Runtime
 from mgpucli.engine import state as engine_state
+from mgpucli.engine.anatomy import StepClock, StragglerWatch
 from mgpucli.engine.build import build_run
 from mgpucli.engine.checkpointing import Checkpoints, Position, Resumed
 from mgpucli.engine.data import samples_consumed, to_device
@@ -85,7 +86,15 @@ class Trainer:
         built = build_run(self.cfg, runtime, self.heartbeat, self.reporter, self.source)
         self.cfg, self.task, self.loaders, self.trained = built.cfg, built.task, built.loaders, built.trained
         self.settings, self.total_steps, self.autocast_dtype = built.settings, built.total_steps, built.autocast_dtype
-        self.intervals = LogInterval(self.task, runtime, self.heartbeat, self.outputs.emit)
+        self.clock = StepClock() if self.cfg.trainer.anatomy else None
+        if self.clock is not None and runtime.distributed and self.trained.model.is_ddp:
+            self.clock.watch_gradients(self.trained.model.raw)
+        # the probe reads the clock itself, over its timed steps (engine/probe.py)
+        self.intervals = LogInterval(self.task, runtime, self.heartbeat, self.outputs.emit,
+                                     None if self.probe else self.clock)
+        if self.clock is not None and runtime.world_size > 1 and runtime.is_main and not self.probe:
+            self.outputs.stragglers = StragglerWatch(self.loaders.num_workers, self.cfg.data.pin_memory,
+                                                     runtime.device.type)
         self.checkpoints.use(self.cfg, Layout(runtime.world_size, int(self.cfg.data.batch_size),
                                               self.settings.grad_accum))
         self._backward_phase = ("backward (gradient all-reduce)" if runtime.distributed
@@ -200,15 +209,18 @@ class Trainer:
         accumulation still steps), then the optimizer step and the log interval's bookkeeping. Returns False, having
         done nothing, when ``batches`` is exhausted."""
         self.heartbeat.phase = "loading a batch"  # an attribute set: what a rank stalled here was doing
-        batch = next(batches, None)
+        batch = self._next_batch(batches)
         if batch is None:
             return False
         self._batches_taken += 1
         if self.profile is not None:
             self.profile.before_step(self.step + 1)
         for micro in range(1, self.settings.grad_accum + 1):
-            following = next(batches, None) if micro < self.settings.grad_accum else None
+            following = self._next_batch(batches) if micro < self.settings.grad_accum else None
+            started = time.perf_counter()
             self._forward_backward(batch, sync=following is None)
+            if self.clock is not None:
+                self.clock.add_backward(started, time.perf_counter(), communicated=following is None)
             if following is None:
                 break
             self._batches_taken += 1
@@ -217,6 +229,14 @@ class Trainer:
         if self.profile is not None:
             self.profile.after_step(self.step)
         return True
+
+    def _next_batch(self, batches: Iterator):
+        """The next batch (None at the end), its wait timed for the step anatomy."""
+        started = time.perf_counter()
+        batch = next(batches, None)
+        if self.clock is not None:
+            self.clock.add_data(time.perf_counter() - started)
+        return batch
 
     def _forward_backward(self, batch, sync: bool) -> None:
         model, runtime = self.trained.model, self.runtime
@@ -246,6 +266,7 @@ class Trainer:
     def _optimizer_step(self) -> None:
         settings, trained, position = self.settings, self.trained, self.position
         optimizer, scaler = trained.optimizer, trained.scaler
+        started = time.perf_counter()
         if settings.clip_grad_norm is not None:
             if scaler is not None:
                 scaler.unscale_(optimizer)
@@ -259,6 +280,8 @@ class Trainer:
         optimizer.zero_grad(set_to_none=True)
         if trained.scheduler is not None and settings.scheduler_interval == "step":
             trained.scheduler.step()
+        if self.clock is not None:
+            self.clock.add_optimizer(time.perf_counter() - started)
         position.step += 1
         if trained.ema is not None:
             trained.ema.update(position.step)

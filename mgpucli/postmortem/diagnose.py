@@ -19,6 +19,7 @@ from mgpucli.postmortem.checkpoint_peek import read_checkpoint_info
 from mgpucli.postmortem.context import launcher_alive, nodes_disagree, resume_command, running_verdict, tailor
 from mgpucli.postmortem.lines import LogLine
 from mgpucli.postmortem.matchers import Match, explain, signal_fix
+from mgpucli.postmortem.pace import straggler_of
 from mgpucli.postmortem.reader import RankRun, RunRecord, rank_runs, read_run, steps_per_epoch
 from mgpucli.postmortem.report import Failure, Preemption, Report, fate, verdict
 from mgpucli.run_records import stacks
@@ -195,6 +196,7 @@ def diagnose_run(run_dir: str) -> Report:
     unfinished = status != "succeeded"  # a finished run has nothing to resume
     report.resume_command = resume_command(launch) if run.checkpoint and not run.is_script and unfinished else None
     report.segments = _segments(run.checkpoint)
+    report.straggler = straggler_of(run)
     if status == "running" and launcher_alive(launch):
         report.verdict = running_verdict(run)
         return report

@@ -118,6 +118,8 @@ def render(report: Report, console: Console | None = None, compact: bool = False
         at = f" (step {p.checkpoint_step})" if p is not None and p.checkpoint_step is not None else ""
         name = short_path(report.checkpoint) if report.checkpoint else "the last checkpoint"
         console.print(Text(f"  continue from {name}{at}: ", style="bold") + Text(report.resume_command))
+    if report.straggler:
+        console.print(Text("  straggler: ", style="bold yellow") + Text(report.straggler["summary"]))
     for line, problem in tracker_lines(report.trackers):
         console.print(Text(f"  {line}", style="yellow" if problem else "dim"))
     for line, style in audit_lines(report.audit):

@@ -83,6 +83,7 @@ class Report:
     stacks: dict[int, Any] = field(default_factory=dict)  # rank -> its stacks dump (run_records.stacks.Dump)
     audit: dict[str, Any] | None = None  # mgpu launch --audit's findings (audit.json); None: not audited
     segments: str | None = None  # on how many processes each stretch of the run trained (its last checkpoint's)
+    straggler: dict[str, Any] | None = None  # the rank the others waited for (postmortem/pace.py); None: none
 
     @property
     def preempted(self) -> bool:
@@ -110,6 +111,7 @@ class Report:
             "checkpoint": self.checkpoint, "resume_command": self.resume_command, "logs": self.logs,
             "launch_json": self.launch_json, "trackers": self.trackers, "audit": self.audit,
             "segments": self.segments,
+            "straggler": self.straggler,
             "stacks": {str(rank): dump.to_json() for rank, dump in sorted(self.stacks.items())},
             "diagnosed_at": _iso(time.time()),
         }

@@ -106,3 +106,29 @@ def test_gpu_probe_that_does_not_fit_names_the_phase_and_the_knobs(tmp_path):
     assert "rank 0: it does not fit: out of GPU memory in the forward of warm-up step 1" in r.stderr, r.stderr
     assert "1. data.batch_size=2048 trainer.grad_accum=2" in r.stderr and "trainer.strategy=fsdp" in r.stderr
     assert "Traceback" not in r.stderr and list(tmp_path.iterdir()) == []
+
+
+def test_probe_scaling_compares_one_process_with_two(tmp_path, tag):  # noqa: F811
+    code, launch = run_launch(["--cpu", "--nproc", "2", "quickstart", "--probe", "--probe-steps", "5",
+                               "--probe-scaling", "--json"], tmp_path, tag, timeout=180)
+    assert code == 0, launch.output
+    report = json.loads(launch.out_path.read_text())
+    scaling = report["scaling"]
+    assert scaling["processes"] == 2 and scaling["one_process"]["samples_per_s"] > 0
+    one = scaling["one_process"]["samples_per_s"]
+    assert scaling["efficiency"] == pytest.approx(report["samples_per_s"] / (2 * one))
+    assert scaling["one_process"]["anatomy"]["comm"] == 0  # one process has no gradient all-reduce to wait for
+    for rank in report["ranks"]:  # each rank's step time by phase, shares of its wall time
+        assert sum(rank["anatomy"][p] for p in ("data", "compute", "comm", "optimizer", "other")) == pytest.approx(1)
+    small = ["+data.train.num_chars=20000", "+data.val.num_chars=8000"]
+    code, launch = run_launch(["--cpu", "--nproc", "2", "charlm", *small, "--probe", "--probe-steps", "3",
+                               "--probe-scaling"], tmp_path, tag, timeout=180, name="charlm")
+    assert code == 0, launch.output
+    err = launch.err_path.read_text()
+    for text in ("scaling: the same 3 timed steps on 1 process and on 2", "processes", "efficiency", "2 (rank 1)",
+                 "2 (job)"):
+        assert text in err, err
+    assert_usage_error(mgpu("launch", "--cpu", "--nproc", "2", "quickstart", "--probe-scaling", cwd=tmp_path),
+                       "--probe-scaling", "use it with --probe")
+    assert_usage_error(mgpu("launch", "--cpu", "quickstart", "--probe", "--probe-scaling", cwd=tmp_path),
+                       "--nproc (2 or more)")

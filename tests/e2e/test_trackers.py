@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from mgpucli.run_records import step_anatomy
 from tests.e2e.test_launch import (  # noqa: F401 - tag is a fixture
     RECIPE,
     SHORT,
@@ -55,8 +56,10 @@ def metric_values(run_dir: Path) -> dict[tuple[str, int], set[float]]:
     for r in records(run_dir):
         if r["split"] in ("train", "val"):
             for k, v in r.items():
-                if k not in ("split", "step", "time"):
+                if k not in ("split", "step", "time", step_anatomy.KEY):
                     values.setdefault((f"{r['split']}/{k}", r["step"]), set()).add(float(v))
+            for k, v in step_anatomy.scalars(r).items():  # each rank's step anatomy: anatomy/rank1/data...
+                values.setdefault((k, r["step"]), set()).add(v)
     return values
 
 

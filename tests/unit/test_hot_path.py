@@ -5,6 +5,7 @@ group, so mgpu's collectives run for real). Every way a tensor's value reaches t
 ``.tolist()``, ``.cpu()``, ``.numpy()``, ``float()``/``int()``/``bool()`` of a tensor) and every collective
 mgpu can call are counted. With ``log_every=10`` the 100 steps close 10 intervals and read 9 of them (the last is
 read by the step after): 9 host syncs and 10 all-reduces. One ``.item()`` added to the step path makes it 109.
+The step anatomy (host clocks, on by default) rides the same all-reduce: every record has it, nothing is added.
 """
 
 from __future__ import annotations
@@ -95,3 +96,7 @@ def test_100_steps_sync_and_reduce_once_per_log_interval(tmp_path, monkeypatch, 
     assert syncs == reads, counts
     assert collectives == counts["collective all_reduce"] == STEPS // LOG_EVERY, counts
     assert [r["step"] for r in records][-reads:] == list(range(2 * LOG_EVERY, STEPS + 1, LOG_EVERY))
+    for record in records[-reads:]:
+        (mine,) = record["anatomy"]
+        assert mine["step_s"] > 0 and mine["compute"] > 0
+        assert sum(mine[p] for p in ("data", "compute", "comm", "optimizer", "other")) == pytest.approx(1.0)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mgpucli.cli.probe_report import duration, lines, size
+from mgpucli.cli.probe_report import add_scaling, duration, lines, size
 from mgpucli.config import load_recipe
 from mgpucli.engine.probe import knobs, out_of_memory, phase_of
 
@@ -52,3 +52,27 @@ def test_report_lines():
     assert "GPU 30.0 GiB allocated, 40.0 GiB reserved of 80.0 GiB (50%); host RSS 3.0 GiB" in text
     assert "an epoch (100 steps) ~ 5.0 s, the run (300 steps) ~ 15.0 s" in text and "it fits" in text
     assert (size(512), size(3 * 2**20), duration(0.0123), duration(600)) == ("512 B", "3.0 MiB", "12.3 ms", "10.0 min")
+
+
+def test_scaling_efficiency_and_where_the_extra_time_went():
+    def anatomy(step_s, comm):
+        return {"step_s": step_s, "data": 0.1, "compute": 0.8 - comm, "comm": comm, "optimizer": 0.1, "other": 0.0}
+
+    def report(world, step_s, comm):
+        ranks = [{"rank": r, "host": "h", "device": "cpu", "step_time_s": step_s, "samples_per_s": 32 / step_s,
+                  "peak_rss_bytes": 2**28, "host_total_bytes": 2**34, "cuda": None, "anatomy": anatomy(step_s, comm)}
+                 for r in range(world)]
+        return {"recipe": "r", "world_size": world, "device": "cpu", "strategy": "ddp", "precision": "fp32",
+                "global_batch": 32 * world, "batch_size": 32, "grad_accum": 1, "warmup_steps": 3,
+                "measured_steps": 20, "step_time_s": step_s, "samples_per_s": 32 * world / step_s,
+                "steps_per_epoch": 10, "epoch_time_s": 10 * step_s, "total_steps": 30, "run_time_s": 30 * step_s,
+                "fits": True, "ranks": ranks, "hosts": {}}
+
+    two = report(2, 0.02, 0.5)
+    add_scaling(two, report(1, 0.01, 0.0))
+    scaling = two["scaling"]
+    assert scaling["speedup"] == pytest.approx(1.0) and scaling["efficiency"] == pytest.approx(0.5)
+    assert scaling["added_s_per_step"]["comm"] == pytest.approx(0.01)  # all of the extra 10 ms is comm
+    text = "\n".join(lines(two))
+    assert "scaling: the same 20 timed steps on 1 process and on 2" in text
+    assert "1.00x         50%" in text and "comm +10.0 ms" in text

@@ -34,6 +34,7 @@ from mgpucli import trackers as specs
 from mgpucli.engine.reporter import Reporter
 from mgpucli.errors import EXIT_FAILED, EXIT_OK, EXIT_PREEMPTED
 from mgpucli.run_layout import METRICS
+from mgpucli.run_records import step_anatomy
 
 SPLITS = ("train", "val")  # the records trackers get; metrics.jsonl's other records (events) are not metrics
 # How long rank 0 waits for the trackers at the end. Preempted: within torch's 30 s between its SIGTERM and SIGKILL.
@@ -77,8 +78,9 @@ def metrics_of(record: dict[str, Any]) -> dict[str, float]:
     """A metrics.jsonl record as tracker metrics: ``train/loss``, ``val/accuracy``... (its numbers but the step and
     the time; the epoch too, as Lightning logs it)."""
     split = record["split"]
-    return {f"{split}/{key}": float(value) for key, value in record.items()
-            if key not in ("split", "step", "time") and isinstance(value, (int, float)) and not isinstance(value, bool)}
+    return {**{f"{split}/{key}": float(value) for key, value in record.items()
+               if key not in ("split", "step", "time") and isinstance(value, (int, float))
+               and not isinstance(value, bool)}, **step_anatomy.scalars(record)}
 
 
 def backlog(metrics_path: Path, through: int) -> list[dict[str, Any]]:
