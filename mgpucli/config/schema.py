@@ -102,7 +102,9 @@ class TrainerSchema:
     checkpoint_format: str = "full"
     scheduler_interval: str = "step"
     log_every: int = 10  # optimizer steps per train-metrics record (and per metrics all-reduce)
-    anatomy: bool = True  # each rank's step time by phase in every train record, the straggler named
+    # each rank's step time by phase in every train record, the straggler named. Off until its cost is shown under
+    # 1% of a step on the shipped recipes (benchmarks/README.md); the probe measures it whatever this says.
+    anatomy: bool = False
     val_every: int = 1  # epochs between validations (0: never)
     checkpoint_every: int = 1  # epochs between last.pt writes (0: only at the end)
     checkpoint_every_steps: Optional[int] = None

@@ -86,7 +86,7 @@ class Trainer:
         built = build_run(self.cfg, runtime, self.heartbeat, self.reporter, self.source)
         self.cfg, self.task, self.loaders, self.trained = built.cfg, built.task, built.loaders, built.trained
         self.settings, self.total_steps, self.autocast_dtype = built.settings, built.total_steps, built.autocast_dtype
-        self.clock = StepClock() if self.cfg.trainer.anatomy else None
+        self.clock = StepClock() if self.cfg.trainer.anatomy or self.probe else None
         if self.clock is not None and runtime.distributed and self.trained.model.is_ddp:
             self.clock.watch_gradients(self.trained.model.raw)
         # the probe reads the clock itself, over its timed steps (engine/probe.py)

@@ -15,7 +15,7 @@ from tests.procs import mgpu
 HERE = Path(__file__).parent
 # 30 steps of 8 samples per rank, a record every 5: rank 1's 20 ms per item is 160 ms per step
 SHORT = ["data.batch_size=8", "trainer.max_steps=30", "trainer.log_every=5", "data.val=null",
-         "trainer.best_metric=null", "data.num_workers=0", "run_dir=run"]
+         "trainer.best_metric=null", "data.num_workers=0", "run_dir=run", "trainer.anatomy=true"]
 PHASES = ("data", "compute", "comm", "optimizer", "other")
 
 

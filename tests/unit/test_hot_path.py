@@ -5,7 +5,8 @@ group, so mgpu's collectives run for real). Every way a tensor's value reaches t
 ``.tolist()``, ``.cpu()``, ``.numpy()``, ``float()``/``int()``/``bool()`` of a tensor) and every collective
 mgpu can call are counted. With ``log_every=10`` the 100 steps close 10 intervals and read 9 of them (the last is
 read by the step after): 9 host syncs and 10 all-reduces. One ``.item()`` added to the step path makes it 109.
-The step anatomy (host clocks, on by default) rides the same all-reduce: every record has it, nothing is added.
+The step anatomy (host clocks, ``trainer.anatomy=true`` here) rides the same all-reduce: every record has it,
+nothing is added.
 """
 
 from __future__ import annotations
@@ -67,7 +68,8 @@ def _counting(monkeypatch, counts: Counter) -> None:
 def test_100_steps_sync_and_reduce_once_per_log_interval(tmp_path, monkeypatch, group_of_one, features):
     cfg = load_recipe(str(RECIPES / "quickstart.yaml"),
                       [f"run_dir={tmp_path / 'run'}", "trainer.device=cpu", f"trainer.log_every={LOG_EVERY}",
-                       "data.train.num_samples=8192", "data.val=null", "trainer.tensorboard=false", *features])
+                       "data.train.num_samples=8192", "data.val=null", "trainer.tensorboard=false",
+                       "trainer.anatomy=true", *features])
     trainer = Trainer(cfg, group_of_one, NullReporter())
     trainer.setup()
     ema = trainer.trained.ema
