@@ -12,7 +12,6 @@ Datasets may be large or need a device: the launcher leaves them to the workers 
 
 from __future__ import annotations
 
-import contextlib
 import os
 import traceback
 from typing import Any
@@ -133,10 +132,9 @@ def check_builds(cfg: DictConfig, source: str) -> None:
             return None
 
     stand_in = [torch.nn.Parameter(torch.zeros(1))]
-    with _optimizers_without_dynamo():
-        optimizer = attempt("optim", lambda: build_component("optim", cfg.optim, stand_in, source=source))
-        if optimizer is not None and cfg.get("scheduler") is not None:
-            attempt("scheduler", lambda: build_component("scheduler", cfg.scheduler, optimizer, source=source))
+    optimizer = attempt("optim", lambda: build_component("optim", cfg.optim, stand_in, source=source))
+    if optimizer is not None and cfg.get("scheduler") is not None:
+        attempt("scheduler", lambda: build_component("scheduler", cfg.scheduler, optimizer, source=source))
     if isinstance(cfg.get("task"), DictConfig):
         task = attempt("task", lambda: build_component("task", cfg.task, source=source))
         if task is not None:
@@ -149,27 +147,6 @@ def check_builds(cfg: DictConfig, source: str) -> None:
                           "shows the tracebacks.")
 
 
-@contextlib.contextmanager
-def _optimizers_without_dynamo():
-    """Build optimizers here without importing torch._dynamo: ``Optimizer.add_param_group`` is wrapped by
-    ``torch._disable_dynamo``, which imports dynamo at its first call (~0.9 s on this machine) to keep compilation
-    out of it, and the launcher, which only checks the arguments and never compiles, would add that to every
-    job's time to its first step. The wrapper calls a cached function when one is set (torch/_compile.py); the raw
-    method is set as that cache for the duration. Where torch stores it differently this is a no-op: slower, not
-    wrong."""
-    import torch
-
-    raw = getattr(torch.optim.Optimizer.add_param_group, "__wrapped__", None)
-    cache = "__dynamo_disable"
-    if raw is None or hasattr(raw, cache):
-        yield
-        return
-    setattr(raw, cache, raw)
-    try:
-        yield
-    finally:
-        with contextlib.suppress(AttributeError):
-            delattr(raw, cache)
 
 
 def metric_problems(cfg: DictConfig, task: Any) -> list[str]:

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
+import types
+import typing
 from typing import Any
 
-from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from mgpucli.config import run_length
@@ -26,6 +29,24 @@ def _did_you_mean(key: str, options: list[str]) -> str:
     return f" (did you mean '{close[0]}'?)" if close else f" (known keys: {', '.join(sorted(options))})"
 
 
+def _field_type(target: DictConfig, key: str) -> Any:
+    """The type the schema declares for ``key`` (Optional unwrapped), read from the schema's dataclass."""
+    hint = typing.get_type_hints(OmegaConf.get_type(target)).get(key)
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    return args[0] if typing.get_origin(hint) in (typing.Union, types.UnionType) and len(args) == 1 else hint
+
+
+def _section_type(target: DictConfig, key: str) -> type | None:
+    """The schema's dataclass for a section key (trainer.ema...); None for a leaf."""
+    declared = _field_type(target, key)
+    return declared if dataclasses.is_dataclass(declared) else None
+
+
+def _is_list(target: DictConfig, key: str) -> bool:
+    declared = _field_type(target, key)
+    return declared is list or typing.get_origin(declared) is list
+
+
 def _merge_section(user: dict, target: DictConfig, prefix: str, problems: list[str]) -> None:
     """Assign user values into the typed ``target`` key by key, so that every problem is seen."""
     for key, value in user.items():
@@ -37,20 +58,21 @@ def _merge_section(user: dict, target: DictConfig, prefix: str, problems: list[s
             known = [f"{prefix}{k}" for k in target.keys()]
             problems.append(f"{path}: unknown key{_did_you_mean(path, known)}")
             continue
-        child = target._get_node(key)
-        if isinstance(child, DictConfig) and (value is not None or not child._is_none()):
+        section = _section_type(target, key)
+        current = None if section is None or OmegaConf.is_missing(target, key) else target[key]
+        if section is not None and (value is not None or current is not None):
             if isinstance(value, dict):
-                if child._is_none():  # an optional section (trainer.ema...), now given: its defaults, then the keys
-                    target[key] = child._metadata.ref_type()
-                    child = target._get_node(key)
-                _merge_section(value, child, path + ".", problems)
+                if current is None:  # an optional section (trainer.ema...), now given: its defaults, then the keys
+                    target[key] = section()
+                    current = target[key]
+                _merge_section(value, current, path + ".", problems)
             else:
                 problems.append(f"{path}: expected a section (mapping), got {value!r}")
             continue
         try:
             target[key] = value
         except OmegaConfBaseException as err:
-            if isinstance(child, ListConfig) and isinstance(value, str):  # `key=wandb` where a list is due
+            if _is_list(target, key) and isinstance(value, str):  # `key=wandb` where a list is due
                 problems.append(f"{path}: expected a list, e.g. '{path}=[{value}]', got {value!r}")
             else:
                 problems.append(f"{path}: {_first_line(err)}")

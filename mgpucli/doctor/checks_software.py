@@ -12,8 +12,8 @@ from mgpucli.doctor.observation import Observation, ProbeError, TrackerInfo
 from mgpucli.doctor.result import CheckResult, fail, ok, skipped, warn
 
 AREA = "software"
-MIN_TORCH = (2, 6)  # pyproject: the oldest torch with public FSDP2
-MIN_PYTHON = (3, 10)
+MIN_TORCH = (2, 13)  # pyproject's floors: the oldest versions tested (README: "Tested versions")
+MIN_PYTHON = (3, 11)
 WHEELS = "https://download.pytorch.org/whl"
 
 

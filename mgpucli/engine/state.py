@@ -2,18 +2,12 @@
 name, the same for every strategy), RNG states per rank, and the resume checks (is it mgpu's, does the model fit,
 what changed in the recipe).
 
-Loading goes through torch.distributed.checkpoint.state_dict (dcp). Saving does too for FSDP modules and DTensor
-(or meta) parameters and buffers; plain modules (bare, under DDP, DataParallel or torch.compile) take the small
-equivalent below, which spares every rank of every run importing dcp and DTensor (a few MiB each).
-The plain save gives what dcp's gives (full_state_dict=True, cpu_offload=True): its key names, its CPU tensors
-(CPU ones alias the live parameters and optimizer state, as dcp's do), its empty dict on ranks other than 0 under
-a process group, and its one zero-gradient optimizer step when the optimizer has no state yet.
-tests/unit/test_state_plain.py compares the two paths on bare, DDP, DataParallel and compiled models.
+Saving and loading go through torch.distributed.checkpoint.state_dict's public functions (dcp) for every strategy,
+imported at the first save or load: the start of training never waits on dcp's imports.
 """
 
 from __future__ import annotations
 
-import io
 import platform
 import random
 import sys
@@ -22,7 +16,6 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.distributed as dist
 import yaml
 
 from mgpucli import __version__
@@ -78,15 +71,13 @@ def seed_everything(seed: int) -> None:
 
 
 def model_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    if needs_dcp(model):
-        return _dcp().get_model_state_dict(model, options=_full())
-    return _plain_model_state(model)
+    """The full weights on the CPU, on rank 0 (``{}`` on the other ranks under a process group)."""
+    return _dcp().get_model_state_dict(model, options=_full())
 
 
 def optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-    if needs_dcp(model):
-        return _dcp().get_optimizer_state_dict(model, optimizer, options=_full())
-    return _plain_optimizer_state(model, optimizer)
+    """The optimizer's full state keyed by parameter name (the same for every strategy), as ``model_state``."""
+    return _dcp().get_optimizer_state_dict(model, optimizer, options=_full())
 
 
 def load_model_state(model: torch.nn.Module, state: dict[str, Any], source: str) -> None:
@@ -111,7 +102,7 @@ def _same_group_sizes(optimizer: torch.optim.Optimizer, saved_groups: list[dict[
         len(s.get("params", ())) == len(g["params"]) for s, g in zip(saved_groups, optimizer.param_groups, strict=True))
 
 
-# ------------------------------------------------------------------ which path: dcp for FSDP/DTensor only
+# ------------------------------------------------------------------ what a model holds
 _CKPT_PREFIX = "_checkpoint_wrapped_module."  # activation-checkpoint wrappers' key segment, dropped by dcp
 
 
@@ -134,13 +125,6 @@ def is_distributed_tensor(t: torch.Tensor) -> bool:
             or _isinstance_loaded(t, "torch.distributed.tensor", "DTensor"))
 
 
-def needs_dcp(model: torch.nn.Module) -> bool:
-    """True for models only dcp handles: FSDP (1 or 2) anywhere in them, DTensor/sharded or meta tensors."""
-    return (any(is_sharded_module(m) for m in model.modules())
-            or any(is_distributed_tensor(t) for t in (*model.parameters(), *model.buffers())))
-
-
-# ------------------------------------------------------------------ the plain path: dcp's results, without dcp
 def _is_wrapper(obj: Any) -> bool:
     """DDP and torch.compile wrappers, whose ``module.``/``_orig_mod.`` dcp leaves out of names (not DataParallel's)."""
     return (isinstance(obj, torch.nn.parallel.DistributedDataParallel)
@@ -148,85 +132,16 @@ def _is_wrapper(obj: Any) -> bool:
 
 
 def canonical_name(model: torch.nn.Module, name: str) -> str:
-    """dcp's canonical name for a state-dict key: wrapper segments dropped, walking the module tree."""
+    """dcp's name for a parameter or buffer of ``model``: wrapper segments dropped, walking the module tree (the
+    EMA keys its averages by these names, as the checkpoint keys the weights)."""
     name = name.replace(_CKPT_PREFIX, "")
-    if "." not in name:
-        return name
+    *modules, leaf = name.split(".")
     kept, obj = [], model
-    for part in name.split("."):
+    for part in modules:
         if not _is_wrapper(obj):
             kept.append(part)
-        if part != torch.nn.modules.module._EXTRA_STATE_KEY_SUFFIX:
-            obj = getattr(obj, part)
-    return ".".join(kept)
-
-
-def _offload(node: Any, keep: bool = True) -> Any:
-    """dcp's full-state gather for plain tensors: new dicts and lists, tensors ``.to("cpu")`` (no copy for CPU
-    ones), and only these types; with ``keep`` False the same checks but nothing copied."""
-    if isinstance(node, torch.Tensor):
-        return node.to("cpu") if keep else None
-    if node is None or isinstance(node, (int, float, str, bytes, io.BytesIO)):
-        return node
-    if isinstance(node, dict):
-        return {k: _offload(v, keep) for k, v in node.items()}
-    if isinstance(node, (list, tuple)):
-        items = [_offload(v, keep) for v in node]
-        return tuple(items) if isinstance(node, tuple) else items
-    raise ValueError(f"Unexpected value type {type(node)}")
-
-
-def _rank0_cpu(state: dict[str, Any]) -> dict[str, Any]:
-    """dcp's cpu_offload: under a process group only rank 0 gets the state; the others get {}."""
-    keep = not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
-    out = _offload(state, keep)
-    return out if keep else {}
-
-
-@torch.no_grad()
-def _plain_model_state(model: torch.nn.Module) -> dict[str, Any]:
-    state = model.state_dict()
-    for key in list(state):  # renamed keys move to the end, as in dcp
-        fqn = canonical_name(model, key)
-        if fqn != key:
-            state[fqn] = state.pop(key)
-    return _rank0_cpu(state)
-
-
-def _init_optim_state(optimizer: torch.optim.Optimizer) -> None:
-    """dcp's: an optimizer without state (and without gradients) takes one step on zero gradients at lr 0, so its
-    state exists to save or load (Adam's step count becomes 1); gradients are None afterwards."""
-    params = [p for g in optimizer.param_groups for p in g["params"]]
-    if optimizer.state or any(p.grad is not None for p in params):
-        return
-    for p in params:
-        if p.requires_grad:
-            p.grad = torch.zeros_like(p)
-    lrs = [g["lr"] for g in optimizer.param_groups if "lr" in g]
-    for g in optimizer.param_groups:
-        if "lr" in g:
-            g["lr"] = torch.tensor(0.0) if isinstance(g["lr"], torch.Tensor) else 0.0
-    optimizer.step(closure=None)
-    for g in optimizer.param_groups:
-        if "lr" in g:
-            g["lr"] = lrs.pop(0)
-    optimizer.zero_grad(set_to_none=True)
-
-
-def _named_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-    """``optimizer.state_dict()`` with parameter names for its indices (live tensors, no copies)."""
-    osd = optimizer.state_dict()
-    index = {p: i for i, p in enumerate(p for g in optimizer.param_groups for p in g["params"])}
-    names = {index[p]: canonical_name(model, n) for n, p in model.named_parameters() if p in index}
-    for group in osd["param_groups"]:
-        group["params"] = [names[i] for i in group["params"]]
-    return {"state": {names[i]: s for i, s in osd["state"].items()}, "param_groups": osd["param_groups"]}
-
-
-@torch.no_grad()
-def _plain_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-    _init_optim_state(optimizer)
-    return _rank0_cpu(_named_optimizer_state(model, optimizer))
+        obj = getattr(obj, part)
+    return ".".join([*kept, leaf])
 
 
 def versions() -> dict[str, str]:

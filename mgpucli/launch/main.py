@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import shlex
 import socket
@@ -45,9 +44,7 @@ def _check_recipe(opts: LaunchOptions):
 
     overrides = worker_overrides(opts)
     ensure_cwd_on_path()
-    cfg = _compose_while_torch_loads(opts.recipe, overrides)
-    if cfg is None:
-        cfg = load_recipe(opts.recipe, overrides)
+    cfg = load_recipe(opts.recipe, overrides)
     check_recipe(cfg, opts.recipe, trackers="import")  # imports the trackers it names: exit 2 here
     check_builds(cfg, opts.recipe)  # the optimizer, scheduler, task and model (meta device): before any worker
     threads = OmegaConf.select(cfg, "trainer.cpu_threads", default=None)
@@ -59,43 +56,6 @@ def _check_recipe(opts: LaunchOptions):
         fingerprint=fingerprint(opts.recipe, overrides),
     )
     return facts, cfg
-
-
-def _compose_while_torch_loads(recipe: str, overrides: list[str]):
-    """Compose the recipe in a forked child while this process imports torch, which it needs next anyway (the
-    ``_target_`` checks, torch's agent): Hydra's compose then runs on a second core instead of adding to the time
-    to the first step. None where that can't be done (no fork, one core, torch imported already) or the child
-    failed for any reason: the caller then composes here, reporting problems as usual."""
-    if not hasattr(os, "fork") or available_cores() < 2 or "torch" in sys.modules:
-        return None
-    read_fd, write_fd = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: compose, send the resolved recipe as JSON, leave without running any cleanup
-        try:
-            os.close(read_fd)
-            from omegaconf import OmegaConf
-
-            from mgpucli.config import load_recipe
-
-            data = json.dumps(OmegaConf.to_container(load_recipe(recipe, overrides))).encode()
-            with os.fdopen(write_fd, "wb") as fh:
-                fh.write(data)
-        finally:
-            os._exit(0)
-    os.close(write_fd)
-    reader = os.fdopen(read_fd, "rb")
-    try:
-        import torch.distributed.run  # noqa: F401 - the agent's module (it imports torch)
-
-        data = reader.read()
-    finally:
-        reader.close()  # unread after an error above: the child's write then fails instead of blocking
-        os.waitpid(pid, 0)
-    if not data:
-        return None
-    from omegaconf import OmegaConf
-
-    return OmegaConf.create(json.loads(data))
 
 
 def this_machine(need_gpus: bool) -> Machine:

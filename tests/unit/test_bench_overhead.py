@@ -51,14 +51,15 @@ def test_step_time_counts_the_steps_between_records_of_one_epoch():
     assert step_time(records[:1]) == (0, 0.0)
 
 
-def _job(side: str, step_ms: float, first: float = 4.0, rss: float = 300.0, error: str | None = None) -> Job:
-    return Job(side, 0, 10.0, step_s=step_ms / 1e3, steps=400, first_step_s=first, rss_mib={0: rss, 1: rss - 5},
+def _job(side: str, step_ms: float, first: float = 4.0, rss: float = 300.0, error: str | None = None,
+         seconds: float = 10.0) -> Job:
+    return Job(side, 0, seconds, step_s=step_ms / 1e3, steps=400, first_step_s=first, rss_mib={0: rss, 1: rss - 5},
                error=error)
 
 
 def test_rounds_give_paired_ratios_with_an_interval_and_verdicts():
     ratios = [1.00, 1.01, 1.02, 1.01, 1.00, 1.02, 1.01, 0.99]
-    rounds = [{"A": _job("A", 2.0), "B": _job("B", 2.0 * r, first=4.2, rss=309.0)} for r in ratios]
+    rounds = [{"A": _job("A", 2.0), "B": _job("B", 2.0 * r, first=4.2, rss=309.0, seconds=10.4)} for r in ratios]
     s = summarise(rounds, [True] * 8, target=1.03)
     assert s["step_ratio"] == pytest.approx(ratios) and s["step_verdict"] == "ok"
     assert s["first_step_diff_s"] == pytest.approx([0.2] * 8) and s["first_step_verdict"] == "ok"
@@ -69,6 +70,7 @@ def test_rounds_give_paired_ratios_with_an_interval_and_verdicts():
     assert "| step time | 2.000 ms | 2.020 ms | 1.010 (0.990 to 1.020) | <= 1.03 | ok |" in text
     assert "| peak RSS per rank (MiB, rank 0 / 1 / ...) | 300 / 295 | 309 / 304 | 1.030 (1.030 to 1.030)" in text
     assert "| final weights bitwise equal | | | 8 of 8 rounds | all | ok |" in text
+    assert "| whole job | 10.00 s | 10.40 s | +0.40 (+0.40 to +0.40) s | <= +0.5 s | ok |" in text
 
     slow = summarise([{"A": _job("A", 2.0), "B": _job("B", 2.2 * r)} for r in ratios], [True] * 8, target=1.03)
     assert slow["step_verdict"] == "MISSED"

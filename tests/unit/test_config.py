@@ -94,6 +94,14 @@ def test_wrong_type_for_a_section(recipe):
     assert problems(recipe(), ["trainer=5"]) == ["trainer: expected a section (mapping), got 5"]
 
 
+def test_an_optional_section_given_takes_its_defaults_and_is_checked_key_by_key(recipe):
+    cfg = load_recipe(recipe(), ["+trainer.ema.decay=0.9"])
+    assert (cfg.trainer.ema.decay, cfg.trainer.ema.every) == (0.9, 1) and cfg.trainer.early_stopping is None
+    found = problems(recipe(), ["+trainer.ema.decy=0.9", "trainer.loggers=wandb"])
+    assert "trainer.ema.decy: unknown key (did you mean 'trainer.ema.decay'?)" in found
+    assert "trainer.loggers: expected a list, e.g. 'trainer.loggers=[wandb]', got 'wandb'" in found
+
+
 def test_bad_interpolation_is_named(recipe):
     assert problems(recipe(), ["run_dir=${nope}"]) == ["run_dir: Interpolation key 'nope' not found"]
 

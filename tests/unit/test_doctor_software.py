@@ -35,14 +35,14 @@ def test_version_tuple():
 
 def test_python():
     assert sw.check_python(obs(python_version="3.11.7")).status == "ok"
-    r = sw.check_python(obs(python_version="3.9.18"))
-    assert r.status == "fail" and "3.10" in r.hint
+    r = sw.check_python(obs(python_version="3.10.14"))
+    assert r.status == "fail" and "3.11" in r.hint
 
 
 def test_torch_ok_old_missing_and_hung():
     assert sw.check_torch(obs()).status == "ok"
-    old = sw.check_torch(obs(torch=TorchInfo(version="2.4.1")))
-    assert old.status == "fail" and "torch>=2.6" in old.hint
+    old = sw.check_torch(obs(torch=TorchInfo(version="2.6.0")))
+    assert old.status == "fail" and "torch>=2.13" in old.hint
     gone = "import torch failed: ModuleNotFoundError: No module named 'torch'"
     missing = sw.check_torch(obs(torch=TorchInfo(error=ProbeError(gone))))
     assert missing.status == "fail" and "pip install torch" in missing.hint
