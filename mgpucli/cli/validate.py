@@ -91,7 +91,7 @@ def _parent(checkpoint: str, gpus: str | None, cpu: bool, nproc: int | None, **a
     import torch
 
     from mgpucli.distributed.select import select_devices
-    from mgpucli.engine.checkpoint import read_file
+    from mgpucli.engine.checkpoints.files import read_file
     from mgpucli.engine.validate_checkpoint import _state_dict_of, resolve_recipe
     from mgpucli.launch.spawn import run_workers
 

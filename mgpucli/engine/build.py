@@ -18,8 +18,8 @@ from mgpucli.config import run_length
 from mgpucli.config.components import build_component, metric_problems
 from mgpucli.distributed.heartbeat import Heartbeat
 from mgpucli.distributed.runtime import Runtime
-from mgpucli.engine import state as engine_state
-from mgpucli.engine.checkpointing import Trained
+from mgpucli.engine.checkpoints import state as engine_state
+from mgpucli.engine.checkpoints.training import Trained
 from mgpucli.engine.data import Loaders, build_loaders
 from mgpucli.engine.early_stopping import EarlyStopping
 from mgpucli.engine.ema import EMA

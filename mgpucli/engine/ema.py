@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from mgpucli.engine import state as engine_state
+from mgpucli.engine.checkpoints import state as engine_state
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:

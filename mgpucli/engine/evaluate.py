@@ -17,7 +17,7 @@ from torch.utils.data import DataLoader
 
 from mgpucli.distributed import collectives
 from mgpucli.distributed.runtime import Runtime
-from mgpucli.engine import state as engine_state
+from mgpucli.engine.checkpoints import state as engine_state
 from mgpucli.engine.data import FixedBatches, to_device
 from mgpucli.engine.tasks import Task
 

@@ -14,8 +14,8 @@ from omegaconf import DictConfig
 
 from mgpucli import trackers
 from mgpucli.distributed.runtime import Runtime
-from mgpucli.engine import state as engine_state
 from mgpucli.engine.anatomy import StragglerWatch
+from mgpucli.engine.checkpoints import state as engine_state
 from mgpucli.engine.reporter import Reporter
 from mgpucli.engine.rundir import MetricsWriter
 from mgpucli.run_files import checkpoint_dir

@@ -11,7 +11,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from mgpucli.engine.checkpoint import clean_stale_temps
+from mgpucli.engine.checkpoints.files import clean_stale_temps
 from mgpucli.engine.tbevents import ScalarWriter
 from mgpucli.errors import UsageError
 from mgpucli.run_files import METRICS, checkpoint_dir

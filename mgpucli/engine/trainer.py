@@ -2,10 +2,10 @@
 
 Its parts are built by :mod:`~mgpucli.engine.build`, and each has one job: :mod:`~mgpucli.engine.log_interval`
 (training metrics as device sums, one collective per log interval, the ranks' agreement on a stop or a non-finite
-loss), :mod:`~mgpucli.engine.checkpointing` (the run dir, saving and restoring), :mod:`~mgpucli.engine.run_outputs`
-(metrics.jsonl, TensorBoard, the experiment trackers, the reporter), :mod:`~mgpucli.engine.stop_requests`
-(signals), the strategy's wrapped model (:mod:`~mgpucli.engine.strategy`), and the optional ones, each off unless
-its recipe section is there: :mod:`~mgpucli.engine.ema`, :mod:`~mgpucli.engine.early_stopping`,
+loss), :mod:`~mgpucli.engine.checkpoints.training` (the run dir, saving and restoring),
+:mod:`~mgpucli.engine.run_outputs` (metrics.jsonl, TensorBoard, the experiment trackers, the reporter),
+:mod:`~mgpucli.engine.stop_requests` (signals), the strategy's wrapped model (:mod:`~mgpucli.engine.strategy`), and
+the optional ones, each off unless its recipe section is there: :mod:`~mgpucli.engine.ema`, :mod:`~mgpucli.engine.early_stopping`,
 :mod:`~mgpucli.engine.profiling`. What is left here is the loop: epochs, the step (:meth:`Trainer.train_step`),
 validation, and when to save; with ``probe=True`` only the set-up, for :mod:`~mgpucli.engine.probe` to time steps
 without a run dir.
@@ -31,10 +31,10 @@ from mgpucli.batch_layout import Layout
 from mgpucli.distributed import collectives
 from mgpucli.distributed.heartbeat import Heartbeat
 from mgpucli.distributed.runtime import Runtime
-from mgpucli.engine import state as engine_state
 from mgpucli.engine.anatomy import StepClock, StragglerWatch
 from mgpucli.engine.build import build_run
-from mgpucli.engine.checkpointing import Checkpoints, Position, Resumed
+from mgpucli.engine.checkpoints import state as engine_state
+from mgpucli.engine.checkpoints.training import Checkpoints, Position, Resumed
 from mgpucli.engine.data import samples_consumed, to_device
 from mgpucli.engine.evaluate import evaluate_exact
 from mgpucli.engine.log_interval import LogInterval

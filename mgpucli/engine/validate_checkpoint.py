@@ -18,8 +18,8 @@ from mgpucli.config import check_recipe, load_recipe
 from mgpucli.config.components import build_component
 from mgpucli.config.targets import TOP_COMPONENTS
 from mgpucli.config.trust import require_trusted
-from mgpucli.engine.checkpoint import is_mgpu_checkpoint, read_file
-from mgpucli.engine.state import load_model_state
+from mgpucli.engine.checkpoints.files import is_mgpu_checkpoint, read_file
+from mgpucli.engine.checkpoints.state import load_model_state
 from mgpucli.errors import CheckpointError, RecipeError, UsageError
 from mgpucli.run_layout import EXAMPLE_LAST_FULL
 

@@ -1,6 +1,6 @@
 """The step and epoch a checkpoint holds, read without torch (``mgpu doctor RUN_DIR`` never imports it).
 
-A checkpoint file (``torch.save`` of a plain dict, see ``mgpucli.engine.checkpoint``) is a zip archive whose
+A checkpoint file (``torch.save`` of a plain dict, see ``mgpucli.engine.checkpoints.files``) is a zip archive whose
 ``<name>/data.pkl`` entry pickles that dict; the tensors' bytes are separate entries, so ``data.pkl`` stays
 small (~20 KB for the quickstart) whatever the model's size. It is read here with an unpickler that resolves no
 global and loads no tensor: every class it names becomes an inert placeholder, so nothing in the file runs. A
@@ -25,7 +25,7 @@ from mgpucli.batch_layout import Segment, segments_of
 from mgpucli.run_layout import SHARDED_META
 
 MAX_PICKLE_BYTES = 64 * 1024 * 1024  # a data.pkl past this is not one of mgpu's (they hold no tensor bytes)
-FORMAT_VERSION = 1  # mgpucli.engine.checkpoint.FORMAT_VERSION: the newest format this mgpu reads
+FORMAT_VERSION = 1  # mgpucli.engine.checkpoints.files.FORMAT_VERSION: the newest format this mgpu reads
 
 
 @dataclass(frozen=True)

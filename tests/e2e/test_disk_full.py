@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from mgpucli.engine.checkpoint import DiskWriteError, save_atomic
+from mgpucli.engine.checkpoints.files import DiskWriteError, save_atomic
 from tests.procs import RECIPES, mgpu
 
 

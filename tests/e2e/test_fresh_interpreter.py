@@ -10,7 +10,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-from mgpucli.engine.checkpoint import save_atomic
+from mgpucli.engine.checkpoints.files import save_atomic
 from tests.procs import REPO
 from tests.unit.test_postmortem_checkpoint import real_payload
 
@@ -46,7 +46,7 @@ def test_dcp_is_imported_at_the_first_save_not_with_the_trainer():
         import sys, torch
         from torch import nn
         import mgpucli.engine.trainer
-        from mgpucli.engine import state as st
+        from mgpucli.engine.checkpoints import state as st
         def loaded():
             return any(k.startswith("torch.distributed.checkpoint") for k in sys.modules)
         print(loaded())

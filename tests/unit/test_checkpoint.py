@@ -8,7 +8,7 @@ import pickle
 import pytest
 import torch
 
-from mgpucli.engine.checkpoint import (
+from mgpucli.engine.checkpoints.files import (
     DiskWriteError,
     check_model_fit,
     clean_stale_temps,
@@ -16,7 +16,7 @@ from mgpucli.engine.checkpoint import (
     read_file,
     save_atomic,
 )
-from mgpucli.engine.state import capture_rng, recipe_changes, restore_rng
+from mgpucli.engine.checkpoints.state import capture_rng, recipe_changes, restore_rng
 from mgpucli.errors import CheckpointError
 
 

@@ -8,8 +8,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from mgpucli.engine.checkpoints.state import model_state
 from mgpucli.engine.ema import EMA
-from mgpucli.engine.state import model_state
 
 
 class Net(nn.Module):

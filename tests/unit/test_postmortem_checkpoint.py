@@ -6,8 +6,8 @@ from pathlib import Path
 
 import torch
 
-from mgpucli.engine import state as st
-from mgpucli.engine.checkpoint import save_atomic
+from mgpucli.engine.checkpoints import state as st
+from mgpucli.engine.checkpoints.files import save_atomic
 from mgpucli.postmortem.checkpoint_peek import read_checkpoint_info
 
 
@@ -71,8 +71,8 @@ def test_nothing_in_the_file_runs(tmp_path: Path):
 
 
 def test_the_resume_check_reads_the_format_the_engine_writes():
-    from mgpucli.engine.checkpoint import FORMAT_VERSION
-    from mgpucli.engine.sharded import META
+    from mgpucli.engine.checkpoints.files import FORMAT_VERSION
+    from mgpucli.engine.checkpoints.sharded import META
     from mgpucli.postmortem import checkpoint_peek
 
     assert (checkpoint_peek.FORMAT_VERSION, checkpoint_peek.SHARDED_META) == (FORMAT_VERSION, META)

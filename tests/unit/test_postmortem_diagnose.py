@@ -247,8 +247,8 @@ def save_checkpoint(run_dir: Path, step: int, epoch: int) -> Path:
     """A checkpoint as the trainer writes it (torch.save through the checkpoint module)."""
     import torch
 
-    from mgpucli.engine.checkpoint import save_atomic
-    from mgpucli.engine.state import build_payload
+    from mgpucli.engine.checkpoints.files import save_atomic
+    from mgpucli.engine.checkpoints.state import build_payload
 
     path = run_dir / "checkpoints" / "last.pt"
     path.parent.mkdir(parents=True, exist_ok=True)

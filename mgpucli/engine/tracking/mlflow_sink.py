@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from mgpucli import trackers
-from mgpucli.engine.state import flatten
+from mgpucli.engine.checkpoints.state import flatten
 from mgpucli.engine.tracking import Context, Started
 
 BATCH_PARAMS = 100  # MLflow's limit of params and tags per log_batch

@@ -19,7 +19,13 @@ import torch
 import yaml
 
 from mgpucli import __version__
-from mgpucli.engine.checkpoint import FORMAT_VERSION, check_model_fit, is_mgpu_checkpoint, normalize_keys, read_file
+from mgpucli.engine.checkpoints.files import (
+    FORMAT_VERSION,
+    check_model_fit,
+    is_mgpu_checkpoint,
+    normalize_keys,
+    read_file,
+)
 from mgpucli.errors import CheckpointError
 from mgpucli.run_layout import EXAMPLE_LAST_FULL
 

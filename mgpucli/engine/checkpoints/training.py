@@ -1,7 +1,7 @@
 """A run's checkpoints: taking the run dir, saving everything a run needs to continue bitwise, restoring it.
 
 Only rank 0 writes files; every rank joins the collectives (state dicts are collective under FSDP, and every rank
-hands in its loader position and RNG state). The file layout and the atomic writes are :mod:`.checkpoint`'s;
+hands in its loader position and RNG state). The file layout and the atomic writes are :mod:`.files`'s;
 the sharded (FSDP, ``torch.distributed.checkpoint``) variant is :mod:`.sharded`'s.
 """
 
@@ -20,13 +20,13 @@ from mgpucli.batch_layout import Layout, Resolution, Segment
 from mgpucli.distributed import collectives
 from mgpucli.distributed.heartbeat import Heartbeat
 from mgpucli.distributed.runtime import Runtime
-from mgpucli.engine import state as engine_state
-from mgpucli.engine.checkpoint import copy_atomic, save_atomic
+from mgpucli.engine.checkpoints import state as engine_state
+from mgpucli.engine.checkpoints.files import copy_atomic, save_atomic
+from mgpucli.engine.checkpoints.sharded import load_sharded, save_sharded
 from mgpucli.engine.early_stopping import EarlyStopping, resolve_mode
 from mgpucli.engine.ema import EMA
 from mgpucli.engine.reporter import Reporter
 from mgpucli.engine.rundir import prepare_run_dir
-from mgpucli.engine.sharded import load_sharded, save_sharded
 from mgpucli.engine.strategy import Wrapped
 from mgpucli.errors import UsageError
 from mgpucli.run_files import check_start, checkpoint_dir

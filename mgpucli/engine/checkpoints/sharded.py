@@ -19,7 +19,7 @@ import torch
 
 from mgpucli.distributed import collectives
 from mgpucli.distributed.runtime import Runtime
-from mgpucli.engine.checkpoint import read_file, save_atomic
+from mgpucli.engine.checkpoints.files import read_file, save_atomic
 from mgpucli.errors import CheckpointError
 from mgpucli.run_layout import BEST_SHARDED, CHECKPOINTS, LAST_SHARDED, SHARDED_META, step_name
 
