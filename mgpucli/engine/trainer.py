@@ -5,10 +5,10 @@ Its parts are built by :mod:`~mgpucli.engine.build`, and each has one job: :mod:
 loss), :mod:`~mgpucli.engine.checkpoints.training` (the run dir, saving and restoring),
 :mod:`~mgpucli.engine.run_outputs` (metrics.jsonl, TensorBoard, the experiment trackers, the reporter),
 :mod:`~mgpucli.engine.stop_requests` (signals), the strategy's wrapped model (:mod:`~mgpucli.engine.strategy`), and
-the optional ones, each off unless its recipe section is there: :mod:`~mgpucli.engine.ema`, :mod:`~mgpucli.engine.early_stopping`,
-:mod:`~mgpucli.engine.profiling`. What is left here is the loop: epochs, the step (:meth:`Trainer.train_step`),
-validation, and when to save; with ``probe=True`` only the set-up, for :mod:`~mgpucli.engine.probe` to time steps
-without a run dir.
+the optional ones, each off unless its recipe section is there: :mod:`~mgpucli.engine.ema`,
+:mod:`~mgpucli.engine.early_stopping`, :mod:`~mgpucli.engine.profiling`. What is left here is the loop: epochs,
+the step (:meth:`Trainer.train_step`), validation, and when to save; with ``probe=True`` only the set-up, for
+:mod:`~mgpucli.engine.probe` to time steps without a run dir.
 
 The step path's rules: no host sync per step (metrics stay on the device until the log interval), one collective
 per log interval beside the gradients' own, ``no_sync`` on the micro-steps of an accumulation but its last.
