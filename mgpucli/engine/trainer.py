@@ -86,7 +86,8 @@ class Trainer:
         built = build_run(self.cfg, runtime, self.heartbeat, self.reporter, self.source)
         self.cfg, self.task, self.loaders, self.trained = built.cfg, built.task, built.loaders, built.trained
         self.settings, self.total_steps, self.autocast_dtype = built.settings, built.total_steps, built.autocast_dtype
-        self.clock = StepClock() if self.cfg.trainer.anatomy or self.probe else None
+        anatomy = self.cfg.trainer.anatomy or self.probe
+        self.clock = StepClock.for_device(runtime.device) if anatomy else None
         if self.clock is not None and runtime.distributed and self.trained.model.is_ddp:
             self.clock.watch_gradients(self.trained.model.raw)
         # the probe reads the clock itself, over its timed steps (engine/probe.py)
@@ -217,10 +218,10 @@ class Trainer:
             self.profile.before_step(self.step + 1)
         for micro in range(1, self.settings.grad_accum + 1):
             following = self._next_batch(batches) if micro < self.settings.grad_accum else None
-            started = time.perf_counter()
+            started = self.clock.mark() if self.clock is not None else None
             self._forward_backward(batch, sync=following is None)
             if self.clock is not None:
-                self.clock.add_backward(started, time.perf_counter(), communicated=following is None)
+                self.clock.add_backward(started, self.clock.mark(), communicated=following is None)
             if following is None:
                 break
             self._batches_taken += 1
@@ -266,7 +267,7 @@ class Trainer:
     def _optimizer_step(self) -> None:
         settings, trained, position = self.settings, self.trained, self.position
         optimizer, scaler = trained.optimizer, trained.scaler
-        started = time.perf_counter()
+        started = self.clock.mark() if self.clock is not None else None
         if settings.clip_grad_norm is not None:
             if scaler is not None:
                 scaler.unscale_(optimizer)
@@ -281,7 +282,7 @@ class Trainer:
         if trained.scheduler is not None and settings.scheduler_interval == "step":
             trained.scheduler.step()
         if self.clock is not None:
-            self.clock.add_optimizer(time.perf_counter() - started)
+            self.clock.add_optimizer(started, self.clock.mark())
         position.step += 1
         if trained.ema is not None:
             trained.ema.update(position.step)

@@ -85,8 +85,8 @@ def test_the_clock_counts_backwards_tail_after_the_last_gradient_as_comm():
     clock.add_backward(20.0, 20.5)  # no gradient noted (one process): all compute
     clock.handed_over = 30.25
     clock.add_backward(30.0, 30.5, communicated=False)  # a no_sync micro-step: no all-reduce to wait for
-    clock.add_optimizer(0.1)
-    assert clock.take() == [0.5, 1.75, 0.25, 0.1] and clock.take() == [0.0, 0.0, 0.0, 0.0]
+    clock.add_optimizer(40.0, 40.125)
+    assert clock.take() == [0.5, 1.75, 0.25, 0.125] and clock.take() == [0.0, 0.0, 0.0, 0.0]
 
 
 def test_the_watch_speaks_once_per_verdict():
