@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Everything mgpu measures on GPUs, in one command, into one results file (GPU machines are lent briefly):
 #   1. the gpu-marked tests                              (at most 2 min)
+#      (among them the step anatomy timed with real CUDA events: tests/unit/test_anatomy_events.py)
 #   2. benchmarks/dp_vs_ddp.py: single GPU, dp, ddp      (at most 2.5 min)
 #   3. benchmarks/overhead.py --gpus N: mgpu vs the hand-written DDP loop, 2 rounds per workload (at most 3 min)
 #   4. the fit probe on charlm: peak GPU memory, step time, samples/s (at most 1 min)
