@@ -247,7 +247,7 @@ def _parse_endpoint(endpoint: str, source: str = "--rdzv-endpoint") -> tuple[str
     host, sep, port = endpoint.rpartition(":")
     if not sep or not host or not port.isdigit():
         raise UsageError(
-            f"{source}: {endpoint!r} is not HOST:PORT.", "Example: --rdzv-endpoint node01:29400."
+            f"{source} {endpoint!r} is not HOST:PORT.", "Example: --rdzv-endpoint node01:29400."
         )
     return host, check_port_number(int(port), f"{source} port")
 
@@ -383,15 +383,17 @@ def rendezvous(opts: LaunchOptions, facts: RecipeFacts, nnodes: int, job: Schedu
     return nodes_static(opts, facts, nnodes, job, port_check, host_check)
 
 
-def _given_nnodes(opts: LaunchOptions, job: SchedulerJob | None) -> str:
-    return f"--nnodes {opts.nnodes}" if opts.nnodes is not None or job is None else job.said("nnodes")
+def _given_nnodes(opts: LaunchOptions, job: SchedulerJob | None, nnodes: int) -> str:
+    """Where the node count ``nnodes`` came from, as a user would write it: ``--nnodes N`` (also the default, 1), or
+    the job's variable."""
+    return f"--nnodes {nnodes}" if opts.nnodes is not None or job is None else job.said("nnodes")
 
 
 def node_count(opts: LaunchOptions, job: SchedulerJob | None) -> int:
     """``--nnodes``, else the job's count, else 1; the node options (and the job's node rank) checked against it."""
     nnodes = opts.nnodes if opts.nnodes is not None else (job.nnodes if job else 1)
     if nnodes < 1:
-        raise UsageError(f"{_given_nnodes(opts, job)}: must be at least 1.", "Example: --nnodes 2.")
+        raise UsageError(f"{_given_nnodes(opts, job, nnodes)}: must be at least 1.", "Example: --nnodes 2.")
     if opts.master_port is not None:
         check_port_number(opts.master_port, "--master-port")
     if opts.rdzv_endpoint and (opts.master_addr is not None or opts.master_port is not None):
@@ -401,13 +403,13 @@ def node_count(opts: LaunchOptions, job: SchedulerJob | None) -> int:
         )
     if opts.node_rank is not None and not 0 <= opts.node_rank < nnodes:
         raise UsageError(
-            f"--node-rank {opts.node_rank} does not fit {_given_nnodes(opts, job)} (node ranks run from 0 to "
+            f"--node-rank {opts.node_rank} does not fit {_given_nnodes(opts, job, nnodes)} (node ranks run from 0 to "
             f"{nnodes - 1}).",
             "Give node 0 (the one at --master-addr) --node-rank 0, the next --node-rank 1, and so on.",
         )
     if opts.node_rank is None and job is not None and job.node_rank is not None and not 0 <= job.node_rank < nnodes:
         raise UsageError(
-            f"{job.said('node_rank')} is not below {_given_nnodes(opts, job)}: node ranks run from 0 to "
+            f"{job.said('node_rank')} is not below {_given_nnodes(opts, job, nnodes)}: node ranks run from 0 to "
             f"{nnodes - 1}.", "Fix the job's variables, or give this node --node-rank and --nnodes yourself.",
         )
     return nnodes

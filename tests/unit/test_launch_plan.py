@@ -192,7 +192,7 @@ def test_master_port_out_of_range(port):
 
 def test_single_node_rdzv_endpoint_port_is_checked_too():
     assert "in use" in usage_error(cpu=True, rdzv_endpoint="localhost:29613", busy=(29613,))
-    assert "HOST:PORT" in usage_error(cpu=True, rdzv_endpoint="localhost")
+    assert "--rdzv-endpoint 'localhost' is not HOST:PORT" in usage_error(cpu=True, rdzv_endpoint="localhost")
 
 
 def test_master_addr_alone_on_one_node_is_refused():
@@ -216,6 +216,7 @@ def test_static_multi_node_needs_address_and_node_rank():
     assert "--master-addr" in usage_error(cpu=True, nnodes=2)
     assert "--node-rank" in usage_error(cpu=True, nnodes=2, master_addr="10.1.1.1")
     assert "does not fit --nnodes 2" in usage_error(cpu=True, nnodes=2, master_addr="h", node_rank=2)
+    assert "does not fit --nnodes 1" in usage_error(cpu=True, node_rank=1)  # the default count, said as a number
     assert "at least 1" in usage_error(cpu=True, nnodes=0)
 
 
