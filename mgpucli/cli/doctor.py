@@ -108,7 +108,7 @@ def running_stacks(run_dir: str, json_out: bool, machine_only: list[str]) -> Non
     for rank, dump in dumps.items():
         console.print(f"{stacks.describe(rank, dump)}  (pid {dump.pid})", markup=False, highlight=False)
         main = dump.main
-        for frame in (main.frames if main else [])[:STACK_LINES]:
+        for frame in (stacks.code_frames(main) if main else [])[:STACK_LINES]:
             console.print(f"    {frame.cite()}", markup=False, highlight=False, style="dim")
         others = len(dump.threads) - 1
         if others > 0:

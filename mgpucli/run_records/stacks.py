@@ -31,6 +31,8 @@ _THREAD = re.compile(r"^(?P<current>Current thread|Thread) (?P<ident>0x[0-9a-f]+
 _FRAME = re.compile(r'^\s+File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)')
 # Where no user's code lives: the interpreter, installed packages, mgpu itself.
 _NOT_USER = re.compile(r"/site-packages/|/dist-packages/|/lib/python3\.\d+/|^<|/mgpucli/")
+_INTERPRETER = re.compile(r"^<")  # the import machinery's frozen frames: never where anything waits
+_MGPU = re.compile(r"/mgpucli/")
 _opened: list[Any] = []  # the stacks file of this process, kept open for the C handler
 
 
@@ -174,9 +176,21 @@ def user_frame(thread: ThreadStack) -> Frame | None:
     return next((f for f in thread.frames if not _NOT_USER.search(f.file)), None)
 
 
+def code_frames(thread: ThreadStack) -> list[Frame]:
+    """The thread's frames of code that has a file (innermost first): the interpreter's frozen import frames left
+    out, so a rank caught importing a module shows what imported it."""
+    return [f for f in thread.frames if not _INTERPRETER.match(f.file)]
+
+
 def waiting_frame(thread: ThreadStack) -> Frame | None:
     """The innermost frame of any code: where the thread is waiting (a collective, a lock, a read)."""
-    return thread.frames[0] if thread.frames else None
+    frames = code_frames(thread)
+    return frames[0] if frames else None
+
+
+def mgpu_frame(thread: ThreadStack) -> Frame | None:
+    """The innermost frame of mgpu's own code: where in mgpu's loop a thread waiting in a library is."""
+    return next((f for f in thread.frames if _MGPU.search(f.file)), None)
 
 
 def request_live(error_files: list[str | None], wait_s: float = 3.0) -> list[str]:
@@ -239,4 +253,8 @@ def describe(rank: int, dump: Dump) -> str:
     if frame is not None:
         return f"rank {rank} was at {frame.cite()}"
     waiting = waiting_frame(main) if main else None
-    return f"rank {rank} was waiting at {waiting.cite()}" if waiting else f"rank {rank}: no Python frame in its dump"
+    if waiting is None:
+        return f"rank {rank}: no Python frame in its dump"
+    caller = mgpu_frame(main)
+    under = f", under {caller.cite()}" if caller is not None and caller is not waiting else ""
+    return f"rank {rank} was waiting at {waiting.cite()}{under}"

@@ -65,6 +65,22 @@ def test_frames_of_packages_and_of_mgpu_are_not_the_users():
     assert stacks.waiting_frame(thread).function == "wait"
 
 
+def test_a_rank_caught_importing_is_shown_where_the_import_is_and_where_mgpu_was():
+    thread = stacks.ThreadStack("0x1", True, [
+        stacks.Frame("<frozen importlib._bootstrap>", 1070, "_find_spec"),
+        stacks.Frame("<frozen importlib._bootstrap>", 1147, "_find_and_load_unlocked"),
+        stacks.Frame("/venv/lib/python3.11/site-packages/torch/distributed/tensor/__init__.py", 4, "<module>"),
+        stacks.Frame("<frozen importlib._bootstrap>", 1176, "_find_and_load"),
+        stacks.Frame("/venv/lib/python3.11/site-packages/mgpucli/engine/checkpoints/training.py", 90, "save"),
+        stacks.Frame("/venv/lib/python3.11/site-packages/mgpucli/engine/trainer.py", 300, "fit"),
+    ])
+    assert [f.line for f in stacks.code_frames(thread)] == [4, 90, 300]
+    described = stacks.describe(0, stacks.Dump(123, [thread]))
+    assert described == ("rank 0 was waiting at /venv/lib/python3.11/site-packages/torch/distributed/tensor/"
+                         "__init__.py:4 in <module>, under /venv/lib/python3.11/site-packages/mgpucli/engine/"
+                         "checkpoints/training.py:90 in save"), described
+
+
 def test_no_error_file_no_handler(tmp_path):
     assert stacks.install(None) is None
     assert stacks.parse(str(tmp_path / "missing.txt")) is None
