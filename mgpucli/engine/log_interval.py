@@ -69,6 +69,7 @@ class LogInterval:
         self.loss_steps: list[int] = []
         self.pending: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []  # (outputs, targets, loss), one shape
         self.pending_elements = 0
+        self.batched = bool(getattr(task, "batched_stats", False))  # a duck-typed task may not say
         self.steps = 0  # optimizer steps in the open interval
         self.started = time.perf_counter()
         self.in_flight: InFlight | None = None
@@ -85,7 +86,7 @@ class LogInterval:
         """One micro-step's outputs, targets and detached loss (``step``: the optimizer step it belongs to): its sums
         now, or, when they are small tensors of a task with ``batched_stats``, with the interval's others at its
         end (:meth:`fold`). Device ops only; none per step in the second case."""
-        if not (self.task.batched_stats and isinstance(outputs, torch.Tensor) and isinstance(targets, torch.Tensor)
+        if not (self.batched and isinstance(outputs, torch.Tensor) and isinstance(targets, torch.Tensor)
                 and outputs.numel() <= BATCHED_MAX_ELEMENTS):
             self.add(self.task.stats(outputs, targets, loss), loss, step)
             return

@@ -157,3 +157,28 @@ def test_batches_of_another_shape_are_added_apart_and_large_outputs_at_once():
     intervals, _ = _interval(large)
     intervals.add_step(outputs, torch.randint(4, (5000,), generator=gen), large.loss(outputs, outputs.argmax(-1)), 1)
     assert large.calls == 1 and intervals.pending == []
+
+
+def test_a_task_that_does_not_say_its_sums_add_up_is_summed_on_every_step():
+    class Duck:  # a custom task by duck typing: the four members, no batched_stats
+        stat_names = ("loss_sum", "samples")
+
+        def __init__(self):
+            self.calls = 0
+
+        def loss(self, outputs, targets):
+            return torch.nn.functional.cross_entropy(outputs, targets)
+
+        def stats(self, outputs, targets, loss=None):
+            self.calls += 1
+            return torch.stack([loss.double() * targets.shape[0], torch.tensor(float(targets.shape[0]),
+                                                                               dtype=torch.float64)])
+
+        def metrics(self, sums):
+            return {"loss": sums[0] / max(sums[1], 1)}
+
+    duck = Duck()
+    intervals, _ = _interval(duck)
+    for step, (outputs, targets, loss) in enumerate(_batches(Classification(), 3), start=1):
+        intervals.add_step(outputs, targets, loss, step)
+        assert duck.calls == step
