@@ -242,7 +242,9 @@ class Trainer:
 
     def _forward_backward(self, batch, sync: bool) -> None:
         model, runtime = self.trained.model, self.runtime
-        inputs, targets = to_device(batch, runtime.device, non_blocking=runtime.device.type == "cuda")
+        if runtime.device.type != "cpu":  # a CPU loader's batch is where a CPU run computes: no move to make
+            batch = to_device(batch, runtime.device, non_blocking=runtime.device.type == "cuda")
+        inputs, targets = batch
         if self.settings.channels_last and inputs.dim() == 4:
             inputs = inputs.contiguous(memory_format=torch.channels_last)
         step = self.step + 1
