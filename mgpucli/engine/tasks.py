@@ -20,6 +20,11 @@ class Task:
     """Base class: ``loss`` (a mean, for backward), ``stats`` (sums), ``metrics`` (from summed stats)."""
 
     stat_names: tuple[str, ...] = ("loss_sum", "samples")
+    # True: ``stats`` of several batches of one shape, concatenated on dim 0, with the mean of their losses as
+    # ``loss``, equals the sum of their ``stats`` one by one. The trainer then adds a log interval's small batches
+    # in one call (engine/log_interval.py). A task whose sums weigh ``loss`` by a count the shapes don't fix (e.g.
+    # unmasked tokens) leaves it False: its ``stats`` runs on every step.
+    batched_stats: bool = False
 
     def loss(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
@@ -55,6 +60,7 @@ class Classification(Task):
     """Cross-entropy loss; metrics ``loss`` and ``accuracy``."""
 
     stat_names = ("loss_sum", "correct", "samples")
+    batched_stats = True
 
     def loss(self, outputs, targets):
         return F.cross_entropy(outputs.float(), targets)
@@ -75,6 +81,7 @@ class Regression(Task):
     """Mean squared error loss; metrics ``loss`` (MSE), ``mse`` and ``mae``."""
 
     stat_names = ("sq_err_sum", "abs_err_sum", "elements", "samples")
+    batched_stats = True
 
     def loss(self, outputs, targets):
         return F.mse_loss(outputs.float().reshape(targets.shape), targets.float())
@@ -93,6 +100,7 @@ class LanguageModel(Task):
     """Token cross-entropy over (batch, time, vocab) logits; metrics ``loss`` (per token) and ``perplexity``."""
 
     stat_names = ("loss_sum", "tokens", "samples")
+    batched_stats = True
 
     def loss(self, outputs, targets):
         return F.cross_entropy(outputs.float().flatten(0, -2), targets.flatten())

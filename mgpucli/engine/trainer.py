@@ -232,16 +232,19 @@ class Trainer:
         return True
 
     def _next_batch(self, batches: Iterator):
-        """The next batch (None at the end), its wait timed for the step anatomy."""
+        """The next batch (None at the end), its wait timed for the step anatomy (when on: no clock read when off)."""
+        if self.clock is None:
+            return next(batches, None)
         started = time.perf_counter()
         batch = next(batches, None)
-        if self.clock is not None:
-            self.clock.add_data(time.perf_counter() - started)
+        self.clock.add_data(time.perf_counter() - started)
         return batch
 
     def _forward_backward(self, batch, sync: bool) -> None:
         model, runtime = self.trained.model, self.runtime
-        inputs, targets = to_device(batch, runtime.device, non_blocking=runtime.device.type == "cuda")
+        if runtime.device.type != "cpu":  # a CPU loader's batch is where a CPU run computes: no move to make
+            batch = to_device(batch, runtime.device, non_blocking=runtime.device.type == "cuda")
+        inputs, targets = batch
         if self.settings.channels_last and inputs.dim() == 4:
             inputs = inputs.contiguous(memory_format=torch.channels_last)
         step = self.step + 1
@@ -249,20 +252,30 @@ class Trainer:
         if model.is_fsdp and self.settings.grad_accum > 1:  # FSDP2's no_sync: reduce-scatter on the last only
             model.train.set_requires_gradient_sync(sync)
         # DDP decides in forward whether backward all-reduces: not on the micro-steps before the last.
-        skip_sync = model.train.no_sync() if model.is_ddp and not sync else contextlib.nullcontext()
-        with skip_sync:
-            autocast = self.autocast_dtype is not None
-            with torch.autocast(runtime.device.type, dtype=self.autocast_dtype, enabled=autocast):
+        if model.is_ddp and not sync:
+            with model.train.no_sync():
+                self._compute(inputs, targets, step, sync)
+        else:  # no context manager where it would do nothing: each costs microseconds a short step notices
+            self._compute(inputs, targets, step, sync)
+
+    def _compute(self, inputs, targets, step: int, sync: bool) -> None:
+        """Forward (under autocast when the precision asks for it), the loss and its bookkeeping, backward."""
+        model = self.trained.model
+        if self.autocast_dtype is None:
+            outputs = model.train(inputs)
+            loss = self.task.loss(outputs, targets)
+        else:
+            with torch.autocast(self.runtime.device.type, dtype=self.autocast_dtype):
                 outputs = model.train(inputs)
                 loss = self.task.loss(outputs, targets)
-            if self._faults and faults.maybe_fault("step", runtime.rank, step):
-                loss = loss * float("nan")
-            detached = loss.detach()
-            self.intervals.add(self.task.stats(outputs, targets, detached), detached, step)
-            scaled = loss / self.settings.grad_accum if self.settings.grad_accum > 1 else loss
-            self.heartbeat.phase = self._backward_phase if sync else "backward"
-            scaler = self.trained.scaler
-            (scaler.scale(scaled) if scaler is not None else scaled).backward()
+        if self._faults and faults.maybe_fault("step", self.runtime.rank, step):
+            loss = loss * float("nan")
+        detached = loss.detach()
+        self.intervals.add_step(outputs, targets, detached, step)
+        scaled = loss / self.settings.grad_accum if self.settings.grad_accum > 1 else loss
+        self.heartbeat.phase = self._backward_phase if sync else "backward"
+        scaler = self.trained.scaler
+        (scaler.scale(scaled) if scaler is not None else scaled).backward()
 
     def _optimizer_step(self) -> None:
         settings, trained, position = self.settings, self.trained, self.position

@@ -102,3 +102,45 @@ def test_100_steps_sync_and_reduce_once_per_log_interval(tmp_path, monkeypatch, 
         (mine,) = record["anatomy"]
         assert mine["step_s"] > 0 and mine["compute"] > 0
         assert sum(mine[p] for p in ("data", "compute", "comm", "optimizer", "other")) == pytest.approx(1.0)
+
+
+def test_a_step_without_the_anatomy_reads_no_clock_and_sums_small_batches_at_the_interval(tmp_path, monkeypatch,
+                                                                                           group_of_one):
+    """Features that are off cost nothing per step: with ``trainer.anatomy`` off (the default) mgpu reads no clock
+    on the step path, and the quickstart's small batches run no ``Task.stats`` until the interval ends."""
+    import sys
+    import time
+
+    cfg = load_recipe(str(RECIPES / "quickstart.yaml"),
+                      [f"run_dir={tmp_path / 'run'}", "trainer.device=cpu", "trainer.log_every=1000",
+                       "data.val=null", "trainer.tensorboard=false"])
+    trainer = Trainer(cfg, group_of_one, NullReporter())
+    trainer.setup()
+    counts: Counter = Counter()
+    clock = time.perf_counter
+
+    def perf_counter():
+        if sys._getframe(1).f_globals.get("__name__", "").startswith("mgpucli"):
+            counts["clock"] += 1
+        return clock()
+
+    task_stats = trainer.task.stats
+
+    def stats(*args, **kwargs):
+        counts["stats"] += 1
+        return task_stats(*args, **kwargs)
+
+    try:
+        assert trainer.clock is None
+        batches = iter(trainer.loaders.train)
+        trainer.trained.model.train.train()
+        monkeypatch.setattr(time, "perf_counter", perf_counter)
+        monkeypatch.setattr(trainer.task, "stats", stats)
+        for _ in range(20):
+            assert trainer.train_step(batches)
+        assert counts == Counter()
+        trainer.intervals.flush(trainer.step, 1, 0.1, stop_requested=False)
+        assert counts["stats"] == 1  # the interval's 20 steps, added in one call
+    finally:
+        monkeypatch.undo()
+        trainer.close()
