@@ -225,7 +225,7 @@ _RESUME_GC_AFTER_S = 5.0
 def launch(opts: LaunchOptions, dry_run: bool = False) -> int:
     """Run ``mgpu launch``; returns its exit code (UsageError for bad input, before any process starts)."""
     from mgpucli.console import err_console
-    from mgpucli.heap import postpone_full_gc, resume_full_gc
+    from mgpucli.heap import freeze_for_exit, postpone_full_gc, resume_full_gc
 
     if opts.stall_s is not None and not opts.stall_s >= 0:
         raise UsageError(f"--stall-s {opts.stall_s:g}: must be a number of seconds (0: no stall watch).",
@@ -267,6 +267,7 @@ def launch(opts: LaunchOptions, dry_run: bool = False) -> int:
             f"mgpu launch: no worker started {'the script' if plan.script else 'training'}, so {plan.run_dir}'s "
             f"records of its earlier run are untouched; this launch's record: {record.path}", markup=False,
             highlight=False)
+    freeze_for_exit()  # only this process's exit is left: see mgpucli/heap.py
     return code
 
 

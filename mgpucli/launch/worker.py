@@ -37,6 +37,7 @@ from typing import Protocol
 
 from mgpucli import proctree
 from mgpucli.errors import EXIT_PREEMPTED, EXIT_USAGE, Preempted, UsageError
+from mgpucli.heap import freeze_for_exit
 from mgpucli.launch import parent_watch, progress_file, restart
 from mgpucli.launch.script_job import USAGE as SCRIPT_USAGE
 from mgpucli.launch.script_job import ScriptJob
@@ -239,6 +240,7 @@ def main(argv: list[str] | None = None) -> None:
                 stacks.request_siblings(os.environ.get(ERROR_FILE_ENV))
         if code in (0, EXIT_PREEMPTED, EXIT_USAGE):
             _exit_through_signals()
+            freeze_for_exit()
         raise
     except KeyboardInterrupt:
         raise  # the agent forwarded Ctrl-C: not a failure of this worker
@@ -247,6 +249,7 @@ def main(argv: list[str] | None = None) -> None:
         stacks.request_siblings(os.environ.get(ERROR_FILE_ENV))
         raise
     _exit_through_signals()
+    freeze_for_exit()  # the job is over: its exit need not walk torch's objects (mgpucli/heap.py)
 
 
 if __name__ == "__main__":
