@@ -30,6 +30,10 @@ GO, REFUSED = "go", "refused"
 _POLL_S = 0.005
 
 
+class _Abandoned(Exception):
+    """The job ended while the check still waited for its workers."""
+
+
 class Gate:
     """The launcher's side: the verdict file, the check that gives it, and what a refusal removes."""
 
@@ -38,6 +42,7 @@ class Gate:
         self.path = os.path.join(self._dir, "verdict")
         self.lock = threading.Lock()  # the verdict and the writes held until it (the launch record)
         self.passed = False
+        self._abandoned = threading.Event()
         self.error: BaseException | None = None
         self._thread: threading.Thread | None = None
         self._created: list[str] = []  # folders this launch created, removed on a refusal
@@ -50,6 +55,8 @@ class Gate:
         def run() -> None:
             try:
                 run_check()
+            except _Abandoned:  # the workers ended first (a crash): no verdict; the job's failure is told
+                return
             except BaseException as err:  # noqa: BLE001 - any failure of the check refuses the launch
                 with self.lock:
                     self.error = err
@@ -62,6 +69,33 @@ class Gate:
                 _write(self.path, GO)
 
         self._thread = threading.Thread(target=run, name="mgpu-recipe-check", daemon=True)
+
+    @property
+    def recipe_path(self) -> str:
+        """The composed recipe, for the worker that builds its components (:func:`check_builds_here`)."""
+        return os.path.join(self._dir, "recipe.json")
+
+    def builds_checked(self, source: str) -> None:
+        """Wait for local rank 0's report on building the recipe's components (:func:`check_builds_here`): that
+        worker imports what building them imports anyway (torch's dynamo, the components' modules), this launcher
+        never does. Raises the problems it found, as :func:`mgpucli.config.components.check_builds` would here."""
+        from mgpucli.errors import MgpuError, RecipeError, UsageError
+
+        path = os.path.join(self._dir, "builds.json")
+        while not os.path.exists(path):
+            if self._abandoned.wait(_POLL_S):
+                raise _Abandoned
+        report = _read(path)
+        if report.get("problems"):
+            raise RecipeError(source, report["problems"], report.get("hint"))
+        if report.get("message"):
+            raise (UsageError if report.get("usage") else MgpuError)(report["message"], report.get("hint"))
+        if report.get("crash"):
+            raise RuntimeError(f"building the recipe's components failed:\n{report['crash']}")
+
+    def abandon(self) -> None:
+        """The job ended (its workers are gone): a check still waiting for them stops."""
+        self._abandoned.set()
 
     def start(self) -> None:
         """Start the check (as torch's agent starts the workers)."""
@@ -109,6 +143,45 @@ def _write(path: str, verdict: str) -> None:
     os.replace(tmp, path)
 
 
+def _read(path: str) -> dict:
+    import json
+
+    with open(path) as fh:
+        return json.load(fh)
+
+
+def check_builds_here(source: str, environ: dict[str, str] | None = None) -> None:
+    """In local rank 0 of a launch that waits for it, before the verdict: build the recipe's components as the
+    launcher's check would (:func:`mgpucli.config.components.check_builds`: nothing written, the model on the meta
+    device) and report what went wrong, or nothing, beside the verdict."""
+    import json
+    import traceback
+
+    env = os.environ if environ is None else environ
+    verdict, launcher = env.get(ENV), env.get(env_vars.LAUNCH_PID)
+    if not verdict or not launcher or str(os.getppid()) != launcher or env.get("LOCAL_RANK") != "0":
+        return
+    folder = os.path.dirname(verdict)
+    from mgpucli.errors import MgpuError, UsageError
+
+    report: dict = {}
+    try:
+        from omegaconf import OmegaConf
+
+        from mgpucli.config.components import check_builds
+
+        check_builds(OmegaConf.create(_read(os.path.join(folder, "recipe.json"))), source)
+    except MgpuError as err:
+        report = {"problems": getattr(err, "problems", None), "message": err.message, "hint": err.hint,
+                  "usage": isinstance(err, UsageError)}
+    except Exception:  # noqa: BLE001 - a bug in a component: the launcher shows its traceback
+        report = {"crash": traceback.format_exc()}
+    tmp = os.path.join(folder, "builds.json.tmp")
+    with open(tmp, "w") as fh:
+        json.dump(report, fh)
+    os.replace(tmp, os.path.join(folder, "builds.json"))
+
+
 def wait_for_verdict(environ: dict[str, str] | None = None) -> None:
     """The worker's side: return once the launcher said ``go`` (at once when no launcher is checking for this
     worker); end the process with exit 2, writing nothing, when it refused the launch."""
@@ -127,4 +200,6 @@ def wait_for_verdict(environ: dict[str, str] | None = None) -> None:
             continue
         if verdict == GO:
             return
-        os._exit(2)  # refused: nothing of this worker may remain (no failure record, no exit hooks)
+        if verdict == REFUSED:
+            os._exit(2)  # nothing of this worker may remain (no failure record, no exit hooks)
+        time.sleep(_POLL_S)  # a file being written

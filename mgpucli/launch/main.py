@@ -64,15 +64,18 @@ def _compose(opts: LaunchOptions):
     return facts, cfg
 
 
-def _deep_check(cfg, opts: LaunchOptions) -> None:
+def _deep_check(cfg, opts: LaunchOptions, gate=None) -> None:
     """The rest of the check, exit 2 on any problem: the ``_target_``s and trackers, and the optimizer, scheduler,
-    task and model built (meta device). It imports most of torch: a launch runs it while its workers start
-    (:mod:`mgpucli.launch.gate`)."""
+    task and model built (meta device). A launch runs it while its workers start, and its local rank 0 builds the
+    components (``gate``: :mod:`mgpucli.launch.gate`), so that this process never imports torch's dynamo."""
     from mgpucli.config import check_recipe
     from mgpucli.config.components import check_builds
 
     check_recipe(cfg, opts.recipe, trackers="import")  # imports the trackers it names: exit 2 here
-    check_builds(cfg, opts.recipe)  # the optimizer, scheduler, task and model (meta device): before any worker
+    if gate is not None:
+        gate.builds_checked(opts.recipe)
+    else:
+        check_builds(cfg, opts.recipe)  # the optimizer, scheduler, task and model (meta device)
 
 
 def this_machine(need_gpus: bool) -> Machine:
@@ -306,13 +309,17 @@ def _check_while_workers_start(gate, cfg, opts: LaunchOptions, plan: LaunchPlan,
     On a refusal: the workers killed, torch's agent quiet about it (the check's error is what the user sees)."""
     import logging
 
+    from omegaconf import OmegaConf
+
     from mgpucli.config import handoff
     from mgpucli.launch import gate as verdict
     from mgpucli.proctree import kill_children
+    from mgpucli.run_records.json_files import write_json
 
     overrides = worker_overrides(opts)
     os.environ[verdict.ENV] = gate.path
     os.environ[handoff.ENV] = str(handoff.path_for(opts.recipe, overrides, plan.log_dir))
+    write_json(gate.recipe_path, OmegaConf.to_container(cfg))  # for the worker that builds its components
 
     def go() -> None:
         with contextlib.suppress(OSError):  # else the workers compose the recipe themselves, as under torchrun
@@ -324,7 +331,7 @@ def _check_while_workers_start(gate, cfg, opts: LaunchOptions, plan: LaunchPlan,
         logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
         kill_children()
 
-    gate.check(lambda: _deep_check(cfg, opts), go, refuse)
+    gate.check(lambda: _deep_check(cfg, opts, gate), go, refuse)
 
 
 def record_header(plan: LaunchPlan, opts: LaunchOptions, argv: list[str] | None = None) -> LaunchHeader:

@@ -405,6 +405,8 @@ def run_plan(plan: LaunchPlan, record: LaunchRecord, live: bool = False, show_ra
         outcome = _signalled(plan, record, err, handler, watchers.stall, time.monotonic() - start)
     finally:
         left = kill_children()  # a safety net: torch's agent has stopped its workers on every path above
+        if gate is not None:
+            gate.abandon()
         refusal = gate.refused() if gate is not None else None
         if left and refusal is None:
             err_console().print(f"[yellow]mgpu launch: killed {len(left)} process(es) of the job still running at "

@@ -113,6 +113,7 @@ class RecipeJob:
         from mgpucli.engine import train_entry
 
         _import_the_engine()  # while the launcher checks the recipe: then its verdict (mgpucli/launch/gate.py)
+        gate.check_builds_here(self.recipe)
         gate.wait_for_verdict()
         if self.probe_steps is not None:
             train_entry.probe_recipe(self.recipe, list(self.overrides), steps=self.probe_steps,

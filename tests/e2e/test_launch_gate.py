@@ -63,3 +63,30 @@ def _cmdline(pid: int) -> bytes:
         return Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return b""
+
+
+LAUNCHER = """
+import atexit, sys
+atexit.register(lambda: print("launcher imported dynamo:", "torch._dynamo" in sys.modules, flush=True))
+sys.argv = ["mgpu", *sys.argv[1:]]
+from mgpucli.cli.app import main
+main()
+"""
+
+
+def test_local_rank_0_builds_the_components_so_the_launcher_never_imports_dynamo(tmp_path):
+    """The optimizer's check imports torch's dynamo (its first add_param_group does): the worker that needs it anyway
+    builds the components and reports; the launcher still refuses a bad value, and trains a good recipe."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    base = [sys.executable, "-c", LAUNCHER, "launch", "--cpu", "--nproc", "2", "quickstart"]
+    bad = subprocess.run([*base, "optim.momentum=-1"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                         timeout=180)
+    assert_usage_error(Result(bad.returncode, bad.stdout, bad.stderr, 0, 0.0),
+                       "optim: building torch.optim.SGD failed: ValueError: Invalid momentum value: -1")
+    assert not (tmp_path / "runs").exists()
+    good = subprocess.run([*base, "trainer.epochs=1", "data.train.num_samples=256"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=180)
+    assert good.returncode == 0, good.stderr
+    assert "launcher imported dynamo: False" in good.stdout
+    assert (tmp_path / "runs" / "quickstart" / "checkpoints" / "last.pt").exists()

@@ -81,3 +81,29 @@ def test_the_check_gives_its_verdict_and_its_error(tmp_path):
         passed.close()
         refused.close()
     assert said == ["go", "killed"] and not os.path.exists(os.path.dirname(passed.path))
+
+
+def test_local_rank_0_reports_the_components_problems_to_the_launcher(tmp_path):
+    import json
+
+    import pytest
+    from omegaconf import OmegaConf
+
+    from mgpucli.config import load_recipe
+    from mgpucli.errors import RecipeError
+
+    g = gate.Gate()
+    try:
+        cfg = load_recipe("quickstart", ["optim.momentum=-1", "trainer.device=cpu"])
+        Path(g.recipe_path).write_text(json.dumps(OmegaConf.to_container(cfg)))
+        env = {gate.ENV: g.path, "MGPU_LAUNCH_PID": str(os.getppid()), "LOCAL_RANK": "1"}
+        gate.check_builds_here("quickstart", env)  # not local rank 0: nothing built, nothing reported
+        assert not os.path.exists(os.path.join(os.path.dirname(g.path), "builds.json"))
+        gate.check_builds_here("quickstart", {**env, "LOCAL_RANK": "0"})
+        with pytest.raises(RecipeError) as err:
+            g.builds_checked("quickstart")
+    finally:
+        g.close()
+    assert len(err.value.problems) == 1 and "MGPU_DEBUG=1" in (err.value.hint or "")
+    assert err.value.problems[0].startswith("optim: building torch.optim.SGD failed: ValueError: Invalid momentum "
+                                            "value: -1")
