@@ -162,6 +162,8 @@ def check_builds_here(source: str, environ: dict[str, str] | None = None) -> Non
     if not verdict or not launcher or str(os.getppid()) != launcher or env.get("LOCAL_RANK") != "0":
         return
     folder = os.path.dirname(verdict)
+    if os.path.exists(verdict):  # a restart of the job: the launcher gave its verdict already
+        return
     from mgpucli.errors import MgpuError, UsageError
 
     report: dict = {}
