@@ -36,10 +36,15 @@ def fingerprint(recipe: str, overrides: list[str]) -> str:
     return hashlib.sha1(content + b"\0" + "\0".join(overrides).encode()).hexdigest()
 
 
+def path_for(recipe: str, overrides: list[str], directory: str | Path) -> Path:
+    """Where :func:`write` puts this recipe's checked copy (known before it is written: the workers start with it)."""
+    return Path(directory) / f"checked-recipe-{fingerprint(recipe, overrides)[:16]}.json"
+
+
 def write(cfg: DictConfig, recipe: str, overrides: list[str], directory: str | Path) -> Path:
     """Write the checked recipe for the workers (atomically); returns the path to put in ``MGPU_CHECKED_RECIPE``."""
     mark = fingerprint(recipe, overrides)
-    path = Path(directory) / f"checked-recipe-{mark[:16]}.json"
+    path = path_for(recipe, overrides, directory)
     path.parent.mkdir(parents=True, exist_ok=True)
     write_json(str(path), {"fingerprint": mark, "recipe": OmegaConf.to_container(cfg)})
     return path

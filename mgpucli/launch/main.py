@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import socket
@@ -35,18 +36,23 @@ def load_recipe_facts(opts: LaunchOptions) -> RecipeFacts:
 
 def _check_recipe(opts: LaunchOptions):
     """(facts, the checked recipe): the recipe is what the workers get (see mgpucli.config.handoff)."""
+    facts, cfg = _compose(opts)
+    _deep_check(cfg, opts)
+    return facts, cfg
+
+
+def _compose(opts: LaunchOptions):
+    """(facts, the recipe composed with the workers' overrides and checked against the schema): what the plan and
+    the run-dir check need, quickly (no torch)."""
     from omegaconf import OmegaConf
 
-    from mgpucli.config import check_recipe, load_recipe
-    from mgpucli.config.components import check_builds
+    from mgpucli.config import load_recipe
     from mgpucli.config.handoff import fingerprint
     from mgpucli.engine.run import ensure_cwd_on_path
 
     overrides = worker_overrides(opts)
     ensure_cwd_on_path()
     cfg = load_recipe(opts.recipe, overrides)
-    check_recipe(cfg, opts.recipe, trackers="import")  # imports the trackers it names: exit 2 here
-    check_builds(cfg, opts.recipe)  # the optimizer, scheduler, task and model (meta device): before any worker
     threads = OmegaConf.select(cfg, "trainer.cpu_threads", default=None)
     facts = RecipeFacts(
         run_dir=str(OmegaConf.select(cfg, "run_dir", default=f"runs/{cfg.name}")),
@@ -56,6 +62,20 @@ def _check_recipe(opts: LaunchOptions):
         fingerprint=fingerprint(opts.recipe, overrides),
     )
     return facts, cfg
+
+
+def _deep_check(cfg, opts: LaunchOptions, gate=None) -> None:
+    """The rest of the check, exit 2 on any problem: the ``_target_``s and trackers, and the optimizer, scheduler,
+    task and model built (meta device). A launch runs it while its workers start, and its local rank 0 builds the
+    components (``gate``: :mod:`mgpucli.launch.gate`), so that this process never imports torch's dynamo."""
+    from mgpucli.config import check_recipe
+    from mgpucli.config.components import check_builds
+
+    check_recipe(cfg, opts.recipe, trackers="import")  # imports the trackers it names: exit 2 here
+    if gate is not None:
+        gate.builds_checked(opts.recipe)
+    else:
+        check_builds(cfg, opts.recipe)  # the optimizer, scheduler, task and model (meta device)
 
 
 def this_machine(need_gpus: bool) -> Machine:
@@ -73,9 +93,10 @@ def prepare(opts: LaunchOptions) -> LaunchPlan:
     return _prepare(opts)[0]
 
 
-def _prepare(opts: LaunchOptions, claim_run_dir: bool = False):
+def _prepare(opts: LaunchOptions, claim_run_dir: bool = False, deep: bool = True):
     """(the plan, the checked recipe: None for a script). ``claim_run_dir``: a script launched without --run-dir
-    creates its new run dir now (a real launch); else it is only named (--dry-run)."""
+    creates its new run dir now (a real launch); else it is only named (--dry-run). ``deep``: the whole recipe
+    check here (else the caller runs :func:`_deep_check` while the workers start)."""
     check_job_options(opts)
     problem = omp_threads_problem(os.environ)
     if problem:  # every worker would inherit it
@@ -83,7 +104,7 @@ def _prepare(opts: LaunchOptions, claim_run_dir: bool = False):
                          "processes threads, or give a count: export OMP_NUM_THREADS=4.")
     if opts.script is not None:
         return _prepare_script(opts, claim_run_dir), None
-    facts, cfg = _check_recipe(opts)
+    facts, cfg = _check_recipe(opts) if deep else _compose(opts)
     machine = this_machine(need_gpus=not opts.cpu and facts.device != "cpu")
     plan = build_plan(opts, facts, machine)
     if plan.node_rank == 0:  # this node's rank 0 takes the run dir: refuse here what it would refuse there
@@ -208,56 +229,61 @@ def _hang_watch(stall_s: float | None) -> str:
     return f"a rank with no progress for {stall_s:g} s stops the job (--stall-s)"
 
 
-def _hand_over(cfg, opts: LaunchOptions, plan: LaunchPlan) -> None:
-    """Give the workers the recipe checked here, so they need not compose it again (mgpucli.config.handoff)."""
-    from mgpucli.config import handoff
-
-    try:
-        path = handoff.write(cfg, opts.recipe, worker_overrides(opts), plan.log_dir)
-    except OSError:
-        return  # the workers compose the recipe themselves, as under plain torchrun
-    os.environ[handoff.ENV] = str(path)
-
-
 _RESUME_GC_AFTER_S = 5.0
 
 
 def launch(opts: LaunchOptions, dry_run: bool = False) -> int:
-    """Run ``mgpu launch``; returns its exit code (UsageError for bad input, before any process starts)."""
-    from mgpucli.console import err_console
-    from mgpucli.heap import postpone_full_gc, resume_full_gc
+    """Run ``mgpu launch``; returns its exit code (UsageError for bad input, before anything the user sees starts)."""
+    from mgpucli.heap import freeze_for_exit, postpone_full_gc, resume_full_gc
 
     if opts.stall_s is not None and not opts.stall_s >= 0:
         raise UsageError(f"--stall-s {opts.stall_s:g}: must be a number of seconds (0: no stall watch).",
                          "Example: --stall-s 300.")
     postpone_full_gc()  # until the workers start: see mgpucli/heap.py
-    try:
-        plan, cfg = _prepare(opts, claim_run_dir=not dry_run)
+    try:  # a recipe's launch checks the rest of it while its workers start (mgpucli/launch/gate.py)
+        plan, cfg = _prepare(opts, claim_run_dir=not dry_run, deep=dry_run)
     except BaseException:
         resume_full_gc()
         raise
     if dry_run:
         resume_full_gc()
-        for line in _banner(plan, opts):
-            err_console().print(line, markup=False, highlight=False)
+        _print_banner(plan, opts)
         print(plan.command(), flush=True)
         return 0
-    _make_run_dir(plan.run_dir)
-    if cfg is not None:
-        _hand_over(cfg, opts, plan)
-    from mgpucli.launch.runner import run_plan
+    from mgpucli.launch.gate import Gate
     from mgpucli.run_records.launch_record import LaunchRecord
 
-    for line in _banner(plan, opts):
-        err_console().print(line, markup=False, highlight=False)
+    gate = Gate() if cfg is not None else None
+    if gate is not None:
+        gate.note(plan.run_dir)
+        gate.note(plan.log_dir)
+    _make_run_dir(plan.run_dir)
+    record = LaunchRecord(_record_path(plan), record_header(plan, opts), final_path=plan.launch_json)
+    if gate is None:
+        _print_banner(plan, opts)
+    else:
+        _check_while_workers_start(gate, cfg, opts, plan, record)
     # Full collections resume once the workers are running and this process only watches them: resumed now, the
     # first one (over all of the start-up's objects) would land while torch's agent starts the workers.
     resume_gc_timer = threading.Timer(_RESUME_GC_AFTER_S, resume_full_gc)
     resume_gc_timer.daemon = True
     resume_gc_timer.start()
-    record = LaunchRecord(_record_path(plan), record_header(plan, opts), final_path=plan.launch_json)
+    try:
+        code = _run(plan, opts, cfg, record, gate)
+    finally:
+        if gate is not None:
+            gate.close()
+    freeze_for_exit()  # only this process's exit is left: see mgpucli/heap.py
+    return code
+
+
+def _run(plan: LaunchPlan, opts: LaunchOptions, cfg, record, gate) -> int:
+    """Run the job through torch's agent, then tell how it ended."""
+    from mgpucli.console import err_console
+    from mgpucli.launch.runner import run_plan
+
     stall_s = opts.stall_s if opts.stall_s is not None else (cfg.trainer.stall_s if cfg is not None else None)
-    code = run_plan(plan, record, live=sys.stderr.isatty(), show_rank=opts.show_rank, stall_s=stall_s)
+    code = run_plan(plan, record, live=sys.stderr.isatty(), show_rank=opts.show_rank, stall_s=stall_s, gate=gate)
     if record.result.status in ("failed", "stalled"):  # end with the post-mortem (mgpu doctor RUN_DIR)
         from mgpucli.postmortem import after_launch_failure
 
@@ -268,6 +294,44 @@ def launch(opts: LaunchOptions, dry_run: bool = False) -> int:
             f"records of its earlier run are untouched; this launch's record: {record.path}", markup=False,
             highlight=False)
     return code
+
+
+def _print_banner(plan: LaunchPlan, opts: LaunchOptions) -> None:
+    from mgpucli.console import err_console
+
+    for line in _banner(plan, opts):
+        err_console().print(line, markup=False, highlight=False)
+
+
+def _check_while_workers_start(gate, cfg, opts: LaunchOptions, plan: LaunchPlan, record) -> None:
+    """The rest of the recipe's check (:func:`_deep_check`), run by ``gate`` as torch's agent starts the workers,
+    which wait for its verdict. On ``go``: the checked recipe handed over, the launch record written, the banner.
+    On a refusal: the workers killed, torch's agent quiet about it (the check's error is what the user sees)."""
+    import logging
+
+    from omegaconf import OmegaConf
+
+    from mgpucli.config import handoff
+    from mgpucli.launch import gate as verdict
+    from mgpucli.proctree import kill_children
+    from mgpucli.run_records.json_files import write_json
+
+    overrides = worker_overrides(opts)
+    os.environ[verdict.ENV] = gate.path
+    os.environ[handoff.ENV] = str(handoff.path_for(opts.recipe, overrides, plan.log_dir))
+    write_json(gate.recipe_path, OmegaConf.to_container(cfg))  # for the worker that builds its components
+
+    def go() -> None:
+        with contextlib.suppress(OSError):  # else the workers compose the recipe themselves, as under torchrun
+            handoff.write(cfg, opts.recipe, overrides, plan.log_dir)
+        record.write()
+        _print_banner(plan, opts)
+
+    def refuse() -> None:
+        logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
+        kill_children()
+
+    gate.check(lambda: _deep_check(cfg, opts, gate), go, refuse)
 
 
 def record_header(plan: LaunchPlan, opts: LaunchOptions, argv: list[str] | None = None) -> LaunchHeader:

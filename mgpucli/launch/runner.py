@@ -75,20 +75,25 @@ class RestartRefused(Exception):
 class IndexingLogsSpecs(DefaultLogsSpecs):
     """torch's default log layout, plus the launch.json index and the repeat check at every attempt."""
 
-    def __init__(self, record: LaunchRecord, **kwargs):
+    def __init__(self, record: LaunchRecord, gate=None, **kwargs):
         super().__init__(**kwargs)
         self._record = record
+        self._gate = gate  # the recipe's check still running (mgpucli.launch.gate): the record waits for its go
 
     def reify(self, envs):
         first_env = next(iter(envs.values()), {})
         attempt = int(first_env.get(env_vars.RESTART_COUNT, "0") or 0)
+        if attempt > 0 and self._gate is not None and self._gate.error is not None:
+            raise RestartRefused("the launch was refused", attempt - 1)
         if attempt > 0:
             reason = stop_reason(self._records(attempt - 1), self._records(attempt - 2))
             if reason:
                 raise RestartRefused(reason, attempt - 1)
         dest = super().reify(envs)
-        self._record.add_attempt(build_attempt(attempt, envs, dest.stdouts, dest.stderrs, dest.error_files))
-        self._record.write()
+        with self._gate.lock if self._gate is not None else contextlib.nullcontext():
+            self._record.add_attempt(build_attempt(attempt, envs, dest.stdouts, dest.stderrs, dest.error_files))
+            if self._gate is None or self._gate.passed:
+                self._record.write()
         return dest
 
     def _records(self, number: int):
@@ -302,7 +307,7 @@ def _succeeded(plan: LaunchPlan, record: LaunchRecord, took: float) -> Outcome:
         details={"attempts": len(record.attempts), "seconds": round(took, 1)})
 
 
-def _agent_config(plan: LaunchPlan, record: LaunchRecord, live: bool, show_rank: str | None):
+def _agent_config(plan: LaunchPlan, record: LaunchRecord, live: bool, show_rank: str | None, gate=None):
     """(torch's LaunchConfig, the worker command and its arguments, the attempts allowed, the live view or None):
     the plan's torchrun arguments read by torchrun's own parser, with mgpu's log spec and signals."""
     os.environ.update(plan.env)
@@ -320,7 +325,7 @@ def _agent_config(plan: LaunchPlan, record: LaunchRecord, live: bool, show_rank:
     config, cmd, cmd_args = torchrun.config_from_args(args)
     cmd_args = [*cmd_args, *job_args]  # untouched by torchrun's parser: they come last, as torchrun puts them
     config.logs_specs = IndexingLogsSpecs(
-        record, log_dir=args.log_dir, redirects=Std.from_str(args.redirects), tee=Std.from_str(args.tee)
+        record, gate, log_dir=args.log_dir, redirects=Std.from_str(args.redirects), tee=Std.from_str(args.tee)
     )
     config.signals_to_handle = _signals_for_torch(args.signals_to_handle or _TORCH_DEFAULT_SIGNALS)
     return config, cmd, cmd_args, 1 + int(args.max_restarts), view
@@ -367,14 +372,17 @@ class _Watchers:
 
 
 def run_plan(plan: LaunchPlan, record: LaunchRecord, live: bool = False, show_rank: str | None = None,
-             stall_s: float | None = None) -> int:
+             stall_s: float | None = None, gate=None) -> int:
     """Start the job, wait for it, report; returns the exit code for ``mgpu launch``. ``live``: this process shows
     rank 0's output (or ``show_rank``'s: a local rank, or "all") itself, under a progress bar for a recipe (a
-    terminal: :mod:`mgpucli.launch.live_view`) instead of torch's ``--tee``."""
-    config, cmd, cmd_args, total, view = _agent_config(plan, record, live, show_rank)
+    terminal: :mod:`mgpucli.launch.live_view`) instead of torch's ``--tee``. ``gate``: the recipe's check, started
+    with the agent (:mod:`mgpucli.launch.gate`); its refusal is raised here once the workers are gone, and what the
+    launch created removed."""
+    config, cmd, cmd_args, total, view = _agent_config(plan, record, live, show_rank, gate)
     adopt_orphans()  # what a worker killed outright leaves comes back here, and the safety net below ends it
     record.set_env(os.environ, plan.env)
-    record.write()
+    if gate is None:
+        record.write()
     handler = _Signals(record)
     handler.install()
     watchers = _Watchers(plan, record, view, stall_s)
@@ -382,6 +390,8 @@ def run_plan(plan: LaunchPlan, record: LaunchRecord, live: bool = False, show_ra
     try:
         handler.active = True
         try:
+            if gate is not None:
+                gate.start()
             elastic_launch(config, cmd)(*cmd_args)
         finally:
             handler.active = False
@@ -395,10 +405,16 @@ def run_plan(plan: LaunchPlan, record: LaunchRecord, live: bool = False, show_ra
         outcome = _signalled(plan, record, err, handler, watchers.stall, time.monotonic() - start)
     finally:
         left = kill_children()  # a safety net: torch's agent has stopped its workers on every path above
-        if left:
+        if gate is not None:
+            gate.abandon()
+        refusal = gate.refused() if gate is not None else None
+        if left and refusal is None:
             err_console().print(f"[yellow]mgpu launch: killed {len(left)} process(es) of the job still running at "
                                 "exit.[/]")
         handler.restore()
+        if refusal is not None:
+            gate.remove_created()
+            raise refusal
         record.write()
     return _record(record, outcome)
 

@@ -37,7 +37,8 @@ from typing import Protocol
 
 from mgpucli import proctree
 from mgpucli.errors import EXIT_PREEMPTED, EXIT_USAGE, Preempted, UsageError
-from mgpucli.launch import parent_watch, progress_file, restart
+from mgpucli.heap import freeze_for_exit
+from mgpucli.launch import gate, parent_watch, progress_file, restart
 from mgpucli.launch.script_job import USAGE as SCRIPT_USAGE
 from mgpucli.launch.script_job import ScriptJob
 from mgpucli.run_records import stacks
@@ -111,12 +112,27 @@ class RecipeJob:
     def run(self) -> None:
         from mgpucli.engine import train_entry
 
+        _import_the_engine()  # while the launcher checks the recipe: then its verdict (mgpucli/launch/gate.py)
+        gate.check_builds_here(self.recipe)
+        gate.wait_for_verdict()
         if self.probe_steps is not None:
             train_entry.probe_recipe(self.recipe, list(self.overrides), steps=self.probe_steps,
                                      result_file=self.probe_result, rank0_reporter=rank0_reporter)
             return
         train_entry.train_recipe(self.recipe, list(self.overrides), resume=self.resume, overwrite=self.overwrite,
                                  rank0_reporter=rank0_reporter)
+
+
+def _import_the_engine() -> None:
+    """Import what training needs before the launcher's verdict (nothing here writes anything): torch, the engine,
+    and what torch's optimizers import at their first parameter group (its dynamo; a throwaway optimizer on a
+    stand-in tensor, through public API only)."""
+    import torch
+
+    import mgpucli.engine.run  # noqa: F401
+    import mgpucli.engine.trainer  # noqa: F401
+
+    torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
 
 
 JOBS: dict[str, Callable[[Sequence[str]], Job]] = {"train": RecipeJob.parse, "script": ScriptJob.parse}
@@ -239,6 +255,7 @@ def main(argv: list[str] | None = None) -> None:
                 stacks.request_siblings(os.environ.get(ERROR_FILE_ENV))
         if code in (0, EXIT_PREEMPTED, EXIT_USAGE):
             _exit_through_signals()
+            freeze_for_exit()
         raise
     except KeyboardInterrupt:
         raise  # the agent forwarded Ctrl-C: not a failure of this worker
@@ -247,6 +264,7 @@ def main(argv: list[str] | None = None) -> None:
         stacks.request_siblings(os.environ.get(ERROR_FILE_ENV))
         raise
     _exit_through_signals()
+    freeze_for_exit()  # the job is over: its exit need not walk torch's objects (mgpucli/heap.py)
 
 
 if __name__ == "__main__":

@@ -82,3 +82,21 @@ def test_full_collections_wait_for_the_end_of_start_up_which_is_then_frozen():
 def test_settle_leaves_a_gc_it_did_not_postpone_alone():
     _, frozen, threshold = _startup("default")
     assert (frozen, threshold) == ("False", "10")
+
+
+WORKER_EXIT = """
+import atexit, gc, sys
+from mgpucli.launch import worker
+atexit.register(lambda: print("frozen at exit:", gc.get_freeze_count() > 1000, flush=True))  # runs after the job
+worker.main(["script", sys.argv[1]])
+"""
+
+
+def test_a_worker_leaves_its_heap_frozen_for_the_exit(tmp_path):
+    """Once its job is over, a worker's exit does not walk torch's objects again (mgpucli.heap.freeze_for_exit)."""
+    script = tmp_path / "job.py"
+    script.write_text("import torch\nprint('trained')\n")
+    out = subprocess.run([sys.executable, "-c", WORKER_EXIT, str(script)], capture_output=True, text=True,
+                         timeout=120, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split("\n")[:2] == ["trained", "frozen at exit: True"]

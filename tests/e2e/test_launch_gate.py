@@ -1,0 +1,92 @@
+"""A recipe's workers start while the launcher checks it, and wait for its verdict (mgpucli/launch/gate.py): a
+refused launch still leaves nothing behind."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from tests.procs import Result, assert_usage_error, proc_state
+from tests.procs import tagged as tagged_by
+
+REPO = Path(__file__).resolve().parents[2]
+TAG = "MGPU_E2E_TAG"
+
+# A model whose module takes a while to import (the launcher's check imports it) and whose constructor refuses.
+SLOW_MODEL = """
+import time
+time.sleep(4)
+
+import torch
+
+
+class Net(torch.nn.Module):
+    def __init__(self, width: int = 8):
+        super().__init__()
+        if width < 0:
+            raise ValueError(f"width must be positive, got {width}")
+        self.fc = torch.nn.Linear(32, 4)
+"""
+
+
+def test_a_refused_recipe_leaves_no_log_no_run_dir_and_no_process_of_the_workers_that_started(tmp_path):
+    (tmp_path / "slowmodel.py").write_text(SLOW_MODEL)
+    env = {**os.environ, TAG: f"gate-{os.getpid()}", "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    cmd = [sys.executable, "-m", "mgpucli", "launch", "--cpu", "--nproc", "2", "quickstart",
+           "model._target_=slowmodel.Net", "~model.in_features", "~model.out_features", "~model.hidden",
+           "+model.width=-1"]
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    workers_seen: set[int] = set()
+    try:
+        while proc.poll() is None:  # the workers start while the check is still importing the slow module
+            workers_seen |= {pid for pid in tagged_by(TAG, env[TAG]) if b"mgpucli.launch.worker" in _cmdline(pid)}
+            time.sleep(0.1)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert workers_seen, "no worker started before the verdict"
+    assert_usage_error(Result(proc.returncode, out, err, proc.pid, 0.0), "model: building slowmodel.Net failed",
+                       "width must be positive")
+    assert not (tmp_path / "runs").exists()  # no run dir, no worker log, no launch record
+    assert "mgpu launch: 2 CPU worker(s)" not in err  # the banner belongs to a launch that goes ahead
+    assert not [pid for pid in workers_seen if proc_state(pid) not in (None, "Z")]
+    assert not tagged_by(TAG, env[TAG])
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+LAUNCHER = """
+import atexit, sys
+atexit.register(lambda: print("launcher imported dynamo:", "torch._dynamo" in sys.modules, flush=True))
+sys.argv = ["mgpu", *sys.argv[1:]]
+from mgpucli.cli.app import main
+main()
+"""
+
+
+def test_local_rank_0_builds_the_components_so_the_launcher_never_imports_dynamo(tmp_path):
+    """The optimizer's check imports torch's dynamo (its first add_param_group does): the worker that needs it anyway
+    builds the components and reports; the launcher still refuses a bad value, and trains a good recipe."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    base = [sys.executable, "-c", LAUNCHER, "launch", "--cpu", "--nproc", "2", "quickstart"]
+    bad = subprocess.run([*base, "optim.momentum=-1"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                         timeout=180)
+    assert_usage_error(Result(bad.returncode, bad.stdout, bad.stderr, 0, 0.0),
+                       "optim: building torch.optim.SGD failed: ValueError: Invalid momentum value: -1")
+    assert not (tmp_path / "runs").exists()
+    good = subprocess.run([*base, "trainer.epochs=1", "data.train.num_samples=256"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=180)
+    assert good.returncode == 0, good.stderr
+    assert "launcher imported dynamo: False" in good.stdout
+    assert (tmp_path / "runs" / "quickstart" / "checkpoints" / "last.pt").exists()
