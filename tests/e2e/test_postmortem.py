@@ -92,7 +92,10 @@ def test_user_exception_on_rank_1(tmp_path: Path, env: dict):
 
 def test_nan_loss(tmp_path: Path, env: dict):
     run_dir = tmp_path / "run"
-    assert launch(run_dir, env, faults={"MGPU_FAULT": "nan@rank=1@step=3"}).returncode == 1
+    res = launch(run_dir, env, faults={"MGPU_FAULT": "nan@rank=1@step=3"})
+    assert res.returncode == 1, res.output
+    assert "NaN or inf at step 3" in res.output  # the run stops naming the step
+    assert not (run_dir / "checkpoints" / "last.pt").exists()  # never saved from a NaN state
     code, report, _ = doctor(run_dir, env)
     first = report["first_failure"]
     assert code == 1 and first["signature"] == "nan_loss" and first["step"] == 3
