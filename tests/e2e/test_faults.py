@@ -11,7 +11,6 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
 import torch
 
 from mgpucli import proctree
@@ -79,25 +78,15 @@ def _wait_for_step(run_dir, step: int, proc, timeout: float = 60) -> None:
     raise AssertionError(f"step {step} not reached")
 
 
-# The run both stop-and-resume tests compare with: dropout makes the RNG state matter on resume, checkpoints every 8
-# steps give the SIGKILLed run one to resume from (16 steps per epoch).
-COMMON = ["trainer.epochs=3", "+model.dropout=0.1", "trainer.checkpoint_every_steps=8"]
-
-
-@pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory) -> dict:
-    """The final checkpoint of the uninterrupted 2-process COMMON run, launched once for both tests."""
-    cwd = tmp_path_factory.mktemp("uninterrupted")
-    full = mgpu("launch", "--cpu", "--nproc", "2", QUICK, *SMALL, *COMMON, "run_dir=full", cwd=cwd, timeout=180)
+def test_sigterm_to_launch_checkpoints_and_resume_equals_uninterrupted(tmp_path):
+    common = ["trainer.epochs=3", "+model.dropout=0.1"]
+    full = mgpu("launch", "--cpu", "--nproc", "2", QUICK, *SMALL, *common, "run_dir=full", cwd=tmp_path,
+                timeout=180)
     assert full.returncode == 0, full.output
-    return load_ckpt(cwd / "full/checkpoints/last.pt")
-
-
-def test_sigterm_to_launch_checkpoints_and_resume_equals_uninterrupted(tmp_path, uninterrupted):
     # Every step sleeps 0.1 s on every rank (the math is unchanged), so the SIGTERM sent once step 20 is logged
     # (at step 21) lands mid-epoch for sure: without it, the remaining ~ms steps could all finish first. Steps that
     # slow also give each log interval an all-reduce of its own (short ones share one, agreed at the next).
-    proc = _launch(tmp_path, *COMMON, "run_dir=part", env={"MGPU_FAULT": "sleep", "MGPU_FAULT_SLEEP": "0.1"})
+    proc = _launch(tmp_path, *common, "run_dir=part", env={"MGPU_FAULT": "sleep", "MGPU_FAULT_SLEEP": "0.1"})
     try:
         _wait_for_step(tmp_path / "part", 20, proc)  # mid-epoch 2 (16 steps per epoch)
         os.killpg(proc.pid, signal.SIGTERM)  # what SLURM / Kubernetes send
@@ -108,15 +97,20 @@ def test_sigterm_to_launch_checkpoints_and_resume_equals_uninterrupted(tmp_path,
     assert "stopped by SIGTERM at step" in err and "--resume auto" in err
     mid = load_ckpt(tmp_path / "part/checkpoints/last.pt")
     assert 20 <= mid["step"] < 48 and mid["mid_epoch"]
-    resumed = mgpu("launch", "--cpu", "--nproc", "2", QUICK, *SMALL, *COMMON, "run_dir=part", "--resume", "auto",
+    resumed = mgpu("launch", "--cpu", "--nproc", "2", QUICK, *SMALL, *common, "run_dir=part", "--resume", "auto",
                    cwd=tmp_path, timeout=180)
     assert resumed.returncode == 0, resumed.output
-    assert same_weights(uninterrupted, load_ckpt(tmp_path / "part/checkpoints/last.pt"))
+    assert same_weights(load_ckpt(tmp_path / "full/checkpoints/last.pt"),
+                        load_ckpt(tmp_path / "part/checkpoints/last.pt"))
     assert group_alive(proc.pid) == []
 
 
-def test_sigkill_of_a_worker_then_resume_equals_uninterrupted(tmp_path, uninterrupted):
-    proc = _launch(tmp_path, *COMMON, "run_dir=part")
+def test_sigkill_of_a_worker_then_resume_equals_uninterrupted(tmp_path):
+    common = ["trainer.epochs=3", "trainer.checkpoint_every_steps=8"]
+    full = mgpu("launch", "--cpu", "--nproc", "2", QUICK, *SMALL, *common, "run_dir=full", cwd=tmp_path,
+                timeout=180)
+    assert full.returncode == 0, full.output
+    proc = _launch(tmp_path, *common, "run_dir=part")
     try:
         _wait_for_step(tmp_path / "part", 20, proc)
         workers = {int(environ_of(p).get("RANK", -1)): p for p in _children_named(proc.pid, "mgpucli")}
@@ -135,10 +129,11 @@ def test_sigkill_of_a_worker_then_resume_equals_uninterrupted(tmp_path, uninterr
     assert all(not _alive(pid) for pid in workers.values())
     result = json.loads((tmp_path / "part/launch.json").read_text())["result"]
     assert result["status"] == "failed" and result["first_failed_rank"] == 1, result
-    resumed = mgpu("launch", "--cpu", "--nproc", "2", QUICK, *SMALL, *COMMON, "run_dir=part", "--resume", "auto",
+    resumed = mgpu("launch", "--cpu", "--nproc", "2", QUICK, *SMALL, *common, "run_dir=part", "--resume", "auto",
                    cwd=tmp_path, timeout=180)
     assert resumed.returncode == 0, resumed.output
-    assert same_weights(uninterrupted, load_ckpt(tmp_path / "part/checkpoints/last.pt"))
+    assert same_weights(load_ckpt(tmp_path / "full/checkpoints/last.pt"),
+                        load_ckpt(tmp_path / "part/checkpoints/last.pt"))
 
 
 def _alive(pid: int) -> bool:
