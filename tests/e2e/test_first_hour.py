@@ -8,14 +8,16 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import pytest
 
 from mgpucli import proctree
-from tests.e2e.test_launch import SHORT, run_launch, tag  # noqa: F401 - tag is a fixture
+from tests.e2e.test_launch import SHORT, run_launch, tag, tagged, wait_until  # noqa: F401 - tag is a fixture
 from tests.procs import assert_usage_error, mgpu
 
 
@@ -30,10 +32,30 @@ def _torch_log_dirs(run_dir: Path) -> set[str]:
     return {p.name for p in (run_dir / "logs").glob("mgpu-*") if p.is_dir()}
 
 
-def test_second_launch_into_a_finished_run_is_refused_before_any_worker(tmp_path: Path, tag: str):  # noqa: F811
-    code, first = run_launch(["--cpu", "--nproc", "2", "quickstart", *SHORT], tmp_path, tag)
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory) -> Path:
+    """The working directory of a finished 2-process launch of the quickstart (``runs/quickstart``), read-only: the
+    tests that launch again into it work on a copy (``finished_here``)."""
+    cwd = tmp_path_factory.mktemp("finished")
+    mine = uuid.uuid4().hex
+    code, first = run_launch(["--cpu", "--nproc", "2", "quickstart", *SHORT], cwd, mine)
     assert code == 0, first.output
-    run_dir = tmp_path / "runs" / "quickstart"
+    assert wait_until(lambda: not tagged(mine), 20), f"processes left behind: {tagged(mine)}"
+    return cwd
+
+
+@pytest.fixture
+def finished_here(finished: Path, tmp_path: Path) -> Path:
+    """``finished``'s run copied into tmp_path, its launch records naming the copy's files, as if it had run there."""
+    shutil.copytree(finished / "runs", tmp_path / "runs", symlinks=True)
+    for record in (tmp_path / "runs").rglob("launch*.json"):
+        record.write_text(record.read_text().replace(str(finished), str(tmp_path)))
+    return tmp_path / "runs" / "quickstart"
+
+
+def test_second_launch_into_a_finished_run_is_refused_before_any_worker(tmp_path: Path, tag: str,  # noqa: F811
+                                                                        finished_here: Path):
+    run_dir = finished_here
     records = {name: (run_dir / name).read_bytes() for name in ("launch.json", "metrics.jsonl")}
     logs_before = _torch_log_dirs(run_dir)
 
@@ -53,10 +75,9 @@ def test_second_launch_into_a_finished_run_is_refused_before_any_worker(tmp_path
         assert flag not in r.stderr.split("error:", 1)[1]  # the suggested commands launch for real
 
 
-def test_a_launch_that_fails_before_training_keeps_the_earlier_records(tmp_path: Path, tag: str):  # noqa: F811
-    code, first = run_launch(["--cpu", "--nproc", "2", "quickstart", *SHORT], tmp_path, tag)
-    assert code == 0, first.output
-    run_dir = tmp_path / "runs" / "quickstart"
+def test_a_launch_that_fails_before_training_keeps_the_earlier_records(tmp_path: Path, tag: str,  # noqa: F811
+                                                                       finished_here: Path):
+    run_dir = finished_here
     launch_json = (run_dir / "launch.json").read_bytes()
 
     # A resume whose checkpoint does not fit the model: only the workers can know, after they started.

@@ -18,6 +18,7 @@ from tests.procs import free_port
 
 tag = test_launch.tag  # the fixture: a fresh tag, and no tagged process left after the test
 baseline = test_launch.baseline  # the fixture: the final weights of `--cpu --nproc 2` on one node
+short_run = test_launch.short_run  # the fixture baseline reads: that one-node run
 SCRIPT = Path(__file__).parent / "scripts" / "torchrun_style.py"
 
 

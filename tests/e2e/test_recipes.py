@@ -82,21 +82,28 @@ def test_a_copy_is_named_after_its_file_and_trains_into_its_own_run_dir(tmp_path
     assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["my"]
 
 
-def test_the_quickstart_schedule_spans_the_run_on_two_processes(tmp_path):
-    """${total_steps:}: 4096 samples, batch 32, 2 processes, 6 epochs = 384 steps; one cosine from the initial
+def test_launch_by_name_on_two_cpu_processes_and_its_schedule_spans_the_run(tmp_path):
+    """${total_steps:}: 1024 samples, batch 32, 2 processes, 6 epochs = 96 steps; one cosine from the initial
     rate down to its minimum at the run's last step (the launcher hands the recipe to its workers unresolved)."""
-    r = _launch_on_two_cpus("quickstart", "trainer.epochs=6", cwd=tmp_path, timeout=240)
+    r = _launch_on_two_cpus("quickstart", "data.train.num_samples=1024", "trainer.epochs=6", cwd=tmp_path,
+                            timeout=240)
     assert r.returncode == 0, r.output
     run_dir = tmp_path / "runs" / "quickstart"
     trains = [m for m in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())
               if m["split"] == "train"]
     lrs = [m["lr"] for m in trains]
-    assert trains[-1]["step"] == 384 and lrs[-1] == pytest.approx(0.0, abs=1e-9)
+    assert trains[-1]["step"] == 96 and lrs[-1] == pytest.approx(0.0, abs=1e-9)
     assert all(a >= b for a, b in zip(lrs, lrs[1:], strict=False)) and min(lrs[:-1]) > 1e-6  # down once, to the end
-    assert "  T_max: 384\n" in (run_dir / "recipe.yaml").read_text()
-    assert "  T_max: 384\n" in load_ckpt(run_dir / "checkpoints" / "last.pt")["recipe"]
+    assert "  T_max: 96\n" in (run_dir / "recipe.yaml").read_text()
+    last = load_ckpt(run_dir / "checkpoints" / "last.pt")
+    assert "  T_max: 96\n" in last["recipe"] and last["world_size"] == 2
     r = mgpu("validate", "runs/quickstart/checkpoints/last.pt", "--json", cwd=tmp_path, timeout=120)
     assert r.returncode == 0 and json.loads(r.stdout)["samples"] == 1001, r.output
+    # ... and the checkpoint validates against the shipped recipe by name.
+    r = mgpu("validate", "runs/quickstart/checkpoints/last.pt", "--recipe", "quickstart", "data.val.num_samples=64",
+             "--json", cwd=tmp_path, timeout=120)
+    assert r.returncode == 0, r.output
+    assert json.loads(r.stdout)["samples"] == 64
 
 
 def _launch_on_two_cpus(*args: str, cwd, timeout: float) -> Result:
@@ -175,14 +182,3 @@ def test_launch_check_uses_the_workers_overrides_and_starts_nothing(tmp_path):
     assert r.returncode == 0 and "ok: shipped recipe quickstart" in r.stderr, r.output
     assert_usage_error(mgpu("launch", "--cpu", "quickstart", "trainer.device=cuda", "--check", cwd=tmp_path,
                             timeout=60), "--cpu conflicts with the override 'trainer.device=cuda'")
-
-
-def test_launch_by_name_on_two_cpu_processes(tmp_path):
-    r = mgpu("launch", "--cpu", "--nproc", "2", "quickstart", *SMALL, cwd=tmp_path, timeout=180)
-    assert r.returncode == 0, r.output
-    assert load_ckpt(tmp_path / "runs/quickstart/checkpoints/last.pt")["world_size"] == 2
-    # ... and the checkpoint validates against the shipped recipe by name.
-    r = mgpu("validate", "runs/quickstart/checkpoints/last.pt", "--recipe", "quickstart", "data.val.num_samples=64",
-             "--json", cwd=tmp_path, timeout=120)
-    assert r.returncode == 0, r.output
-    assert json.loads(r.stdout)["samples"] == 64

@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 
-from tests.procs import RECIPES, free_port, group_alive, load_ckpt, mgpu, run, torchrun
+from tests.procs import RECIPES, free_port, load_ckpt, mgpu, run, torchrun
 
 QUICK = str(RECIPES / "quickstart.yaml")
 # A smaller quickstart so each run takes a few seconds on 2 cores.
@@ -145,14 +145,6 @@ def test_resume_with_plain_sgd_keeps_the_schedule(tmp_path):
     # the schedule carried on (the lr is 20 steps in, not 10) and training is the uninterrupted run's
     assert resumed["optimizer"]["param_groups"] == expected["optimizer"]["param_groups"]
     assert all(torch.equal(resumed["model"][k], expected["model"][k]) for k in expected["model"])
-
-
-def test_nan_loss_stops_the_run_naming_the_step(tmp_path):
-    r = torchrun(2, "train", QUICK, *SMALL, "trainer.epochs=1", cwd=tmp_path, env={"MGPU_FAULT": "nan@rank=1@step=3"})
-    assert r.returncode != 0
-    assert "NaN or inf at step 3" in r.output
-    assert not (tmp_path / "runs/quickstart/checkpoints/last.pt").exists()  # never saved from a NaN state
-    assert group_alive(r.pid) == []
 
 
 def test_nan_single_process_exit_code_1_without_traceback(tmp_path):
