@@ -185,11 +185,17 @@ class Trainer:
         if resumed is not None and resumed.loader is not None:
             loader.load_state_dict(resumed.loader)  # the same process count: this rank's own loader position
             self._batches_taken = resumed.batches_taken
-        if resumed is None or (resumed.loader is None and resumed.epoch_start is None):
+        # Building the iterator draws from the RNG. A checkpoint saved at an epoch's end holds the RNG before the next
+        # epoch's draw: restored before it. One saved mid-epoch holds it after its epoch's draw: restored after it.
+        rng = resumed.rng if resumed is not None else None
+        at_epoch_start = resumed is None or (resumed.loader is None and resumed.epoch_start is None)
+        if at_epoch_start:
             self.intervals.new_epoch()  # else the epoch's sums came with the checkpoint
-        batches = iter(loader)  # building the iterator draws from the RNG: restore RNG after it
-        if resumed is not None and resumed.rng is not None:
-            engine_state.restore_rng(resumed.rng, self.runtime.device)
+            if rng is not None:
+                engine_state.restore_rng(rng, self.runtime.device)
+        batches = iter(loader)
+        if rng is not None and not at_epoch_start:
+            engine_state.restore_rng(rng, self.runtime.device)
         done = max(0, position.step - position.epoch * steps_per_epoch)
         self.reporter.epoch_start(position.epoch + 1, steps_per_epoch, done)
         self.trained.model.train.train()

@@ -108,11 +108,15 @@ def test_sigterm_to_launch_checkpoints_and_resume_equals_uninterrupted(tmp_path)
 
 
 def test_sigkill_of_a_worker_then_resume_equals_uninterrupted(tmp_path):
-    common = ["trainer.epochs=3", "trainer.checkpoint_every_steps=8"]
+    # Killed after step 20, the run resumes from its last checkpoint: step 16, the end of epoch 1 (16 steps an
+    # epoch). With dropout, the RNG it restores must be the one the next epoch's loader iterator draws from.
+    common = ["trainer.epochs=3", "trainer.checkpoint_every_steps=8", "+model.dropout=0.1"]
     full = mgpu("launch", "--cpu", "--nproc", "2", QUICK, *SMALL, *common, "run_dir=full", cwd=tmp_path,
                 timeout=180)
     assert full.returncode == 0, full.output
-    proc = _launch(tmp_path, *common, "run_dir=part")
+    # Every step sleeps 0.3 s (the math is unchanged): the kill lands before the last step, and before step 24's
+    # checkpoint, for sure.
+    proc = _launch(tmp_path, *common, "run_dir=part", env={"MGPU_FAULT": "sleep", "MGPU_FAULT_SLEEP": "0.3"})
     try:
         _wait_for_step(tmp_path / "part", 20, proc)
         workers = {int(environ_of(p).get("RANK", -1)): p for p in _children_named(proc.pid, "mgpucli")}
@@ -134,6 +138,7 @@ def test_sigkill_of_a_worker_then_resume_equals_uninterrupted(tmp_path):
     resumed = mgpu("launch", "--cpu", "--nproc", "2", QUICK, *SMALL, *common, "run_dir=part", "--resume", "auto",
                    cwd=tmp_path, timeout=180)
     assert resumed.returncode == 0, resumed.output
+    assert "resumed from part/checkpoints/last.pt at step 16 (epoch 1)" in resumed.output, resumed.output
     assert same_weights(load_ckpt(tmp_path / "full/checkpoints/last.pt"),
                         load_ckpt(tmp_path / "part/checkpoints/last.pt"))
 
