@@ -171,7 +171,9 @@ def check_builds_here(source: str, environ: dict[str, str] | None = None) -> Non
         from omegaconf import OmegaConf
 
         from mgpucli.config.components import check_builds
+        from mgpucli.engine.run import ensure_cwd_on_path
 
+        ensure_cwd_on_path()  # the user's components in the working directory, as the launcher finds them
         check_builds(OmegaConf.create(_read(os.path.join(folder, "recipe.json"))), source)
     except MgpuError as err:
         report = {"problems": getattr(err, "problems", None), "message": err.message, "hint": err.hint,
