@@ -30,4 +30,11 @@ print(f"rank {rank}: helpers started", flush=True)
 if how == "--wait":
     while True:
         time.sleep(1)
+# Every rank has started its helpers before any ends (a file barrier in the working directory): a rank that fails
+# first would have torch's agent stop the others before theirs start.
+open(f"{marker}-ready-{rank}", "w").close()
+deadline = time.monotonic() + 60
+world = int(os.environ.get("WORLD_SIZE", "1"))
+while time.monotonic() < deadline and not all(os.path.exists(f"{marker}-ready-{r}") for r in range(world)):
+    time.sleep(0.05)
 sys.exit(int(sys.argv[3]))
