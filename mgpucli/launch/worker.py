@@ -37,7 +37,7 @@ from typing import Protocol
 
 from mgpucli import proctree
 from mgpucli.errors import EXIT_PREEMPTED, EXIT_USAGE, Preempted, UsageError
-from mgpucli.heap import freeze_for_exit
+from mgpucli.heap import freeze_for_exit, postpone_full_gc, steady_heap
 from mgpucli.launch import gate, parent_watch, progress_file, restart
 from mgpucli.launch.script_job import USAGE as SCRIPT_USAGE
 from mgpucli.launch.script_job import ScriptJob
@@ -112,6 +112,8 @@ class RecipeJob:
     def run(self) -> None:
         from mgpucli.engine import train_entry
 
+        steady_heap()  # before torch's allocations, and no full collection walks its imports (mgpucli/heap.py)
+        postpone_full_gc()
         _import_the_engine()  # while the launcher checks the recipe: then its verdict (mgpucli/launch/gate.py)
         gate.check_builds_here(self.recipe)
         gate.wait_for_verdict()

@@ -100,3 +100,23 @@ def test_a_worker_leaves_its_heap_frozen_for_the_exit(tmp_path):
                          timeout=120, cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split("\n")[:2] == ["trained", "frozen at exit: True"]
+
+
+RECIPE_WORKER_START = """
+import gc
+full = []
+gc.callbacks.append(lambda phase, info: full.append(1) if phase == "stop" and info["generation"] == 2 else None)
+from mgpucli.engine import train_entry
+from mgpucli.launch import worker
+train_entry.train_recipe = lambda *args, **kwargs: print("full collections:", len(full), flush=True)
+worker.RecipeJob("recipe.yaml").run()  # imports torch, its dynamo and the engine, then 'trains'
+"""
+
+
+def test_a_recipe_workers_imports_run_no_full_collection(tmp_path):
+    """A launched worker imports torch and the engine before the launcher's verdict: with full collections postponed
+    from its first line (mgpucli/heap.py), none walks torch's growing heap (CPython would run several)."""
+    out = subprocess.run([sys.executable, "-c", RECIPE_WORKER_START], capture_output=True, text=True, timeout=120,
+                         cwd=tmp_path, env={k: v for k, v in os.environ.items() if not k.startswith("MGPU_")})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "full collections: 0"
