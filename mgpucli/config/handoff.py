@@ -1,9 +1,10 @@
 """A launcher's checked recipe, handed to its workers so that they skip composing it again.
 
-``mgpu launch`` composes and checks the recipe once, before it starts anything; each worker then trains the
-same recipe with the same overrides. Composing it again there (Hydra's compose, the schema merge, the
-``_target_`` checks) would add a few tenths of a second to every worker's time to first step. So the launcher
-writes the resolved recipe to a file and names it in ``MGPU_CHECKED_RECIPE``; a worker takes it only when its
+``mgpu launch`` composes the recipe once and checks it while its workers start (they wait for its verdict before
+they train: mgpucli/launch/gate.py); each worker then trains the same recipe with the same overrides. Composing it
+again there (Hydra's compose, the schema merge, the ``_target_`` checks) would add a few tenths of a second to every
+worker's time to first step. So the launcher writes the composed recipe to a file before its workers start and
+names it in ``MGPU_CHECKED_RECIPE``; a worker takes it only when its
 fingerprint (the recipe file's bytes and the overrides) matches the worker's own arguments, and composes as usual
 otherwise (plain ``torchrun ... mgpu train``, a recipe edited since, other overrides, an unreadable file).
 """
@@ -36,15 +37,10 @@ def fingerprint(recipe: str, overrides: list[str]) -> str:
     return hashlib.sha1(content + b"\0" + "\0".join(overrides).encode()).hexdigest()
 
 
-def path_for(recipe: str, overrides: list[str], directory: str | Path) -> Path:
-    """Where :func:`write` puts this recipe's checked copy (known before it is written: the workers start with it)."""
-    return Path(directory) / f"checked-recipe-{fingerprint(recipe, overrides)[:16]}.json"
-
-
 def write(cfg: DictConfig, recipe: str, overrides: list[str], directory: str | Path) -> Path:
-    """Write the checked recipe for the workers (atomically); returns the path to put in ``MGPU_CHECKED_RECIPE``."""
+    """Write the composed recipe for the workers (atomically); returns the path to put in ``MGPU_CHECKED_RECIPE``."""
     mark = fingerprint(recipe, overrides)
-    path = path_for(recipe, overrides, directory)
+    path = Path(directory) / f"checked-recipe-{mark[:16]}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     write_json(str(path), {"fingerprint": mark, "recipe": OmegaConf.to_container(cfg)})
     return path

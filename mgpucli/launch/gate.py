@@ -3,8 +3,8 @@
 ``mgpu launch`` composes the recipe, builds the plan and checks the run dir (all quick), then starts torch's agent at
 once, and checks the rest of the recipe meanwhile (the ``_target_`` signatures, the trackers, the optimizer,
 scheduler, task and model built: what imports most of torch, and its dynamo). Each worker imports what its job
-needs (torch, the engine) during that check and then waits here, before it reads the recipe or writes anything, for
-the launcher's verdict: a small file that says ``go`` or ``refused``. A refused launch kills the workers (one that is
+needs (torch, the engine) during that check and then waits here, before it trains or writes anything, for the
+launcher's verdict: a small JSON file that says ``go`` or ``refused``. A refused launch kills the workers (one that is
 not yet waiting ends at the verdict, exit 2, writing nothing), removes what the launch created (the run dir if it
 made it, else its log folders) and fails with the check's own error, exit 2: nothing the user sees is left, as when
 the check ran before any worker started.
@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable
 
 from mgpucli import env_vars
+from mgpucli.run_records.json_files import read_json_object, write_json
 
 ENV = "MGPU_LAUNCH_VERDICT"
 GO, REFUSED = "go", "refused"
@@ -60,20 +61,15 @@ class Gate:
             except BaseException as err:  # noqa: BLE001 - any failure of the check refuses the launch
                 with self.lock:
                     self.error = err
-                    _write(self.path, REFUSED)
+                    write_json(self.path, {"verdict": REFUSED})
                 on_refusal()
                 return
             with self.lock:
                 on_go()
                 self.passed = True
-                _write(self.path, GO)
+                write_json(self.path, {"verdict": GO})
 
         self._thread = threading.Thread(target=run, name="mgpu-recipe-check", daemon=True)
-
-    @property
-    def recipe_path(self) -> str:
-        """The composed recipe, for the worker that builds its components (:func:`check_builds_here`)."""
-        return os.path.join(self._dir, "recipe.json")
 
     def builds_checked(self, source: str) -> None:
         """Wait for local rank 0's report on building the recipe's components (:func:`check_builds_here`): that
@@ -81,11 +77,10 @@ class Gate:
         never does. Raises the problems it found, as :func:`mgpucli.config.components.check_builds` would here."""
         from mgpucli.errors import MgpuError, RecipeError, UsageError
 
-        path = os.path.join(self._dir, "builds.json")
-        while not os.path.exists(path):
+        path = _builds_report(self.path)
+        while (report := read_json_object(path)) is None:
             if self._abandoned.wait(_POLL_S):
                 raise _Abandoned
-        report = _read(path)
         if report.get("problems"):
             raise RecipeError(source, report["problems"], report.get("hint"))
         if report.get("message"):
@@ -136,54 +131,41 @@ class Gate:
         shutil.rmtree(self._dir, ignore_errors=True)
 
 
-def _write(path: str, verdict: str) -> None:
-    tmp = f"{path}.tmp"
-    with open(tmp, "w") as fh:
-        fh.write(verdict)
-    os.replace(tmp, path)
+def _builds_report(verdict: str) -> str:
+    """Local rank 0's report on building the components, beside the verdict."""
+    return os.path.join(os.path.dirname(verdict), "builds.json")
 
 
-def _read(path: str) -> dict:
-    import json
-
-    with open(path) as fh:
-        return json.load(fh)
-
-
-def check_builds_here(source: str, environ: dict[str, str] | None = None) -> None:
+def check_builds_here(source: str, overrides: list[str], environ: dict[str, str] | None = None) -> None:
     """In local rank 0 of a launch that waits for it, before the verdict: build the recipe's components as the
     launcher's check would (:func:`mgpucli.config.components.check_builds`: nothing written, the model on the meta
-    device) and report what went wrong, or nothing, beside the verdict."""
-    import json
+    device) and report what went wrong, or nothing, beside the verdict. The recipe is the one the launcher composed
+    and handed to the workers (:mod:`mgpucli.config.handoff`), or, should that file be missing, composed here."""
     import traceback
 
     env = os.environ if environ is None else environ
     verdict, launcher = env.get(ENV), env.get(env_vars.LAUNCH_PID)
     if not verdict or not launcher or str(os.getppid()) != launcher or env.get("LOCAL_RANK") != "0":
         return
-    folder = os.path.dirname(verdict)
     if os.path.exists(verdict):  # a restart of the job: the launcher gave its verdict already
         return
     from mgpucli.errors import MgpuError, UsageError
 
     report: dict = {}
     try:
-        from omegaconf import OmegaConf
-
+        from mgpucli.config import handoff, load_recipe
         from mgpucli.config.components import check_builds
         from mgpucli.engine.run import ensure_cwd_on_path
 
         ensure_cwd_on_path()  # the user's components in the working directory, as the launcher finds them
-        check_builds(OmegaConf.create(_read(os.path.join(folder, "recipe.json"))), source)
+        cfg = handoff.read(source, overrides)
+        check_builds(cfg if cfg is not None else load_recipe(source, overrides), source)
     except MgpuError as err:
         report = {"problems": getattr(err, "problems", None), "message": err.message, "hint": err.hint,
                   "usage": isinstance(err, UsageError)}
     except Exception:  # noqa: BLE001 - a bug in a component: the launcher shows its traceback
         report = {"crash": traceback.format_exc()}
-    tmp = os.path.join(folder, "builds.json.tmp")
-    with open(tmp, "w") as fh:
-        json.dump(report, fh)
-    os.replace(tmp, os.path.join(folder, "builds.json"))
+    write_json(_builds_report(verdict), report)
 
 
 def wait_for_verdict(environ: dict[str, str] | None = None) -> None:
@@ -193,17 +175,9 @@ def wait_for_verdict(environ: dict[str, str] | None = None) -> None:
     path, launcher = env.get(ENV), env.get(env_vars.LAUNCH_PID)
     if not path or not launcher or str(os.getppid()) != launcher:
         return
-    while True:
-        try:
-            with open(path) as fh:
-                verdict = fh.read()
-        except FileNotFoundError:
-            if str(os.getppid()) != launcher:  # the launcher is gone (its watch ends this worker too)
-                os._exit(1)
-            time.sleep(_POLL_S)
-            continue
-        if verdict == GO:
-            return
-        if verdict == REFUSED:
-            os._exit(2)  # nothing of this worker may remain (no failure record, no exit hooks)
-        time.sleep(_POLL_S)  # a file being written
+    while (verdict := read_json_object(path)) is None:
+        if str(os.getppid()) != launcher:  # the launcher is gone (its watch ends this worker too)
+            os._exit(1)
+        time.sleep(_POLL_S)
+    if verdict.get("verdict") != GO:
+        os._exit(2)  # refused: nothing of this worker may remain (no failure record, no exit hooks)

@@ -305,25 +305,21 @@ def _print_banner(plan: LaunchPlan, opts: LaunchOptions) -> None:
 
 def _check_while_workers_start(gate, cfg, opts: LaunchOptions, plan: LaunchPlan, record) -> None:
     """The rest of the recipe's check (:func:`_deep_check`), run by ``gate`` as torch's agent starts the workers,
-    which wait for its verdict. On ``go``: the checked recipe handed over, the launch record written, the banner.
-    On a refusal: the workers killed, torch's agent quiet about it (the check's error is what the user sees)."""
+    which wait for its verdict. The composed recipe is handed to them at once (local rank 0 builds its components
+    for the check; every worker trains it after ``go``). On ``go``: the launch record written, the banner. On a
+    refusal: the workers killed, torch's agent quiet about it (the check's error is what the user sees)."""
     import logging
-
-    from omegaconf import OmegaConf
 
     from mgpucli.config import handoff
     from mgpucli.launch import gate as verdict
     from mgpucli.proctree import kill_children
-    from mgpucli.run_records.json_files import write_json
 
-    overrides = worker_overrides(opts)
     os.environ[verdict.ENV] = gate.path
-    os.environ[handoff.ENV] = str(handoff.path_for(opts.recipe, overrides, plan.log_dir))
-    write_json(gate.recipe_path, OmegaConf.to_container(cfg))  # for the worker that builds its components
+    os.environ.pop(handoff.ENV, None)
+    with contextlib.suppress(OSError):  # else the workers compose the recipe themselves, as under torchrun
+        os.environ[handoff.ENV] = str(handoff.write(cfg, opts.recipe, worker_overrides(opts), plan.log_dir))
 
     def go() -> None:
-        with contextlib.suppress(OSError):  # else the workers compose the recipe themselves, as under torchrun
-            handoff.write(cfg, opts.recipe, overrides, plan.log_dir)
         record.write()
         _print_banner(plan, opts)
 

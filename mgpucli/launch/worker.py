@@ -115,7 +115,7 @@ class RecipeJob:
         steady_heap()  # before torch's allocations, and no full collection walks its imports (mgpucli/heap.py)
         postpone_full_gc()
         _import_the_engine()  # while the launcher checks the recipe: then its verdict (mgpucli/launch/gate.py)
-        gate.check_builds_here(self.recipe)
+        gate.check_builds_here(self.recipe, list(self.overrides))
         gate.wait_for_verdict()
         if self.probe_steps is not None:
             train_entry.probe_recipe(self.recipe, list(self.overrides), steps=self.probe_steps,

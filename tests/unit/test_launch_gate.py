@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+import pytest
 
 from mgpucli.launch import gate
 
@@ -24,7 +27,7 @@ def _verdict(tmp_path: Path, word: str) -> tuple[int, str]:
     try:
         time.sleep(0.5)
         assert proc.poll() is None  # waiting for the verdict
-        path.write_text(word)
+        path.write_text(json.dumps({"verdict": word}))
         out, _ = proc.communicate(timeout=60)
     finally:
         proc.kill()
@@ -69,37 +72,37 @@ def test_the_check_gives_its_verdict_and_its_error(tmp_path):
     try:
         passed.check(lambda: None, lambda: said.append("go"), lambda: said.append("killed"))
         passed.start()
-        assert passed.refused() is None and Path(passed.path).read_text() == gate.GO
+        assert passed.refused() is None and json.loads(Path(passed.path).read_text()) == {"verdict": gate.GO}
 
         def bad() -> None:
             raise ValueError("no")
 
         refused.check(bad, lambda: said.append("go?"), lambda: said.append("killed"))
         refused.start()
-        assert isinstance(refused.refused(), ValueError) and Path(refused.path).read_text() == gate.REFUSED
+        assert isinstance(refused.refused(), ValueError)
+        assert json.loads(Path(refused.path).read_text()) == {"verdict": gate.REFUSED}
     finally:
         passed.close()
         refused.close()
     assert said == ["go", "killed"] and not os.path.exists(os.path.dirname(passed.path))
 
 
-def test_local_rank_0_reports_the_components_problems_to_the_launcher(tmp_path):
-    import json
-
-    import pytest
-    from omegaconf import OmegaConf
-
-    from mgpucli.config import load_recipe
+@pytest.mark.parametrize("handed_over", [True, False], ids=["the launcher's recipe", "composed by the worker"])
+def test_local_rank_0_reports_the_components_problems_to_the_launcher(tmp_path, monkeypatch, handed_over):
+    from mgpucli.config import handoff, load_recipe
     from mgpucli.errors import RecipeError
 
+    overrides = ["optim.momentum=-1", "trainer.device=cpu"]
+    monkeypatch.delenv(handoff.ENV, raising=False)
+    if handed_over:
+        monkeypatch.setenv(handoff.ENV, str(handoff.write(load_recipe("quickstart", overrides), "quickstart",
+                                                          overrides, tmp_path)))
     g = gate.Gate()
     try:
-        cfg = load_recipe("quickstart", ["optim.momentum=-1", "trainer.device=cpu"])
-        Path(g.recipe_path).write_text(json.dumps(OmegaConf.to_container(cfg)))
         env = {gate.ENV: g.path, "MGPU_LAUNCH_PID": str(os.getppid()), "LOCAL_RANK": "1"}
-        gate.check_builds_here("quickstart", env)  # not local rank 0: nothing built, nothing reported
+        gate.check_builds_here("quickstart", overrides, env)  # not local rank 0: nothing built, nothing reported
         assert not os.path.exists(os.path.join(os.path.dirname(g.path), "builds.json"))
-        gate.check_builds_here("quickstart", {**env, "LOCAL_RANK": "0"})
+        gate.check_builds_here("quickstart", overrides, {**env, "LOCAL_RANK": "0"})
         with pytest.raises(RecipeError) as err:
             g.builds_checked("quickstart")
     finally:
