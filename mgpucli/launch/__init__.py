@@ -6,7 +6,8 @@ The launcher's side, lightest first (only ``runner`` imports torch):
   ``job_source``: which engine describes the job (SLURM via ``slurm``, torchrun's ``PET_*``, a Kubernetes pod's
   variables); ``ports``: port and host checks used by the plan; ``script``: a user's own script as the
   job (its target and checks, the legacy --local_rank spelling, its run dir)
-- ``main``: the command's flow (check the recipe once, plan, run, end a failure with the post-mortem)
+- ``main``: the command's flow (check the recipe once, plan, run, end a failure with the post-mortem);
+  ``compose_child``: the recipe composed in a child process while the launcher imports torch's agent
 - ``runner``: torch's elastic agent in this process, configured from the plan; records every attempt in
   ``launch.json`` (:mod:`mgpucli.run_records`)
 - ``restart``: resume-on-restart and the "this failure would repeat" rule

@@ -41,18 +41,22 @@ def _check_recipe(opts: LaunchOptions):
     return facts, cfg
 
 
-def _compose(opts: LaunchOptions):
+def _compose(opts: LaunchOptions, composing=None):
     """(facts, the recipe composed with the workers' overrides and checked against the schema): what the plan and
-    the run-dir check need, quickly (no torch)."""
+    the run-dir check need, quickly (no torch). ``composing``: a child process composing it
+    (:mod:`mgpucli.launch.compose_child`), whose answer is taken when it gave one."""
     from omegaconf import OmegaConf
 
-    from mgpucli.config import load_recipe
     from mgpucli.config.handoff import fingerprint
     from mgpucli.engine.run import ensure_cwd_on_path
 
     overrides = worker_overrides(opts)
     ensure_cwd_on_path()
-    cfg = load_recipe(opts.recipe, overrides)
+    cfg = composing.result() if composing is not None else None
+    if cfg is None:
+        from mgpucli.config import load_recipe
+
+        cfg = load_recipe(opts.recipe, overrides)
     threads = OmegaConf.select(cfg, "trainer.cpu_threads", default=None)
     facts = RecipeFacts(
         run_dir=str(OmegaConf.select(cfg, "run_dir", default=f"runs/{cfg.name}")),
@@ -93,18 +97,24 @@ def prepare(opts: LaunchOptions) -> LaunchPlan:
     return _prepare(opts)[0]
 
 
-def _prepare(opts: LaunchOptions, claim_run_dir: bool = False, deep: bool = True):
-    """(the plan, the checked recipe: None for a script). ``claim_run_dir``: a script launched without --run-dir
-    creates its new run dir now (a real launch); else it is only named (--dry-run). ``deep``: the whole recipe
-    check here (else the caller runs :func:`_deep_check` while the workers start)."""
+def _check_options(opts: LaunchOptions) -> None:
+    """What is refused before the recipe or the script is looked at."""
     check_job_options(opts)
     problem = omp_threads_problem(os.environ)
     if problem:  # every worker would inherit it
         raise UsageError(f"{problem}.", "Unset it (`unset OMP_NUM_THREADS`) and mgpu gives each CPU worker cores / "
                          "processes threads, or give a count: export OMP_NUM_THREADS=4.")
+
+
+def _prepare(opts: LaunchOptions, claim_run_dir: bool = False, deep: bool = True, composing=None):
+    """(the plan, the checked recipe: None for a script). ``claim_run_dir``: a script launched without --run-dir
+    creates its new run dir now (a real launch); else it is only named (--dry-run). ``deep``: the whole recipe
+    check here (else the caller runs :func:`_deep_check` while the workers start). ``composing``: the recipe being
+    composed in a child process (:mod:`mgpucli.launch.compose_child`)."""
+    _check_options(opts)
     if opts.script is not None:
         return _prepare_script(opts, claim_run_dir), None
-    facts, cfg = _check_recipe(opts) if deep else _compose(opts)
+    facts, cfg = _check_recipe(opts) if deep else _compose(opts, composing)
     machine = this_machine(need_gpus=not opts.cpu and facts.device != "cpu")
     plan = build_plan(opts, facts, machine)
     if plan.node_rank == 0:  # this node's rank 0 takes the run dir: refuse here what it would refuse there
@@ -240,11 +250,21 @@ def launch(opts: LaunchOptions, dry_run: bool = False) -> int:
         raise UsageError(f"--stall-s {opts.stall_s:g}: must be a number of seconds (0: no stall watch).",
                          "Example: --stall-s 300.")
     postpone_full_gc()  # until the workers start: see mgpucli/heap.py
+    composing = None
     try:  # a recipe's launch checks the rest of it while its workers start (mgpucli/launch/gate.py)
-        plan, cfg = _prepare(opts, claim_run_dir=not dry_run, deep=dry_run)
+        if opts.script is None and not dry_run:  # composed in a child while torch's agent is imported here
+            from mgpucli.launch.compose_child import Composing
+
+            _check_options(opts)
+            composing = Composing(opts.recipe, worker_overrides(opts))
+            import mgpucli.launch.runner  # noqa: F401 - torch's agent: what the launch needs next
+        plan, cfg = _prepare(opts, claim_run_dir=not dry_run, deep=dry_run, composing=composing)
     except BaseException:
         resume_full_gc()
         raise
+    finally:
+        if composing is not None:
+            composing.close()
     if dry_run:
         resume_full_gc()
         _print_banner(plan, opts)

@@ -1,0 +1,85 @@
+"""The recipe composed in a child process while ``mgpu launch`` imports torch's agent (stdlib only here).
+
+The launcher needs the composed recipe (its run dir, device, threads) to plan the job, and torch's agent to run it.
+Composing (Hydra, the schema merge) takes a few tenths of a second and importing the agent (torch) about a second,
+both before any worker starts. So the launcher composes in a process of its own, on another core, while it imports
+the agent, and reads the result once it has: the composing is off the time to the first step.
+
+The child (``python -m mgpucli.launch.compose_child RECIPE [overrides]``) writes one JSON object to its stdout: the
+composed recipe, or the problems it found (what :func:`mgpucli.config.load_recipe` raised: the launcher raises the
+same error). Anything else (a crash, a kill, an unreadable answer) and the launcher composes the recipe itself, as it
+would without a child; so a bug in a recipe's composition shows its own traceback, in the launcher.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+from typing import Any
+
+
+class Composing:
+    """The child process composing ``recipe`` with ``overrides`` (started at once)."""
+
+    def __init__(self, recipe: str, overrides: list[str]) -> None:
+        # -m with the working directory first on sys.path, as python -m mgpucli would have it
+        self._proc = subprocess.Popen([sys.executable, "-m", __name__, recipe, *overrides], cwd=os.getcwd(),
+                                      stdin=subprocess.DEVNULL, stdout=subprocess.PIPE)
+
+    def result(self) -> Any:
+        """The composed recipe (a DictConfig); None when the child gave no answer (compose it here). Raises the
+        error the composition raised (a UsageError: the recipe's problems)."""
+        from omegaconf import OmegaConf
+
+        from mgpucli.errors import MgpuError, RecipeError, UsageError
+
+        out, _ = self._proc.communicate()
+        try:
+            answer = json.loads(out.decode().strip().splitlines()[-1])
+        except (ValueError, IndexError, UnicodeDecodeError):
+            return None
+        if not isinstance(answer, dict):
+            return None
+        if "recipe" in answer:
+            return OmegaConf.create(answer["recipe"])
+        if "problems" in answer:
+            raise RecipeError(answer["source"], answer["problems"], answer.get("hint"))
+        if "message" in answer:
+            raise (UsageError if answer.get("usage") else MgpuError)(answer["message"], answer.get("hint"))
+        return None
+
+    def close(self) -> None:
+        """End the child if it still runs (the launch failed before it read the result)."""
+        if self._proc.returncode is not None:
+            return  # its answer was read
+        self._proc.kill()
+        with contextlib.suppress(OSError, ValueError):
+            self._proc.communicate()
+
+
+def main(argv: list[str]) -> None:
+    """The child: compose, then one line of JSON on stdout."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)  # Ctrl-C reaches the launcher too: end here without a traceback
+    from omegaconf import OmegaConf
+
+    from mgpucli.config import load_recipe
+    from mgpucli.errors import MgpuError, RecipeError, UsageError
+
+    recipe, overrides = argv[0], argv[1:]
+    try:
+        answer: dict[str, Any] = {"recipe": OmegaConf.to_container(load_recipe(recipe, overrides))}
+    except RecipeError as err:
+        answer = {"source": err.source, "problems": err.problems, "hint": err.hint}
+    except MgpuError as err:
+        answer = {"message": err.message, "hint": err.hint, "usage": isinstance(err, UsageError)}
+    except Exception:  # noqa: BLE001 - a bug: the launcher composes again and shows its traceback (once)
+        answer = {}
+    sys.stdout.write("\n" + json.dumps(answer) + "\n")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
