@@ -22,30 +22,28 @@ def test_the_child_composes_the_recipe_the_launcher_would():
     assert OmegaConf.to_container(got) == OmegaConf.to_container(load_recipe("quickstart", overrides))
 
 
-def test_the_childs_problems_are_the_launchers_error():
-    composing = Composing("quickstart", ["trainer.epochs=-1", "trainer.strategy=nope"])
+def _raised(recipe: str, overrides: list[str], kind: type[Exception]) -> tuple:
+    """(the error the child's answer raises, the error composing here raises)."""
+    composing = Composing(recipe, overrides)
     try:
-        with pytest.raises(RecipeError) as err:
+        with pytest.raises(kind) as child:
             composing.result()
     finally:
         composing.close()
-    with pytest.raises(RecipeError) as here:
-        load_recipe("quickstart", ["trainer.epochs=-1", "trainer.strategy=nope"])
-    assert (err.value.problems, err.value.message) == (here.value.problems, here.value.message)
-    assert len(err.value.problems) == 2
+    with pytest.raises(kind) as here:
+        load_recipe(recipe, overrides)
+    return child.value, here.value
+
+
+def test_the_childs_problems_are_the_launchers_error():
+    child, here = _raised("quickstart", ["trainer.epochs=-1", "trainer.strategy=nope"], RecipeError)
+    assert (child.problems, child.message) == (here.problems, here.message)
+    assert len(child.problems) == 2
 
 
 def test_a_recipe_that_is_not_there_is_the_same_usage_error(tmp_path):
-    composing = Composing(str(tmp_path / "nope.yaml"), [])
-    try:
-        with pytest.raises(UsageError) as err:
-            composing.result()
-    finally:
-        composing.close()
-    with pytest.raises(UsageError) as here:
-        load_recipe(str(tmp_path / "nope.yaml"), [])
-    assert (type(err.value), err.value.message, err.value.hint) == (type(here.value), here.value.message,
-                                                                     here.value.hint)
+    child, here = _raised(str(tmp_path / "nope.yaml"), [], UsageError)
+    assert (type(child), child.message, child.hint) == (type(here), here.message, here.hint)
 
 
 def test_a_child_that_gave_no_answer_leaves_the_composing_to_the_launcher():
