@@ -1,7 +1,16 @@
 import os
+import signal
 from pathlib import Path
 
 import pytest
+
+
+def pytest_configure(config):
+    """Ctrl-C as on a terminal, however the suite was started. A shell starts a background job (``cmd &``, a CI
+    runner's) with SIGINT ignored; Python then installs no KeyboardInterrupt handler, and every process a test
+    starts inherits the ignored signal, so a test of what Ctrl-C does would see nothing happen."""
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # children start with SIGINT at its default
 
 
 def pytest_collection_modifyitems(config, items):
