@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -26,8 +25,8 @@ class Composing:
     """The child process composing ``recipe`` with ``overrides`` (started at once)."""
 
     def __init__(self, recipe: str, overrides: list[str]) -> None:
-        # -m with the working directory first on sys.path, as python -m mgpucli would have it
-        self._proc = subprocess.Popen([sys.executable, "-m", __name__, recipe, *overrides], cwd=os.getcwd(),
+        # -m puts the working directory first on sys.path, as python -m mgpucli has it
+        self._proc = subprocess.Popen([sys.executable, "-m", __name__, recipe, *overrides],
                                       stdin=subprocess.DEVNULL, stdout=subprocess.PIPE)
 
     def result(self) -> Any:

@@ -29,11 +29,6 @@ from mgpucli.run_files import check_start, holds_a_run, unwritable
 from mgpucli.run_records.launch_record import Devices, LaunchHeader, RendezvousInfo, ScriptJob
 
 
-def load_recipe_facts(opts: LaunchOptions) -> RecipeFacts:
-    """Load and check the recipe exactly as every worker will (all problems at once, exit 2), here, once."""
-    return _check_recipe(opts)[0]
-
-
 def _check_recipe(opts: LaunchOptions):
     """(facts, the checked recipe): the recipe is what the workers get (see mgpucli.config.handoff)."""
     facts, cfg = _compose(opts)
@@ -93,10 +88,6 @@ def this_machine(need_gpus: bool) -> Machine:
                    environ=dict(os.environ))
 
 
-def prepare(opts: LaunchOptions) -> LaunchPlan:
-    return _prepare(opts)[0]
-
-
 def _check_options(opts: LaunchOptions) -> None:
     """What is refused before the recipe or the script is looked at."""
     check_job_options(opts)
@@ -110,8 +101,8 @@ def _prepare(opts: LaunchOptions, claim_run_dir: bool = False, deep: bool = True
     """(the plan, the checked recipe: None for a script). ``claim_run_dir``: a script launched without --run-dir
     creates its new run dir now (a real launch); else it is only named (--dry-run). ``deep``: the whole recipe
     check here (else the caller runs :func:`_deep_check` while the workers start). ``composing``: the recipe being
-    composed in a child process (:mod:`mgpucli.launch.compose_child`)."""
-    _check_options(opts)
+    composed in a child process (:mod:`mgpucli.launch.compose_child`). The options are checked
+    (:func:`_check_options`)."""
     if opts.script is not None:
         return _prepare_script(opts, claim_run_dir), None
     facts, cfg = _check_recipe(opts) if deep else _compose(opts, composing)
@@ -252,10 +243,10 @@ def launch(opts: LaunchOptions, dry_run: bool = False) -> int:
     postpone_full_gc()  # until the workers start: see mgpucli/heap.py
     composing = None
     try:  # a recipe's launch checks the rest of it while its workers start (mgpucli/launch/gate.py)
+        _check_options(opts)
         if opts.script is None and not dry_run:  # composed in a child while torch's agent is imported here
             from mgpucli.launch.compose_child import Composing
 
-            _check_options(opts)
             composing = Composing(opts.recipe, worker_overrides(opts))
             import mgpucli.launch.runner  # noqa: F401 - torch's agent: what the launch needs next
         plan, cfg = _prepare(opts, claim_run_dir=not dry_run, deep=dry_run, composing=composing)
