@@ -74,3 +74,20 @@ class Preempted(MgpuError):
         super().__init__(message, hint, retryable=False)
         self.step = step
         self.signal = signal
+
+
+def error_report(err: MgpuError) -> dict:
+    """``err`` as a JSON object another process raises again with :func:`raise_reported` (a check run in a worker or a
+    child process, told by the launcher as its own)."""
+    if isinstance(err, RecipeError):
+        return {"problems": err.problems, "hint": err.hint}
+    return {"message": err.message, "hint": err.hint, "usage": isinstance(err, UsageError)}
+
+
+def raise_reported(report: dict, source: str) -> None:
+    """Raise the error :func:`error_report` described (``source``: the recipe its problems are in); return when the
+    report describes none."""
+    if report.get("problems"):
+        raise RecipeError(source, report["problems"], report.get("hint"))
+    if report.get("message"):
+        raise (UsageError if report.get("usage") else MgpuError)(report["message"], report.get("hint"))

@@ -26,6 +26,7 @@ class Composing:
 
     def __init__(self, recipe: str, overrides: list[str]) -> None:
         # -m puts the working directory first on sys.path, as python -m mgpucli has it
+        self._recipe = recipe
         self._proc = subprocess.Popen([sys.executable, "-m", __name__, recipe, *overrides],
                                       stdin=subprocess.DEVNULL, stdout=subprocess.PIPE)
 
@@ -34,7 +35,7 @@ class Composing:
         error the composition raised (a UsageError: the recipe's problems)."""
         from omegaconf import OmegaConf
 
-        from mgpucli.errors import MgpuError, RecipeError, UsageError
+        from mgpucli.errors import raise_reported
 
         out, _ = self._proc.communicate()
         try:
@@ -45,10 +46,7 @@ class Composing:
             return None
         if "recipe" in answer:
             return OmegaConf.create(answer["recipe"])
-        if "problems" in answer:
-            raise RecipeError(answer["source"], answer["problems"], answer.get("hint"))
-        if "message" in answer:
-            raise (UsageError if answer.get("usage") else MgpuError)(answer["message"], answer.get("hint"))
+        raise_reported(answer, self._recipe)
         return None
 
     def close(self) -> None:
@@ -66,15 +64,13 @@ def main(argv: list[str]) -> None:
     from omegaconf import OmegaConf
 
     from mgpucli.config import load_recipe
-    from mgpucli.errors import MgpuError, RecipeError, UsageError
+    from mgpucli.errors import MgpuError, error_report
 
     recipe, overrides = argv[0], argv[1:]
     try:
         answer: dict[str, Any] = {"recipe": OmegaConf.to_container(load_recipe(recipe, overrides))}
-    except RecipeError as err:
-        answer = {"source": err.source, "problems": err.problems, "hint": err.hint}
     except MgpuError as err:
-        answer = {"message": err.message, "hint": err.hint, "usage": isinstance(err, UsageError)}
+        answer = error_report(err)
     except Exception:  # noqa: BLE001 - a bug: the launcher composes again and shows its traceback (once)
         answer = {}
     sys.stdout.write("\n" + json.dumps(answer) + "\n")

@@ -75,16 +75,13 @@ class Gate:
         """Wait for local rank 0's report on building the recipe's components (:func:`check_builds_here`): that
         worker imports what building them imports anyway (torch's dynamo, the components' modules), this launcher
         never does. Raises the problems it found, as :func:`mgpucli.config.components.check_builds` would here."""
-        from mgpucli.errors import MgpuError, RecipeError, UsageError
+        from mgpucli.errors import raise_reported
 
         path = _builds_report(self.path)
         while (report := read_json_object(path)) is None:
             if self._abandoned.wait(_POLL_S):
                 raise _Abandoned
-        if report.get("problems"):
-            raise RecipeError(source, report["problems"], report.get("hint"))
-        if report.get("message"):
-            raise (UsageError if report.get("usage") else MgpuError)(report["message"], report.get("hint"))
+        raise_reported(report, source)
         if report.get("crash"):
             raise RuntimeError(f"building the recipe's components failed:\n{report['crash']}")
 
@@ -149,7 +146,7 @@ def check_builds_here(source: str, overrides: list[str], environ: dict[str, str]
         return
     if os.path.exists(verdict):  # a restart of the job: the launcher gave its verdict already
         return
-    from mgpucli.errors import MgpuError, UsageError
+    from mgpucli.errors import MgpuError, error_report
 
     report: dict = {}
     try:
@@ -161,8 +158,7 @@ def check_builds_here(source: str, overrides: list[str], environ: dict[str, str]
         cfg = handoff.read(source, overrides)
         check_builds(cfg if cfg is not None else load_recipe(source, overrides), source)
     except MgpuError as err:
-        report = {"problems": getattr(err, "problems", None), "message": err.message, "hint": err.hint,
-                  "usage": isinstance(err, UsageError)}
+        report = error_report(err)
     except Exception:  # noqa: BLE001 - a bug in a component: the launcher shows its traceback
         report = {"crash": traceback.format_exc()}
     write_json(_builds_report(verdict), report)
