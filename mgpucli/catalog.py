@@ -22,6 +22,9 @@ OUTPUT = Path("docs") / "components.md"
 SECTIONS = (
     ("Datasets", "mgpucli.components.datasets", "data.train / data.val"),
     ("Models", "mgpucli.components.models", "model"),
+    ("Hugging Face Transformers models", "mgpucli.components.hf_models", "model"),
+    ("Text datasets for Transformers models", "mgpucli.components.hf_text", "data.train / data.val"),
+    ("Generated rows for text datasets", "mgpucli.components.text", "data.train.rows / data.val.rows"),
 )
 TASKS_MODULE = "mgpucli.engine.tasks"
 HEADER = """\
@@ -37,11 +40,16 @@ signatures.
 """
 
 
-def public_classes(module_name: str) -> list[type]:
-    """Classes defined in the module itself (not imported into it), not private, in source order."""
+def public_components(module_name: str) -> list[Any]:
+    """The module's components: the names its ``__all__`` lists (classes or functions), else the classes defined in
+    the module itself (not imported into it), not private; in source order."""
     module = importlib.import_module(module_name)
-    found = [obj for name, obj in vars(module).items()
-             if inspect.isclass(obj) and obj.__module__ == module_name and not name.startswith("_")]
+    listed = getattr(module, "__all__", None)
+    if listed is not None:
+        found = [getattr(module, name) for name in listed]
+    else:
+        found = [obj for name, obj in vars(module).items()
+                 if inspect.isclass(obj) and obj.__module__ == module_name and not name.startswith("_")]
     return sorted(found, key=lambda cls: inspect.getsourcelines(cls)[1])
 
 
@@ -111,14 +119,10 @@ def _tasks() -> list[str]:
              "Pick a built-in one by name (`task: classification`), or write your own: subclass "
              f"`{TASKS_MODULE}.{base.__qualname__}` and set `task: {{_target_: mypkg.tasks.MyTask}}`.", "",
              "| `task:` | class | what it computes | summed statistics |", "|---|---|---|---|"]
-    by_class = {cls: name for name, cls in tasks.BUILTIN.items()}
-    for cls in public_classes(TASKS_MODULE):
-        if cls is base or not issubclass(cls, base):  # helpers of the module are not tasks
-            continue
-        name = f"`{by_class[cls]}`" if cls in by_class else "(by `_target_`)"
+    for name, cls in tasks.BUILTIN.items():
         summary = " ".join(_doc(cls).split())
         stats = ", ".join(f"`{s}`" for s in cls.stat_names)
-        lines.append(f"| {name} | `{cls.__qualname__}` | {summary} | {stats} |")
+        lines.append(f"| `{name}` | `{cls.__qualname__}` | {summary} | {stats} |")
     lines += ["", "Metrics are computed from sums gathered over every batch and rank, so a validation gives "
               "the same numbers on 1 or N processes.", ""]
     return lines
@@ -156,7 +160,7 @@ def render() -> str:
     for title, module_name, where in SECTIONS:
         module = importlib.import_module(module_name)
         lines += [f"## {title}", "", f"`{module_name}`, used as `{where}`. {_doc(module)}", ""]
-        for cls in public_classes(module_name):
+        for cls in public_components(module_name):
             lines += _component(cls, where)
     lines += _tasks()
     lines += _schedules()

@@ -23,14 +23,19 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "trainer.scheduler_interval": ("step", "epoch"),
     "trainer.best_mode": ("auto", "min", "max"),
 }  # and each tracker's own (mgpucli.trackers: Spec.choices), see choices()
-BUILTIN_TASKS = ("classification", "regression", "language_model")
 # The validation metrics each built-in task reports (the engine's tasks; a unit test keeps the two in step), for
 # checking names such as trainer.early_stopping.metric before anything is built.
 TASK_METRICS: dict[str, tuple[str, ...]] = {
     "classification": ("loss", "accuracy"),
     "regression": ("loss", "mse", "mae"),
     "language_model": ("loss", "perplexity"),
+    # Hugging Face Transformers' heads: dict batches, the model's own loss
+    "sequence_classification": ("loss", "accuracy", "f1"),
+    "token_classification": ("loss", "accuracy"),
+    "causal_lm": ("loss", "perplexity", "accuracy"),
+    "masked_lm": ("loss", "perplexity", "accuracy"),
 }
+BUILTIN_TASKS = tuple(TASK_METRICS)
 
 
 @dataclass

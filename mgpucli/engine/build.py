@@ -25,8 +25,8 @@ from mgpucli.engine.early_stopping import EarlyStopping
 from mgpucli.engine.ema import EMA
 from mgpucli.engine.reporter import Reporter
 from mgpucli.engine.strategy import wrap_model
-from mgpucli.engine.tasks import Task, build_task
-from mgpucli.errors import RecipeError
+from mgpucli.engine.tasks import Task, bind_task, build_task
+from mgpucli.errors import RecipeError, UsageError
 
 _AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -68,14 +68,25 @@ class Built:
     autocast_dtype: Any  # torch.bfloat16 / torch.float16, or None for fp32
 
 
+def build_task_for(cfg: DictConfig, model: torch.nn.Module, source: str) -> Task:
+    """The recipe's task (a built-in name or a ``_target_``), bound to ``model`` (a task may read its number of
+    labels); a task that doesn't fit the model is a problem in the recipe (exit 2)."""
+    task = (build_component("task", cfg.task, source=source) if isinstance(cfg.task, DictConfig)
+            else build_task(cfg.task))
+    try:
+        bind_task(task, model)
+    except UsageError as err:
+        raise RecipeError(source, [f"task: {err.message}"], err.hint) from None
+    return task
+
+
 def build_run(cfg: DictConfig, runtime: Runtime, heartbeat: Heartbeat, reporter: Reporter, source: str) -> Built:
     """Build every part of the run on this rank (``source``: the recipe as the user named it, for problems)."""
     engine_state.seed_everything(cfg.seed)  # one global seed for init: every rank builds the same model
     train_set = build_component("data.train", cfg.data.train, source=source)
     val_set = build_component("data.val", cfg.data.val, source=source) if cfg.data.val is not None else None
     model = build_component("model", cfg.model, source=source)
-    task = (build_component("task", cfg.task, source=source) if isinstance(cfg.task, DictConfig)
-            else build_task(cfg.task))
+    task = build_task_for(cfg, model, source)
     wrong_metric = metric_problems(cfg, task)
     if wrong_metric:
         raise RecipeError(source, wrong_metric, "Name one of the metrics listed, or drop it.")

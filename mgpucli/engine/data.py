@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 import random
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -111,6 +111,13 @@ def samples_consumed(sampler: GlobalOrderSampler, batches: int, batch_size: int)
     return min(len(sampler.dataset), sampler.skipped + batches * batch_size * sampler.num_replicas)
 
 
+def collate_fn_of(dataset: Dataset):
+    """The dataset's own ``collate_fn`` (how its samples become a batch: mgpu's text datasets pad each batch with
+    their tokenizer), else None: torch's default collation."""
+    collate = getattr(dataset, "collate_fn", None)
+    return collate if callable(collate) else None
+
+
 @dataclass
 class Loaders:
     train: StatefulDataLoader
@@ -146,24 +153,38 @@ def build_loaders(train_set: Dataset, val_set: Dataset | None, data_cfg, seed: i
     # from the same (seeded, set_epoch'd) sampler, which also reads the state torchdata's batch sampler saved
     # (tests/unit/test_loader_state.py).
     batches = BatchSampler(sampler, batch, drop_last=bool(data_cfg.drop_last))
-    train = StatefulDataLoader(train_set, batch_sampler=batches, **common)
+    train = StatefulDataLoader(train_set, batch_sampler=batches, collate_fn=collate_fn_of(train_set), **common)
     val = val_batches = None
     if val_set is not None:
         if len(val_set) == 0:
             raise UsageError("data.val is empty.", "Point data.val at a dataset with samples, or set data.val=null.")
         val_batch = int(data_cfg.val_batch_size or batch)
         val_batches = FixedBatches(len(val_set), val_batch, runtime.rank, runtime.world_size)
-        val = DataLoader(val_set, batch_sampler=val_batches, **common)
+        val = DataLoader(val_set, batch_sampler=val_batches, collate_fn=collate_fn_of(val_set), **common)
     return Loaders(train=train, sampler=sampler, val=val, val_batches=val_batches, num_workers=workers)
 
 
 def to_device(batch, device: torch.device, non_blocking: bool):
-    """Move a (possibly nested) batch to ``device``."""
+    """Move a (possibly nested) batch to ``device``; a mapping (a dict, Transformers' ``BatchEncoding``) becomes a
+    dict."""
     if isinstance(batch, torch.Tensor):
         return batch.to(device, non_blocking=non_blocking)
     if isinstance(batch, (list, tuple)):  # tensors inline: this runs every step
         return type(batch)([b.to(device, non_blocking=non_blocking) if isinstance(b, torch.Tensor)
                             else to_device(b, device, non_blocking) for b in batch])
-    if isinstance(batch, dict):
+    if isinstance(batch, Mapping):
         return {k: to_device(v, device, non_blocking) for k, v in batch.items()}
+    return batch
+
+
+def channels_last(batch):
+    """``trainer.channels_last``: the batch's image tensors (4-D: the inputs of an ``(inputs, targets)`` batch, or
+    any 4-D floating value of a dict batch) in channels-last memory format."""
+    if isinstance(batch, Mapping):
+        return {k: v.contiguous(memory_format=torch.channels_last)
+                if isinstance(v, torch.Tensor) and v.dim() == 4 and v.is_floating_point() else v
+                for k, v in batch.items()}
+    inputs, *rest = batch
+    if inputs.dim() == 4:
+        return (inputs.contiguous(memory_format=torch.channels_last), *rest)
     return batch

@@ -19,7 +19,7 @@ from mgpucli.distributed import collectives
 from mgpucli.distributed.runtime import Runtime
 from mgpucli.engine.checkpoints import state as engine_state
 from mgpucli.engine.data import FixedBatches, to_device
-from mgpucli.engine.tasks import Task
+from mgpucli.engine.tasks import Task, forward_batch_of
 
 
 @torch.no_grad()
@@ -35,20 +35,21 @@ def evaluate_exact(model: nn.Module, loader: DataLoader, batches: FixedBatches, 
     was_training = model.training
     model.eval()
     table = torch.zeros(batches.num_batches, len(task.stat_names), dtype=torch.float64, device=runtime.device)
-    inputs = None
+    forward_batch = forward_batch_of(task)
+    batch = None
     try:
         for batch_id, batch in zip(batches.batch_ids, loader, strict=True):
-            inputs, targets = to_device(batch, runtime.device, non_blocking=runtime.device.type == "cuda")
+            batch = to_device(batch, runtime.device, non_blocking=runtime.device.type == "cuda")
             with torch.autocast(runtime.device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
-                outputs = model(inputs)
+                outputs, targets = forward_batch(model, batch)
             table[batch_id] = task.stats(outputs, targets)
         if lockstep:
             most = -(-batches.num_batches // runtime.world_size)
-            if inputs is None and most:  # no batch at all on this rank: borrow sample 0 for the dummy passes
-                inputs = to_device(loader.collate_fn([loader.dataset[0]]), runtime.device, False)[0]
+            if batch is None and most:  # no batch at all on this rank: borrow sample 0 for the dummy passes
+                batch = to_device(loader.collate_fn([loader.dataset[0]]), runtime.device, False)
             for _ in range(most - len(batches.batch_ids)):
                 with torch.autocast(runtime.device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
-                    model(inputs)  # discarded: keeps the parameter all-gathers in step with the other ranks
+                    forward_batch(model, batch)  # discarded: keeps the parameter all-gathers in step with the others
     finally:
         model.train(was_training)
         engine_state.restore_rng(rng, runtime.device)

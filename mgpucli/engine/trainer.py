@@ -35,13 +35,14 @@ from mgpucli.engine.anatomy import StepClock, StragglerWatch
 from mgpucli.engine.build import build_run
 from mgpucli.engine.checkpoints import state as engine_state
 from mgpucli.engine.checkpoints.training import Checkpoints, Position, Resumed
-from mgpucli.engine.data import samples_consumed, to_device
+from mgpucli.engine.data import channels_last, samples_consumed, to_device
 from mgpucli.engine.evaluate import evaluate_exact
 from mgpucli.engine.log_interval import LogInterval
 from mgpucli.engine.profiling import ProfileWindow, window_for
 from mgpucli.engine.reporter import Reporter
 from mgpucli.engine.run_outputs import RunOutputs
 from mgpucli.engine.stop_requests import StopRequests
+from mgpucli.engine.tasks import forward_batch_of
 from mgpucli.errors import Preempted
 from mgpucli.run_files import checkpoint_dir
 
@@ -85,6 +86,7 @@ class Trainer:
             self._keep_global_batch(found)
         built = build_run(self.cfg, runtime, self.heartbeat, self.reporter, self.source)
         self.cfg, self.task, self.loaders, self.trained = built.cfg, built.task, built.loaders, built.trained
+        self._forward_batch = forward_batch_of(self.task)
         self.settings, self.total_steps, self.autocast_dtype = built.settings, built.total_steps, built.autocast_dtype
         anatomy = self.cfg.trainer.anatomy or self.probe
         self.clock = StepClock.for_device(runtime.device) if anatomy else None
@@ -250,9 +252,8 @@ class Trainer:
         model, runtime = self.trained.model, self.runtime
         if runtime.device.type != "cpu":  # a CPU loader's batch is where a CPU run computes: no move to make
             batch = to_device(batch, runtime.device, non_blocking=runtime.device.type == "cuda")
-        inputs, targets = batch
-        if self.settings.channels_last and inputs.dim() == 4:
-            inputs = inputs.contiguous(memory_format=torch.channels_last)
+        if self.settings.channels_last:
+            batch = channels_last(batch)
         step = self.step + 1
         self.heartbeat.step, self.heartbeat.phase = step, "forward"
         if model.is_fsdp and self.settings.grad_accum > 1:  # FSDP2's no_sync: reduce-scatter on the last only
@@ -260,19 +261,19 @@ class Trainer:
         # DDP decides in forward whether backward all-reduces: not on the micro-steps before the last.
         if model.is_ddp and not sync:
             with model.train.no_sync():
-                self._compute(inputs, targets, step, sync)
+                self._compute(batch, step, sync)
         else:  # no context manager where it would do nothing: each costs microseconds a short step notices
-            self._compute(inputs, targets, step, sync)
+            self._compute(batch, step, sync)
 
-    def _compute(self, inputs, targets, step: int, sync: bool) -> None:
+    def _compute(self, batch, step: int, sync: bool) -> None:
         """Forward (under autocast when the precision asks for it), the loss and its bookkeeping, backward."""
         model = self.trained.model
         if self.autocast_dtype is None:
-            outputs = model.train(inputs)
+            outputs, targets = self._forward_batch(model.train, batch)
             loss = self.task.loss(outputs, targets)
         else:
             with torch.autocast(self.runtime.device.type, dtype=self.autocast_dtype):
-                outputs = model.train(inputs)
+                outputs, targets = self._forward_batch(model.train, batch)
                 loss = self.task.loss(outputs, targets)
         if self._faults and faults.maybe_fault("step", self.runtime.rank, step):
             loss = loss * float("nan")

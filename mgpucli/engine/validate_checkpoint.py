@@ -127,10 +127,10 @@ def run_validation(checkpoint: str, overrides: list[str], *, recipe: str | None,
     """Evaluate ``checkpoint`` on this process (one worker of N when RANK/WORLD_SIZE are set)."""
     from mgpucli.distributed import collectives
     from mgpucli.distributed.runtime import choose_device, setup_process_group, teardown
-    from mgpucli.engine.data import FixedBatches
+    from mgpucli.engine.build import build_task_for
+    from mgpucli.engine.data import FixedBatches, collate_fn_of
     from mgpucli.engine.evaluate import evaluate_exact
     from mgpucli.engine.run import ensure_cwd_on_path
-    from mgpucli.engine.tasks import build_task
 
     ensure_cwd_on_path()
     device = choose_device("cpu" if prefer_cpu else "auto", env)
@@ -147,9 +147,9 @@ def run_validation(checkpoint: str, overrides: list[str], *, recipe: str | None,
         dataset = validation_dataset(cfg, split, checkpoint)
         batch = int(cfg.data.val_batch_size or cfg.data.batch_size)
         batches = FixedBatches(len(dataset), batch, runtime.rank, runtime.world_size)
-        loader = torch.utils.data.DataLoader(dataset, batch_sampler=batches, num_workers=0)
-        task = (build_component("task", cfg.task, source=checkpoint) if isinstance(cfg.task, DictConfig)
-                else build_task(cfg.task))
+        loader = torch.utils.data.DataLoader(dataset, batch_sampler=batches, num_workers=0,
+                                             collate_fn=collate_fn_of(dataset))
+        task = build_task_for(cfg, model, checkpoint)
         dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.trainer.precision)
         result = evaluate_exact(model, loader, batches, task, runtime, dtype)
         collectives.barrier(runtime)  # every rank is done with the group before any rank destroys it

@@ -84,7 +84,7 @@ def test_summing_rows_in_batch_order_is_identical_for_any_split():
 
 
 def test_stats_vector_is_float64_and_exact_like_converting_each_value():
-    from mgpucli.engine.tasks import _vec
+    from mgpucli.engine.tasks.base import _vec
 
     loss_sum, count = torch.tensor(1.2345678, dtype=torch.float32), torch.tensor(2**40 + 1)
     vec = _vec(torch.device("cpu"), loss_sum, count, 32)
