@@ -38,8 +38,11 @@ def original(err: BaseException) -> BaseException:
 def problem(path: str, target: str, what: str, err: BaseException, node: DictConfig | dict | None = None) -> str:
     """``data.train: building pkg.Set failed: OSError: no such file (raised at pkg.py:12)``; when the constructor
     raised on a value of the wrong type that ``node``'s arguments tell (:func:`wrong_type`), that argument first:
-    ``optim: building torch.optim.SGD failed: optim.lr='abc' is a string; SGD needs a number (TypeError: ...)``."""
+    ``optim: building torch.optim.SGD failed: optim.lr='abc' is a string; SGD needs a number (TypeError: ...)``.
+    A component's own UsageError is its message under ``path``: ``data.train: the text column ...``."""
     err = original(err)
+    if isinstance(err, UsageError) and not isinstance(err, RecipeError):
+        return f"{path}: {err.message}"
     reason = " ".join(str(err).split()) or type(err).__name__
     frames = traceback.extract_tb(err.__traceback__)
     where = f" (raised at {frames[-1].filename}:{frames[-1].lineno})" if frames else ""
@@ -77,9 +80,14 @@ def wrong_type(path: str, target: str, node: DictConfig | dict) -> str | None:
 
 def build_component(path: str, node: DictConfig | dict, *args: Any, source: str) -> Any:
     """``build(node, *args)``, a failure turned into a RecipeError naming ``path`` in recipe ``source``; so is a
-    result mgpu can't use there (:func:`kind_problem`)."""
+    result mgpu can't use there (:func:`kind_problem`). A component's own UsageError (bad input it names itself)
+    keeps its message, under ``path``."""
     try:
         built = build(node, *args)
+    except RecipeError:
+        raise
+    except UsageError as err:
+        raise RecipeError(source, [f"{path}: {err.message}"], err.hint or f"Fix {path} in the recipe.") from None
     except MgpuError:
         raise
     except Exception as err:
@@ -114,9 +122,10 @@ def kind_problem(path: str, node: DictConfig | dict, built: Any) -> str | None:
     return f"{path}: {target} gave a {type(built).__name__}, where mgpu needs {need}"
 
 
-def check_builds(cfg: DictConfig, source: str) -> None:
-    """Build the cheap components once, as a worker will, and raise one RecipeError listing every failure.
-    ``${total_steps:}`` and ``${steps_per_epoch:}`` stand for plausible numbers here (the loaders don't exist)."""
+def check_builds(cfg: DictConfig, source: str) -> Any:
+    """Build the cheap components once, as a worker will, and raise one RecipeError listing every failure; returns
+    the model (on the meta device when it builds there). ``${total_steps:}`` and ``${steps_per_epoch:}`` stand for
+    plausible numbers here (the loaders don't exist)."""
     import torch
 
     from mgpucli.config import run_length
@@ -141,10 +150,23 @@ def check_builds(cfg: DictConfig, source: str) -> None:
             problems.extend(metric_problems(cfg, task))
     elif cfg.get("task") in TASK_METRICS:  # a built-in task: its metrics are known without building it
         problems.extend(_metric_name_problems(cfg, list(TASK_METRICS[cfg.get("task")])))
-    _check_model(cfg, source, problems)
+    model = _check_model(cfg, source, problems)
     if problems:
         raise RecipeError(source, problems, f"Fix the keys above (in the recipe or with overrides); {DEBUG_ENV}=1 "
                           "shows the tracebacks.")
+    return model
+
+
+def fit_problems(datasets: dict[str, Any], model: Any) -> list[str]:
+    """What doesn't fit between each dataset (``{"data.train": dataset, ...}``) and the model, as the dataset
+    tells it (an optional ``model_problems(model) -> list[str]``: mgpu's text datasets check the tokenizer's
+    vocabulary against the embeddings and the labels against the head)."""
+    problems = []
+    for path, dataset in datasets.items():
+        check = getattr(dataset, "model_problems", None)
+        if dataset is not None and callable(check):
+            problems += [f"{path}: {p}" for p in check(model)]
+    return problems
 
 
 
@@ -182,22 +204,27 @@ def block_problems(cfg: DictConfig, model: Any) -> list[str]:
     return []
 
 
-def _check_model(cfg: DictConfig, source: str, problems: list[str]) -> None:
-    """The model built on the meta device; a failure there is confirmed on the CPU before it is reported (a model
-    whose code can't run on meta tensors is not the user's mistake)."""
+def _check_model(cfg: DictConfig, source: str, problems: list[str]) -> Any:
+    """The model built on the meta device (returned; None when it fails); a failure there is confirmed on the CPU
+    before it is reported (a model whose code can't run on meta tensors is not the user's mistake)."""
     import torch
 
     try:
         with torch.device("meta"):
             model = build(cfg.model)
-        wrong = kind_problem("model", cfg.model, model)
-        problems.extend([wrong] if wrong else block_problems(cfg, model))
-        return
+    except UsageError as err:  # the component's own verdict on its arguments: the same on any device
+        if isinstance(err, RecipeError):
+            raise
+        problems.append(f"model: {err.message}")
+        return None
     except MgpuError:
         raise
     except Exception:
-        pass
-    try:
-        build_component("model", cfg.model, source=source)
-    except RecipeError as err:
-        problems.extend(err.problems)
+        try:
+            return build_component("model", cfg.model, source=source)
+        except RecipeError as err:
+            problems.extend(err.problems)
+            return None
+    wrong = kind_problem("model", cfg.model, model)
+    problems.extend([wrong] if wrong else block_problems(cfg, model))
+    return None if wrong else model

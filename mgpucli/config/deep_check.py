@@ -16,7 +16,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from mgpucli.config import check_recipe, load_recipe
-from mgpucli.config.components import check_builds, kind_problem, problem
+from mgpucli.config.components import check_builds, fit_problems, kind_problem, problem
 from mgpucli.config.targets import TOP_COMPONENTS, build, iter_targets
 from mgpucli.errors import RecipeError
 
@@ -61,27 +61,27 @@ def describe_sample(value: Any, depth: int = 0) -> str:
     return type(value).__name__
 
 
-def build_dataset(path: str, node: DictConfig) -> tuple[DatasetFacts | None, str | None]:
-    """Build one dataset and read its first sample; (facts, None) or (None, the problem)."""
+def build_dataset(path: str, node: DictConfig) -> tuple[DatasetFacts | None, Any, str | None]:
+    """Build one dataset and read its first sample; (facts, the dataset, None) or (None, None, the problem)."""
     target = str(node.get("_target_"))
     try:
         dataset = build(node)
     except Exception as err:  # the user's (or a library's) dataset code: report it as a recipe problem
-        return None, problem(path, target, "building", err)
+        return None, None, problem(path, target, "building", err)
     wrong = kind_problem(path, node, dataset)
     if wrong:
-        return None, wrong
+        return None, None, wrong
     try:
         size = len(dataset)
     except TypeError:  # an IterableDataset without __len__
         size = None
     if size == 0:
-        return None, f"{path}: {target} is empty (0 samples)"
+        return None, None, f"{path}: {target} is empty (0 samples)"
     try:
         first = dataset[0] if size is not None else next(iter(dataset))
     except Exception as err:
-        return None, problem(path, target, "reading the first sample of", err)
-    return DatasetFacts(path, target, size, describe_sample(first)), None
+        return None, None, problem(path, target, "reading the first sample of", err)
+    return DatasetFacts(path, target, size, describe_sample(first)), dataset, None
 
 
 def count_targets(cfg: DictConfig) -> int:
@@ -105,17 +105,20 @@ def check_deep(recipe: str, overrides: list[str], trackers: str = "import") -> C
     file = resolve(recipe)
     cfg = load_recipe(recipe, overrides)
     check_recipe(cfg, recipe, trackers=trackers)
-    check_builds(cfg, recipe)  # the optimizer, the scheduler, the task, the model (on the meta device)
-    facts, problems = [], []
+    model = check_builds(cfg, recipe)  # the optimizer, the scheduler, the task, the model (on the meta device)
+    facts, problems, built = [], [], {}
     for split in DATASETS:
         node = cfg.data.get(split)
         if node is None:
             continue
-        fact, problem = build_dataset(f"data.{split}", node)
+        fact, dataset, problem = build_dataset(f"data.{split}", node)
         if fact is not None:
             facts.append(fact)
+            built[fact.path] = dataset
         if problem is not None:
             problems.append(problem)
+    if model is not None:
+        problems += fit_problems(built, model)
     if problems:
         raise RecipeError(recipe, problems, "The recipe loads and its _target_s fit; building the dataset failed. "
                           "Fix the dataset arguments (or the dataset's code) and run --check again.")

@@ -118,6 +118,12 @@ def check_recipe(cfg: DictConfig, source: str, trackers: str | None = "find") ->
     if problems:
         raise RecipeError(source, problems + tracker, "Fix the _target_ paths or arguments above (key=value sets any "
                           "argument its target takes); `python -c 'import x'` shows whether a module imports.")
+    from mgpucli.config.hub_check import hub_problems  # every target imports: the sources they name can be read
+
+    sources = hub_problems(container)
+    if sources:
+        raise RecipeError(source, sources + tracker, "Each Hugging Face source must be a local directory or a Hub id "
+                          "this machine has in its cache or can download.")
     if tracker:
         raise RecipeError(source, tracker, "Experiment trackers are optional extras of mgpu, imported only by the "
                           "rank that logs (rank 0).")

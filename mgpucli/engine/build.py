@@ -15,7 +15,7 @@ import torch
 from omegaconf import DictConfig
 
 from mgpucli.config import run_length
-from mgpucli.config.components import build_component, metric_problems
+from mgpucli.config.components import build_component, fit_problems, metric_problems
 from mgpucli.distributed.heartbeat import Heartbeat
 from mgpucli.distributed.runtime import Runtime
 from mgpucli.engine.checkpoints import state as engine_state
@@ -86,6 +86,9 @@ def build_run(cfg: DictConfig, runtime: Runtime, heartbeat: Heartbeat, reporter:
     train_set = build_component("data.train", cfg.data.train, source=source)
     val_set = build_component("data.val", cfg.data.val, source=source) if cfg.data.val is not None else None
     model = build_component("model", cfg.model, source=source)
+    misfits = fit_problems({"data.train": train_set, "data.val": val_set}, model)
+    if misfits:
+        raise RecipeError(source, misfits, "Make the data and the model fit (the fix is named with each problem).")
     task = build_task_for(cfg, model, source)
     wrong_metric = metric_problems(cfg, task)
     if wrong_metric:

@@ -57,5 +57,7 @@ def evaluate_exact(model: nn.Module, loader: DataLoader, batches: FixedBatches, 
     sums = [0.0] * len(task.stat_names)
     for row in rows:  # plain Python, in batch order: the same additions on every process count
         sums = [a + b for a, b in zip(sums, row, strict=True)]
-    samples = int(sums[task.stat_names.index("samples")]) if "samples" in task.stat_names else batches.num_samples
-    return {**task.metrics(sums), "samples": samples}
+    names = task.stat_names
+    samples = int(sums[names.index("samples")]) if "samples" in names else batches.num_samples
+    counted = {"tokens": int(sums[names.index("tokens")])} if "tokens" in names else {}  # a token-level task's
+    return {**task.metrics(sums), "samples": samples, **counted}

@@ -31,13 +31,17 @@ def start_lines(info: dict[str, Any]) -> tuple[str, str]:
 
 
 def train_line(record: dict[str, Any]) -> str:
-    return (f"step {record['step']} epoch {record['epoch']}  {fmt(record, skip=('lr', 'time', 'samples_per_s'))}  "
-            f"{record['samples_per_s']:.0f} samples/s")
+    tokens = f", {record['tokens_per_s']:.0f} tokens/s" if "tokens_per_s" in record else ""
+    skip = ("lr", "time", "samples_per_s", "tokens", "tokens_per_s")
+    return (f"step {record['step']} epoch {record['epoch']}  {fmt(record, skip=skip)}  "
+            f"{record['samples_per_s']:.0f} samples/s{tokens}")
 
 
 def val_line(record: dict[str, Any]) -> str:
     weights = ", EMA weights" if record.get("weights") == "ema" else ""
-    return f"step {record['step']}  {fmt(record, skip=('time',))}  ({record['samples']} samples{weights})"
+    tokens = f", {record['tokens']} tokens" if "tokens" in record else ""
+    return (f"step {record['step']}  {fmt(record, skip=('time', 'tokens'))}  "
+            f"({record['samples']} samples{tokens}{weights})")
 
 
 TABLE_TITLE = "per-epoch metrics (train: the epoch's mean over all its samples; val: the validation after it)"

@@ -171,6 +171,9 @@ class LogInterval:
         record = {"split": "train", "step": done.step, "epoch": done.epoch, **self.task.metrics(sums),
                   "samples_per_s": samples / done.elapsed if done.elapsed > 0 else 0.0, "lr": done.lr,
                   "time": done.time}
+        if "tokens" in names:  # a token-level task: how many tokens its loss counted, and how fast
+            tokens = sums[names.index("tokens")]
+            record.update(tokens=int(tokens), tokens_per_s=tokens / done.elapsed if done.elapsed > 0 else 0.0)
         if slots:
             record[step_anatomy.KEY] = [
                 step_anatomy.figures(slots[i:i + ANATOMY_SLOTS - 1], slots[i + ANATOMY_SLOTS - 1], done.steps)

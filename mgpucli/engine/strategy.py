@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from mgpucli.distributed.runtime import Runtime
-from mgpucli.engine.activation_checkpointing import blocks_to_checkpoint, checkpoint_blocks, select_blocks
+from mgpucli.engine.activation_checkpointing import checkpoint_model, select_blocks
 from mgpucli.errors import UsageError
 
 
@@ -116,8 +116,7 @@ def wrap_model(model: nn.Module, trainer_cfg, runtime: Runtime) -> Wrapped:
     model = model.to(runtime.device)
     if trainer_cfg.channels_last:
         model = model.to(memory_format=torch.channels_last)
-    checkpointed = blocks_to_checkpoint(model, trainer_cfg)
-    checkpoint_blocks(checkpointed)  # before any wrapper: DDP, FSDP and compile see the recomputing forwards
+    checkpointed = checkpoint_model(model, trainer_cfg)  # before any wrapper: DDP, FSDP and compile see it
     raw = model
     if strategy == "ddp":
         from torch.nn.parallel import DistributedDataParallel as DDP
@@ -144,4 +143,4 @@ def wrap_model(model: nn.Module, trainer_cfg, runtime: Runtime) -> Wrapped:
     if trainer_cfg.compile:
         train = torch.compile(train)  # for DDP, dynamo splits graphs at bucket boundaries (optimize_ddp)
         evaluate = train if strategy != "ddp" else torch.compile(model)
-    return Wrapped(train=train, eval=evaluate, raw=raw, strategy=strategy, checkpointed=len(checkpointed))
+    return Wrapped(train=train, eval=evaluate, raw=raw, strategy=strategy, checkpointed=checkpointed)

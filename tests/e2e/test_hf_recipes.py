@@ -1,0 +1,93 @@
+"""End-to-end: recipes that train Hugging Face Transformers models (tiny ones from configs, a tokenizer trained on
+local text, csv files written here), offline, with the guarantees of any recipe: exact validation on any process
+count, bitwise resume, the model's own loss, token-weighted metrics."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.hf_files import corpus_csv, make_tokenizer, offline_env, reviews_csv, text_recipe
+from tests.procs import load_ckpt, mgpu, torchrun
+
+pytest.importorskip("transformers")  # the suite installs mgpu[hf] (requirements.txt); a bare install may not
+
+
+@pytest.fixture(scope="module")
+def text_dir(tmp_path_factory) -> Path:
+    """A tokenizer, reviews (256 train, 72 val) and corpus lines (256 train, 70 val) as csv files."""
+    folder = tmp_path_factory.mktemp("hf-text")
+    make_tokenizer(folder / "tokenizer")
+    reviews_csv(folder / "train.csv", 256, "train")
+    reviews_csv(folder / "val.csv", 72, "val")
+    corpus_csv(folder / "lm-train.csv", 256, "train")
+    corpus_csv(folder / "lm-val.csv", 700, "val")  # the last 10% of 700 lines: 70
+    return folder
+
+
+def metrics(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def validate(folder: Path, checkpoint: str, *args: str) -> dict:
+    r = mgpu("validate", checkpoint, "trainer.cpu_threads=1", "--json", *args, cwd=folder, env=offline_env(folder))
+    assert r.returncode == 0, r.output
+    return json.loads(r.stdout)
+
+
+def test_sequence_classification_trains_validates_exactly_and_resumes_bitwise(text_dir):
+    recipe = str(text_recipe(text_dir, "sequence_classification"))
+    env = offline_env(text_dir)
+    full = mgpu("launch", "--cpu", "--nproc", "2", recipe, "run_dir=seq-full", cwd=text_dir, env=env, timeout=180)
+    assert full.returncode == 0, full.output
+    vals = [m for m in metrics(text_dir / "seq-full") if m["split"] == "val"]
+    assert len(vals) == 2 and vals[-1]["samples"] == 72 and {"loss", "accuracy", "f1"} <= set(vals[-1])
+    # exact validation: the run's own, and the checkpoint's on 1 and on 2 processes, bitwise the same
+    one = validate(text_dir, "seq-full/checkpoints/last.pt")
+    two = validate(text_dir, "seq-full/checkpoints/last.pt", "--cpu", "--nproc", "2")
+    assert one["metrics"] == two["metrics"]
+    assert {k: vals[-1][k] for k in ("loss", "accuracy", "f1")} == {k: one["metrics"][k] for k in
+                                                                     ("loss", "accuracy", "f1")}
+    # stopped mid-epoch (16 steps an epoch: 256 rows / (16 x 2)), resumed: the uninterrupted run's weights, bitwise
+    part = torchrun(2, "train", recipe, "run_dir=seq-part", "trainer.max_steps=11", cwd=text_dir, env=env)
+    assert part.returncode == 0, part.output
+    assert load_ckpt(text_dir / "seq-part/checkpoints/last.pt")["mid_epoch"]
+    resumed = torchrun(2, "train", recipe, "run_dir=seq-part", "--resume", "auto", cwd=text_dir, env=env)
+    assert resumed.returncode == 0, resumed.output
+    a, b = load_ckpt(text_dir / "seq-full/checkpoints/last.pt"), load_ckpt(text_dir / "seq-part/checkpoints/last.pt")
+    assert a["step"] == b["step"] == 16
+    for key in a["model"]:
+        assert torch.equal(a["model"][key], b["model"][key]), key
+
+
+def _train_loss_of_epoch(run_dir: Path) -> float:
+    trains = [m for m in metrics(run_dir) if m["split"] == "train"]
+    tokens = sum(m["tokens"] for m in trains)
+    return sum(m["loss"] * m["tokens"] for m in trains) / tokens
+
+
+def test_causal_lm_token_metrics_are_exact_on_any_process_count_and_accumulation(text_dir):
+    """With lr 0 and no dropout the weights never change, so every training step's loss is an evaluation: the
+    epoch's train loss, over padded batches of different lengths, is the same token-weighted mean on 1 process, on
+    2, and under gradient accumulation, and equals the exact validation of the train set."""
+    recipe = str(text_recipe(text_dir, "causal_lm", arch="gpt2", train="lm-train.csv", val="lm-val.csv",
+                             extra_model={"resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0}))
+    env = offline_env(text_dir)
+    still = ["optim.lr=0.0", "trainer.epochs=1", "trainer.log_every=1"]
+    runs = {"one": mgpu("train", recipe, *still, "run_dir=lm-one", cwd=text_dir, env=env),
+            "two": torchrun(2, "train", recipe, *still, "run_dir=lm-two", cwd=text_dir, env=env),
+            "accum": torchrun(2, "train", recipe, *still, "data.batch_size=8", "trainer.grad_accum=2",
+                              "run_dir=lm-accum", cwd=text_dir, env=env)}
+    for r in runs.values():
+        assert r.returncode == 0, r.output
+    exact = validate(text_dir, "lm-one/checkpoints/last.pt", "--split", "train")["metrics"]
+    for name in runs:
+        assert _train_loss_of_epoch(text_dir / f"lm-{name}") == pytest.approx(exact["loss"], rel=1e-5), name
+    one = validate(text_dir, "lm-one/checkpoints/last.pt")["metrics"]
+    two = validate(text_dir, "lm-one/checkpoints/last.pt", "--cpu", "--nproc", "2")["metrics"]
+    assert one == two and one["perplexity"] == pytest.approx(torch.tensor(one["loss"]).exp().item())
+    vals = [m for m in metrics(text_dir / "lm-two") if m["split"] == "val"]
+    assert vals[-1]["loss"] == one["loss"] and vals[-1]["samples"] == 70
