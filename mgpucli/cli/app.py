@@ -11,6 +11,7 @@ import typer
 
 from mgpucli import __version__
 from mgpucli.cli import doctor as doctor_cmd
+from mgpucli.cli import export as export_cmd
 from mgpucli.cli import launch as launch_cmd
 from mgpucli.cli import recipes as recipes_cmd
 from mgpucli.cli import train as train_cmd
@@ -57,6 +58,7 @@ app.command("train", context_settings={"allow_extra_args": False})(train_cmd.tra
 app.command("validate")(validate_cmd.validate)
 app.command("launch", context_settings={"allow_extra_args": False})(launch_cmd.launch)
 app.command("doctor")(doctor_cmd.doctor)
+app.command("export")(export_cmd.export)
 app.add_typer(recipes_cmd.app, name="recipes")
 
 

@@ -23,7 +23,14 @@ ALLOWED_MODULES = (
     "torchvision.models",
     "torchvision.datasets",
     "torchvision.transforms",
+    # Transformers' model, config and tokenizer classes (their from_pretrained / from_config, the auto classes) and
+    # timm's model factory and transforms; never with trust_remote_code (REFUSED_ARGUMENTS)
+    "transformers.models",
+    "timm.models",
+    "timm.data",
 )
+# Arguments that make an allowed constructor run code from elsewhere: refused wherever they are true.
+REFUSED_ARGUMENTS = ("trust_remote_code",)
 ALLOWED_ROOTS = tuple(sorted({m.split(".")[0] for m in ALLOWED_MODULES}))
 
 
@@ -48,6 +55,8 @@ def untrusted_targets(node: Any, path: str) -> list[str]:
         module = getattr(obj, "__module__", None)
         if not _allowed(module):
             refused.append(f"{where}: {target} (resolves to {module}.{getattr(obj, '__qualname__', '?')})")
+        refused += [f"{where}.{name}: true (runs code the file names)" for name in REFUSED_ARGUMENTS
+                    if target_node.get(name) is True]
     return refused
 
 

@@ -38,7 +38,7 @@ def validate(folder: Path, checkpoint: str, *args: str) -> dict:
     return json.loads(r.stdout)
 
 
-def test_sequence_classification_trains_validates_exactly_and_resumes_bitwise(text_dir):
+def test_sequence_classification_trains_validates_exactly_and_resumes_bitwise(text_dir, monkeypatch):
     recipe = str(text_recipe(text_dir, "sequence_classification"))
     env = offline_env(text_dir)
     full = mgpu("launch", "--cpu", "--nproc", "2", recipe, "run_dir=seq-full", cwd=text_dir, env=env, timeout=180)
@@ -51,6 +51,7 @@ def test_sequence_classification_trains_validates_exactly_and_resumes_bitwise(te
     assert one["metrics"] == two["metrics"]
     assert {k: vals[-1][k] for k in ("loss", "accuracy", "f1")} == {k: one["metrics"][k] for k in
                                                                      ("loss", "accuracy", "f1")}
+    _export_gives_the_checkpoints_logits(text_dir, "seq-full", monkeypatch)
     # stopped mid-epoch (16 steps an epoch: 256 rows / (16 x 2)), resumed: the uninterrupted run's weights, bitwise
     part = torchrun(2, "train", recipe, "run_dir=seq-part", "trainer.max_steps=11", cwd=text_dir, env=env)
     assert part.returncode == 0, part.output
@@ -91,3 +92,28 @@ def test_causal_lm_token_metrics_are_exact_on_any_process_count_and_accumulation
     assert one == two and one["perplexity"] == pytest.approx(torch.tensor(one["loss"]).exp().item())
     vals = [m for m in metrics(text_dir / "lm-two") if m["split"] == "val"]
     assert vals[-1]["loss"] == one["loss"] and vals[-1]["samples"] == 70
+
+
+def _export_gives_the_checkpoints_logits(folder: Path, run: str, monkeypatch) -> None:
+    """``mgpu export``, then ``from_pretrained`` of what it wrote: the checkpoint's model, tokenizer and logits."""
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    r = mgpu("export", run, "exported", "--json", cwd=folder, env=offline_env(folder))
+    assert r.returncode == 0, r.output
+    done = json.loads(r.stdout)
+    assert {"config.json", "model.safetensors", "tokenizer.json"} <= set(done["files"]) and done["tokenizer"]
+    assert done["load_with"] == "transformers.AutoModelForSequenceClassification.from_pretrained('exported')"
+    again = mgpu("export", run, "exported", cwd=folder, env=offline_env(folder))  # never over files
+    assert again.returncode == 2 and "not an empty directory" in again.stderr and "Traceback" not in again.output
+    for name, value in offline_env(folder).items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.chdir(folder)  # the recipe names the tokenizer relative to the run's working directory
+    from mgpucli import load_checkpoint
+
+    ours = load_checkpoint(folder / run / "checkpoints/last.pt").model
+    theirs = AutoModelForSequenceClassification.from_pretrained(folder / "exported").eval()
+    tokenizer = AutoTokenizer.from_pretrained(folder / "exported")
+    batch = tokenizer(["the film was lovely.", "sadly, the meal was dull and poor."], padding=True,
+                      return_tensors="pt")
+    with torch.no_grad():
+        assert torch.equal(ours(**batch).logits, theirs(**batch).logits)
