@@ -35,8 +35,8 @@ def missing_path_problem(key: str, source: str) -> str:
     if parent is not None:
         part = path.relative_to(parent).parts[0]
         close = difflib.get_close_matches(part, [c.name for c in parent.iterdir()], n=1, cutoff=0.6)
-        if close:
-            hint = f" (did you mean {parent / close[0]}?)"
+        if close:  # in the user's own spelling: the wrong part replaced, what came before it kept
+            hint = f" (did you mean {source[:source.rfind(part)] + close[0] if part in source else parent / close[0]}?)"
     return f"{key}: {source} does not exist{hint}"
 
 

@@ -60,3 +60,31 @@ def blocks_to_checkpoint(model: nn.Module, trainer_cfg) -> list[nn.Module]:
 def metric_names(task: Any) -> list[str]:
     """The metrics ``task`` reports (what ``trainer.best_metric`` may name): the keys of its metrics of unit sums."""
     return list(task.metrics([1.0] * len(task.stat_names)))
+
+
+# The built-in tasks that give the model the whole dict batch, labels included, and train the loss it returns.
+LABELS_TO_MODEL_TASKS = ("sequence_classification", "token_classification", "causal_lm", "masked_lm")
+
+
+def loss_problem(task: Any, model: Any) -> str | None:
+    """Why ``model`` can't train under ``task`` (a built-in task's name), or None: the dict-batch tasks pass the
+    batch's ``labels`` to the model's ``forward``, which must take them (a Transformers model with a head does, and
+    returns its loss from them); a model without a head takes none and returns no loss."""
+    import inspect
+
+    if task not in LABELS_TO_MODEL_TASKS:
+        return None
+    if getattr(model, "base_model", None) is model:  # a Transformers model without a head: its own base model
+        why = "is a base model without a task head, which returns no loss and no logits"
+    else:
+        try:
+            params = inspect.signature(model.forward).parameters
+        except (TypeError, ValueError):
+            return None
+        if "labels" in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+            return None
+        why = "takes no labels in forward, so it returns no loss"
+    return (f"task {task} gives the model the batch's labels and trains the loss it returns, but "
+            f"{type(model).__name__} {why}: build "
+            f"the model with a head (mgpucli.components.hf_models.transformers_model, head: {task}), or use a task "
+            "that computes the loss from what the model returns")

@@ -21,7 +21,7 @@ from omegaconf import DictConfig
 from mgpucli.config.schema import TASK_METRICS
 from mgpucli.config.targets import build
 from mgpucli.errors import MgpuError, RecipeError, UsageError
-from mgpucli.model_facts import blocks_to_checkpoint, metric_names, select_blocks
+from mgpucli.model_facts import blocks_to_checkpoint, loss_problem, metric_names, select_blocks
 
 DEBUG_ENV = "MGPU_DEBUG"
 
@@ -151,6 +151,9 @@ def check_builds(cfg: DictConfig, source: str) -> Any:
     elif cfg.get("task") in TASK_METRICS:  # a built-in task: its metrics are known without building it
         problems.extend(_metric_name_problems(cfg, list(TASK_METRICS[cfg.get("task")])))
     model = _check_model(cfg, source, problems)
+    no_loss = loss_problem(cfg.get("task"), model) if model is not None else None
+    if no_loss:
+        problems.append(f"task: {no_loss}")
     if problems:
         raise RecipeError(source, problems, f"Fix the keys above (in the recipe or with overrides); {DEBUG_ENV}=1 "
                           "shows the tracebacks.")

@@ -27,6 +27,7 @@ from mgpucli.engine.reporter import Reporter
 from mgpucli.engine.strategy import wrap_model
 from mgpucli.engine.tasks import Task, bind_task, build_task
 from mgpucli.errors import RecipeError, UsageError
+from mgpucli.model_facts import loss_problem
 
 _AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -77,6 +78,9 @@ def build_task_for(cfg: DictConfig, model: torch.nn.Module, source: str) -> Task
         bind_task(task, model)
     except UsageError as err:
         raise RecipeError(source, [f"task: {err.message}"], err.hint) from None
+    no_loss = loss_problem(cfg.task, model)
+    if no_loss:
+        raise RecipeError(source, [f"task: {no_loss}"], "Make the model and the task fit.")
     return task
 
 
