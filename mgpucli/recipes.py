@@ -27,6 +27,9 @@ KNOWN_REQUIREMENTS = {
     "sklearn": ("the examples extra (scikit-learn)", "pip install 'mgpu[examples]'"),
     "torchvision": ("torchvision", "pip install torchvision (the build that matches your torch)"),
     "tensorboard": ("the tensorboard extra", "pip install 'mgpu[tensorboard]'"),
+    "transformers": ("the hf extra (Transformers)", "pip install 'mgpu[hf]'"),
+    "datasets": ("the hf extra (datasets)", "pip install 'mgpu[hf]'"),
+    "timm": ("the timm extra (and a torchvision that matches your torch)", "pip install 'mgpu[timm]'"),
 }
 
 
