@@ -117,3 +117,32 @@ def _export_gives_the_checkpoints_logits(folder: Path, run: str, monkeypatch) ->
                       return_tensors="pt")
     with torch.no_grad():
         assert torch.equal(ours(**batch).logits, theirs(**batch).logits)
+
+
+def test_dict_batches_under_fsdp_checkpointing_mixed_precision_ema_and_the_anatomy(text_dir):
+    """FSDP2 shards the Transformers layers (the blocks of its nn.ModuleList), the model's own gradient
+    checkpointing recomputes them, bf16 autocast, EMA weights validated, the step anatomy in every train record;
+    the checkpoint then validates on one process as the run did."""
+    recipe = str(text_recipe(text_dir, "sequence_classification"))
+    env = offline_env(text_dir)
+    features = ["trainer.strategy=fsdp", "trainer.activation_checkpointing=true", "trainer.precision=bf16",
+                "+trainer.ema={decay: 0.9, validate: true}", "trainer.anatomy=true", "trainer.max_steps=8",
+                "trainer.grad_accum=2", "data.batch_size=8"]
+    r = torchrun(2, "train", recipe, *features, "run_dir=seq-fsdp", cwd=text_dir, env=env)
+    assert r.returncode == 0, r.output
+    assert "activation checkpointing: 2 block(s) recompute their activations in backward" in r.stderr
+    records = metrics(text_dir / "seq-fsdp")
+    assert all(len(m["anatomy"]) == 2 for m in records if m["split"] == "train")
+    val = [m for m in records if m["split"] == "val"][-1]
+    assert val["weights"] == "ema"
+    again = validate(text_dir, "seq-fsdp/checkpoints/last.pt", "--weights", "ema")["metrics"]
+    assert again["loss"] == pytest.approx(val["loss"], rel=1e-2)  # bf16 forwards: not bitwise across layouts
+
+
+def test_the_fit_probe_measures_a_transformers_recipe(text_dir):
+    recipe = str(text_recipe(text_dir, "causal_lm", arch="gpt2", train="lm-train.csv", val="lm-val.csv"))
+    r = torchrun(2, "train", recipe, "--probe", "--probe-steps", "3", "--json", cwd=text_dir, env=offline_env(text_dir))
+    assert r.returncode == 0, r.output
+    report = json.loads(r.stdout)
+    assert len(report["ranks"]) == 2 and report["step_time_s"] > 0
+    assert not (text_dir / "runs").exists()  # the probe writes no run dir
