@@ -47,3 +47,10 @@ def broadcast_object(obj: Any, runtime: Runtime, src: int = 0) -> Any:
 def barrier(runtime: Runtime) -> None:
     if runtime.distributed:
         dist.barrier()
+
+
+def broadcast_buffers(module: torch.nn.Module, runtime: Runtime, src: int = 0) -> None:
+    """Rank ``src``'s buffers (BatchNorm's running statistics...) on every rank, in place."""
+    if runtime.distributed:
+        for buffer in module.buffers():
+            dist.broadcast(buffer, src=src)

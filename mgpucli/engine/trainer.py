@@ -427,6 +427,11 @@ class Trainer:
         kept for the checkpoint."""
         model, ema = self.trained.model, self.trained.ema
         on_ema = ema is not None and ema.validate
+        if model.is_ddp and self.cfg.trainer.ddp.broadcast_buffers:
+            # DDP gives every rank rank 0's buffers at the start of a training forward, and each rank's own forward
+            # then moves its BatchNorm statistics on: the checkpoint holds rank 0's, so every rank validates with them
+            with self.heartbeat.in_phase("validation: buffer broadcast"):
+                collectives.broadcast_buffers(model.raw, self.runtime)
         with self.heartbeat.in_phase("validation"), ema.swapped_in() if on_ema else contextlib.nullcontext():
             val = evaluate_exact(model.eval, self.loaders.val, self.loaders.val_batches, self.task, self.runtime,
                                  self.autocast_dtype, lockstep=model.is_fsdp)

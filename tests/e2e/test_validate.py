@@ -171,3 +171,21 @@ def test_own_recipe_or_trust_flag_bypasses_the_allowlist(trained):
     own = validate(trained, name, "--recipe", QUICK, f"data.val.num_samples={VAL}", "--json")
     assert own.returncode == 0, own.output
     assert json.loads(trusted.stdout)["metrics"] == json.loads(own.stdout)["metrics"]
+
+
+def test_a_ddp_runs_validation_uses_the_checkpoints_batchnorm_statistics(tmp_path):
+    """Each DDP rank's forward moves its own BatchNorm statistics on after DDP's broadcast of rank 0's: validating
+    on every rank with rank 0's (those the checkpoint holds) makes the run's validation the checkpoint's."""
+    from tests.procs import torchrun
+
+    layer = "{_target_: torch.nn.%s, %s}"
+    model = ("+model={_target_: torch.nn.Sequential, _args_: [" + ", ".join(
+        [layer % ("Linear", "in_features: 32, out_features: 64"), layer % ("BatchNorm1d", "num_features: 64"),
+         "{_target_: torch.nn.ReLU}", layer % ("Linear", "in_features: 64, out_features: 4")]) + "]}")
+    r = torchrun(2, "train", QUICK, "~model", model, "data.train.num_samples=512", f"data.val.num_samples={VAL}",
+                 "trainer.epochs=1", "trainer.cpu_threads=1", cwd=tmp_path)
+    assert r.returncode == 0, r.output
+    logged = [json.loads(line) for line in (tmp_path / "runs/quickstart/metrics.jsonl").read_text().splitlines()]
+    run_val = [m for m in logged if m["split"] == "val"][-1]
+    again = json.loads(validate(tmp_path, CKPT, "trainer.cpu_threads=1", "--json").stdout)["metrics"]
+    assert (again["loss"], again["accuracy"]) == (run_val["loss"], run_val["accuracy"])
