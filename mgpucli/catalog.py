@@ -25,6 +25,8 @@ SECTIONS = (
     ("Hugging Face Transformers models", "mgpucli.components.hf_models", "model"),
     ("Text datasets for Transformers models", "mgpucli.components.hf_text", "data.train / data.val"),
     ("Generated rows for text datasets", "mgpucli.components.text", "data.train.rows / data.val.rows"),
+    ("Image folders", "mgpucli.components.images", "data.train / data.val"),
+    ("timm models", "mgpucli.components.timm_models", "model"),
 )
 TASKS_MODULE = "mgpucli.engine.tasks"
 HEADER = """\
