@@ -85,3 +85,17 @@ def text_recipe(folder: Path, head: str, arch: str = "bert", train: str = "train
     path = folder / f"{head}.yaml"
     path.write_text(yaml.safe_dump(recipe, sort_keys=False))
     return path
+
+
+def tagged_jsonl(path: Path, num_lines: int, split: str) -> Path:
+    """Token classification rows: each line's words (``tokens``) and a tag per word (``tags``: 1 for a verb of the
+    corpus' grammar, 0 otherwise)."""
+    import json
+
+    from mgpucli.components.text import _VERBS
+
+    with path.open("w") as out:
+        for row in corpus_rows(num_lines, split=split):
+            words = row["text"].rstrip(".").split()
+            out.write(json.dumps({"tokens": words, "tags": [int(w in _VERBS) for w in words]}) + "\n")
+    return path

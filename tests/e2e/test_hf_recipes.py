@@ -146,3 +146,28 @@ def test_the_fit_probe_measures_a_transformers_recipe(text_dir):
     report = json.loads(r.stdout)
     assert len(report["ranks"]) == 2 and report["step_time_s"] > 0
     assert not (text_dir / "runs").exists()  # the probe writes no run dir
+
+
+@pytest.mark.parametrize("head", ["token_classification", "masked_lm"])
+def test_token_classification_and_masked_lm_validate_exactly(text_dir, head):
+    """Word tags aligned to sub-words (-100 on later pieces), and masked LM with a row's masks fixed by the seed:
+    the validation is the same on 1 and 2 processes and equal to the run's."""
+    from tests.hf_files import tagged_jsonl
+
+    if head == "token_classification":
+        tagged_jsonl(text_dir / "tags-train.jsonl", 256, "train")
+        tagged_jsonl(text_dir / "tags-val.jsonl", 700, "val")
+        recipe = text_recipe(text_dir, head, train="tags-train.jsonl", val="tags-val.jsonl",
+                             extra_model={"num_labels": 2})
+        data = ["data.train.text=tokens", "data.train.label=tags", "data.val.text=tokens", "data.val.label=tags"]
+    else:
+        recipe = text_recipe(text_dir, head, train="lm-train.csv", val="lm-val.csv")
+        data = ["+data.train.dynamic_masking=true"]
+    env = offline_env(text_dir)
+    r = torchrun(2, "train", str(recipe), *data, "trainer.epochs=1", f"run_dir={head}", cwd=text_dir, env=env)
+    assert r.returncode == 0, r.output
+    run_val = [m for m in metrics(text_dir / head) if m["split"] == "val"][-1]
+    one = validate(text_dir, f"{head}/checkpoints/last.pt")["metrics"]
+    two = validate(text_dir, f"{head}/checkpoints/last.pt", "--cpu", "--nproc", "2")["metrics"]
+    assert one == two and one["loss"] == run_val["loss"] and one["accuracy"] == run_val["accuracy"]
+    assert run_val["tokens"] > 0
