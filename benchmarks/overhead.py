@@ -44,11 +44,12 @@ from benchmarks import jobs  # noqa: E402
 from benchmarks.stats import median, median_interval, resolved_verdict, round_orders  # noqa: E402
 
 HANDWRITTEN = REPO / "benchmarks" / "handwritten.py"
-RECIPES = {"mlp": REPO / "recipes" / "quickstart.yaml", "charlm": REPO / "recipes" / "charlm.yaml"}
+RECIPES = {"mlp": REPO / "recipes" / "quickstart.yaml", "charlm": REPO / "recipes" / "charlm.yaml",
+           "text": REPO / "recipes" / "text-classification.yaml"}
 # Epochs per job, both sides: the MLP's recipe (3 epochs of ~1 ms steps) would leave ~130 timed steps a job.
-EPOCHS = {"mlp": 10, "charlm": 1}
-ROUNDS = {"mlp": 10, "charlm": 6}
-STEP_TARGET = {"mlp": 1.03, "charlm": 1.01}  # mgpu / hand-written step time, the median over rounds
+EPOCHS = {"mlp": 10, "charlm": 1, "text": 2}
+ROUNDS = {"mlp": 10, "charlm": 6, "text": 6}
+STEP_TARGET = {"mlp": 1.03, "charlm": 1.01, "text": 1.02}  # mgpu / hand-written step time, the median over rounds
 FIRST_STEP_TARGET_S = 0.3  # mgpu - hand-written under plain torchrun
 JOB_TARGET_S = 0.5  # mgpu - hand-written, the whole job (start to exit)
 MEMORY_TARGET = 1.05  # mgpu / hand-written, the largest rank's peak RSS
@@ -174,8 +175,10 @@ def recipe_drift(workload: str) -> list[str]:
     w, cfg = WORKLOADS[workload], OmegaConf.load(RECIPES[workload])
     want = {"seed": w["seed"], "data.batch_size": w["batch_size"], "trainer.epochs": w["epochs"], "optim.lr": w["lr"],
             "trainer.clip_grad_norm": w["clip_grad_norm"], "trainer.log_every": w["log_every"]}
-    want |= ({"optim.momentum": w["momentum"]} if workload == "mlp" else
-             {"optim.weight_decay": w["weight_decay"], "vars.block_size": w["block_size"]})
+    want |= {"mlp": {"optim.momentum": w.get("momentum")},
+             "charlm": {"optim.weight_decay": w.get("weight_decay"), "vars.block_size": w.get("block_size")},
+             "text": {"optim.weight_decay": w.get("weight_decay"), "data.train.max_length": w.get("max_length")},
+             }[workload]
     return [f"{key}: recipe {got!r}, hand-written {value!r}" for key, value in want.items()
             if (got := OmegaConf.select(cfg, key, default=None)) != value]
 
@@ -278,12 +281,12 @@ def parse_args(argv: list[str] | None = None):
     dev.add_argument("--cpu", action="store_true", help="CPU processes with gloo (the default)")
     dev.add_argument("--gpus", type=int, default=None, metavar="N", help="N CUDA GPUs with nccl, one process each")
     p.add_argument("--nproc", type=int, default=2, help="processes with --cpu (default 2)")
-    p.add_argument("--workload", choices=["mlp", "charlm", "all"], default="all")
+    p.add_argument("--workload", choices=[*RECIPES, "all"], default="all")
     p.add_argument("--rounds", type=int, default=None,
-                   help=f"rounds of both jobs (default: mlp {ROUNDS['mlp']}, charlm {ROUNDS['charlm']}); "
+                   help=f"rounds of both jobs (default: {', '.join(f'{w} {n}' for w, n in ROUNDS.items())}); "
                         "6 or more give a 95%% interval")
     p.add_argument("--epochs", type=int, default=None,
-                   help=f"epochs a job, both sides (default: mlp {EPOCHS['mlp']}, charlm {EPOCHS['charlm']})")
+                   help=f"epochs a job, both sides (default: {', '.join(f'{w} {n}' for w, n in EPOCHS.items())})")
     p.add_argument("--cli-repeats", type=int, default=10, help="runs of each CLI command (default 10; 0: skip)")
     p.add_argument("--timeout", type=float, default=300, help="seconds one job may take (default 300)")
     p.add_argument("--json", type=Path, default=None, help="also write every figure to this file")
@@ -316,7 +319,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.cli_repeats:
             results["cli"] = cli_startup(args.cli_repeats, 60)
             print("\n".join(cli_table(results["cli"])) + "\n", flush=True)
-        for workload in ["mlp", "charlm"] if args.workload == "all" else [args.workload]:
+        for workload in list(RECIPES) if args.workload == "all" else [args.workload]:
             for line in recipe_drift(workload):
                 print(f"warning: {workload}: {line}", file=sys.stderr)
             rounds, equal = alternate_rounds(

@@ -212,6 +212,12 @@ class TextDataset(Dataset):
     def __getitem__(self, index: int) -> dict[str, Any]:
         return self.data[index]
 
+    def __getitems__(self, indices: list[int]) -> list[dict[str, Any]]:
+        """A batch's rows in one read (torch's loaders call it for a whole batch; row by row was ~40% of a tiny
+        model's step)."""
+        columns = self.data[list(indices)]
+        return [dict(zip(columns, values, strict=True)) for values in zip(*columns.values(), strict=True)]
+
     def model_problems(self, model: Any) -> list[str]:
         """What doesn't fit between these rows and ``model``: a vocabulary larger than its embeddings, class ids
         outside its head's labels."""
