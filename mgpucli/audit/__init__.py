@@ -28,7 +28,7 @@ import os
 import sys
 from typing import Any
 
-from mgpucli.torch_import import when_torch_loads
+from mgpucli.torch_import import when_module_loads, when_torch_loads
 
 _session: Any = None  # the running audit (mgpucli.audit.session.Session), once torch is imported
 _armed = False
@@ -43,6 +43,13 @@ def arm() -> None:
     _armed = True
     _started_in = os.getcwd()
     when_torch_loads(_install)
+    try:
+        from mgpucli.audit import libraries
+
+        libraries.watch_settings(when_module_loads)
+    except Exception as err:  # noqa: BLE001 - the audit must never stop the script
+        print(f"mgpu audit: could not watch the training libraries ({type(err).__name__}: {err}).", file=sys.stderr,
+              flush=True)
 
 
 def _install() -> None:

@@ -1,0 +1,249 @@
+"""Scripts built on a training library (Transformers' ``Trainer``, Accelerate, Lightning Fabric): a finding about
+something the library did for the script gives its fix in the library's terms, and points at the user's line that
+set it, never at a raw ``DDP(...)`` line the user never wrote.
+
+One table, :data:`LIBRARIES`, says for each library how its code is recognised on the stack (its installed package),
+how its messages name it, which of its objects hold the settings a fix changes (their creation sites are recorded:
+:func:`watch_settings` wraps their constructors as the library's modules are imported), whether the data loaders it
+iterates are sharded by it, and its fixes, by fix id (a finding's kind, or a finer id where one kind has several
+fixes). The checks ask :func:`here` what made the call they look at: the user's line, and the library (if any) whose
+code, called from that line, made it; a check whose event has no library on its stack uses the library that built the
+job's DDP model (:attr:`mgpucli.audit.session.Session.library`). A fix id the library has no words for keeps the
+check's own (torch's) fix.
+
+Stdlib only: :func:`watch_settings` runs before the script's first line (:func:`mgpucli.audit.arm`).
+"""
+
+from __future__ import annotations
+
+import functools
+import weakref
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from types import FrameType, ModuleType
+from typing import Any
+
+from mgpucli.audit.where import library_of, live_frames, where_of
+from mgpucli.run_records.audit_records import Where
+from mgpucli.run_records.stacks import users_code
+
+_FREEZE = ("# or make every parameter take part in the loss, or freeze the unused ones before {before}:\n"
+           "for p in model.unused_part.parameters():\n"
+           "    p.requires_grad_(False)")
+
+
+def _has_class(obj: Any, name: str) -> bool:
+    return any(c.__name__ == name for c in type(obj).__mro__)
+
+
+@dataclass(frozen=True)
+class Library:
+    """One training library: how the audit knows its code, and how it says a fix in its terms."""
+
+    package: str  # its folder in site-packages: a frame in it is the library's code
+    name: str  # how messages name it
+    holder: Callable[[Any], Any]  # the ``self`` of one of its frames -> the object holding that setting, or None
+    watched: tuple[tuple[str, str, str], ...]  # (module, class, method): objects whose creation site is recorded
+    fixes: Mapping[str, str]  # fix id -> the fix, as code in the library's terms
+    notes: Mapping[str, str] = field(default_factory=dict)  # fix id -> what the library does, added to the cost
+    shards_loaders: bool = False  # a DataLoader it iterates is sharded by the library itself (not the audit's)
+
+    def fix(self, fix_id: str, default: str) -> str:
+        return self.fixes.get(fix_id, default)
+
+    def cost(self, fix_id: str, default: str) -> str:
+        note = self.notes.get(fix_id)
+        return f"{default} {note}" if note else default
+
+
+TRAINER = Library(
+    package="transformers",
+    name="Transformers' Trainer",
+    holder=lambda obj: obj.args if _has_class(getattr(obj, "args", None), "TrainingArguments") else None,
+    watched=(("transformers.training_args", "TrainingArguments", "__post_init__"),),
+    fixes={
+        "find_unused_unneeded": "args = TrainingArguments(..., ddp_find_unused_parameters=False)\n"
+                                "# from the command line (HfArgumentParser): --ddp_find_unused_parameters False",
+        "ddp_unused_parameters": "# either let DDP look for unused parameters at every step (it costs a graph "
+                                 "traversal):\n"
+                                 "args = TrainingArguments(..., ddp_find_unused_parameters=True)\n"
+                                 + _FREEZE.format(before="Trainer(model=model, ...)"),
+    },
+    notes={
+        "find_unused_unneeded": "The Trainer asks DDP for it whenever TrainingArguments' ddp_find_unused_parameters "
+                                "is not set (for a model without gradient checkpointing).",
+    },
+    shards_loaders=True,  # its loaders go through Accelerate's prepare
+)
+
+ACCELERATE = Library(
+    package="accelerate",
+    name="Accelerate",
+    holder=lambda obj: (obj.ddp_handler or obj) if _has_class(obj, "Accelerator") else None,
+    watched=(("accelerate.accelerator", "Accelerator", "__init__"),
+             ("accelerate.utils.dataclasses", "DistributedDataParallelKwargs", "__init__")),
+    fixes={
+        "find_unused_unneeded": "accelerator = Accelerator(kwargs_handlers=[DistributedDataParallelKwargs("
+                                "find_unused_parameters=False)])\n"
+                                "# or no DistributedDataParallelKwargs at all: False is Accelerate's default",
+        "ddp_unused_parameters": "# either let DDP look for unused parameters at every step (it costs a graph "
+                                 "traversal):\n"
+                                 "from accelerate import DistributedDataParallelKwargs\n"
+                                 "accelerator = Accelerator(kwargs_handlers=[DistributedDataParallelKwargs("
+                                 "find_unused_parameters=True)])\n"
+                                 + _FREEZE.format(before="accelerator.prepare(model, ...)"),
+        "loader_not_distributed": "# let Accelerate shard it (each rank gets its own batches): prepare it too\n"
+                                  "model, optimizer, loader = accelerator.prepare(model, optimizer, loader)",
+        "params_not_ddp": "# prepare the model too: Accelerate wraps it in DDP, before its optimizer steps\n"
+                          "model, optimizer, loader = accelerator.prepare(model, optimizer, loader)",
+    },
+    shards_loaders=True,  # DataLoaderShard's batch sampler, or batches dispatched from rank 0
+)
+
+FABRIC = Library(
+    package="lightning_fabric",
+    name="Lightning Fabric",
+    holder=lambda obj: obj if _has_class(obj, "DDPStrategy") else None,
+    watched=(("lightning_fabric.strategies.ddp", "DDPStrategy", "__init__"),),
+    fixes={
+        "find_unused_unneeded": "from lightning_fabric.strategies import DDPStrategy\n"
+                                "fabric = Fabric(..., strategy=DDPStrategy(find_unused_parameters=False))\n"
+                                "# or strategy=\"ddp\": False is its default",
+        "ddp_unused_parameters": "# either let DDP look for unused parameters at every step (it costs a graph "
+                                 "traversal):\n"
+                                 "from lightning_fabric.strategies import DDPStrategy\n"
+                                 "fabric = Fabric(..., strategy=DDPStrategy(find_unused_parameters=True))\n"
+                                 "# (or strategy=\"ddp_find_unused_parameters_true\")\n"
+                                 + _FREEZE.format(before="fabric.setup(model, optimizer)"),
+        "padded_evaluation": "# every sample exactly once: a strided slice per rank, without Fabric's padding sampler\n"
+                             "from torch.utils.data import Subset\n"
+                             "part = Subset(val_set, range(fabric.global_rank, len(val_set), fabric.world_size))\n"
+                             "val_loader = fabric.setup_dataloaders(DataLoader(part, batch_size=batch_size),\n"
+                             "                                      use_distributed_sampler=False)\n"
+                             "# add up the metric's sums and counts with fabric.all_reduce(..., reduce_op=\"sum\"), "
+                             "then divide",
+        "loader_not_distributed": "# let Fabric shard it: it puts in a DistributedSampler and calls set_epoch for "
+                                  "you\n"
+                                  "loader = fabric.setup_dataloaders(DataLoader(dataset, batch_size=batch_size, "
+                                  "shuffle=True))\n"
+                                  "# (without use_distributed_sampler=False)",
+        "params_not_ddp": "# set up the model too: Fabric wraps it in DDP\n"
+                          "model, optimizer = fabric.setup(model, optimizer)",
+    },
+    notes={
+        "padded_evaluation": "fabric.setup_dataloaders put in this DistributedSampler (drop_last=False).",
+    },
+)
+
+LIBRARIES = (TRAINER, ACCELERATE, FABRIC)
+_BY_PACKAGE = {lib.package: lib for lib in LIBRARIES}
+
+
+# ---------------------------------------------------------------------------------------------- settings' sites
+_sites: dict[int, Where] = {}  # id(object) -> where the user's code created it (removed when the object goes)
+
+
+def site_of(obj: Any) -> Where | None:
+    """Where the user's code created ``obj`` (one of the libraries' watched objects), if recorded."""
+    return _sites.get(id(obj)) if obj is not None else None
+
+
+def _record(obj: Any) -> None:
+    if id(obj) in _sites:
+        return  # a subclass's constructor calling its parent's: the first (outermost) call has it
+    where = where_of(live_frames(1))
+    if where is None:
+        return
+    try:
+        weakref.finalize(obj, _sites.pop, id(obj), None)
+    except TypeError:
+        return  # not weakly referenceable: its id could be reused, so nothing is kept
+    _sites[id(obj)] = where
+
+
+def _watch(cls: type, method: str) -> None:
+    original = getattr(cls, method)
+
+    @functools.wraps(original)
+    def constructor(obj, *args, **kwargs):
+        try:
+            _record(obj)
+        except Exception:  # noqa: BLE001 - the audit never stands between the script and its objects
+            pass
+        return original(obj, *args, **kwargs)
+
+    setattr(cls, method, constructor)
+
+
+def _patch(module: ModuleType, class_name: str, method: str) -> None:
+    cls = getattr(module, class_name, None)
+    if isinstance(cls, type) and hasattr(cls, method):
+        _watch(cls, method)
+
+
+def watch_settings(when_module_loads: Callable[[str, Callable[[ModuleType], None]], None]) -> None:
+    """Record the creation sites of the libraries' settings objects, from when each module is imported."""
+    for lib in LIBRARIES:
+        for module, class_name, method in lib.watched:
+            when_module_loads(module, functools.partial(_patch, class_name=class_name, method=method))
+
+
+# ---------------------------------------------------------------------------------------------- on the stack
+@dataclass
+class Call:
+    """What made a call: the user's line (or a library's, when no user code is on the stack), and the library whose
+    code, called from that line, made it (the outermost known one: the Trainer before the Accelerate it uses)."""
+
+    where: Where | None
+    library: Library | None = None
+    setting: Where | None = None  # where the user created the object holding the library's setting
+
+    @property
+    def site(self) -> Where | None:
+        """Where a fix of the library's setting goes: that object's creation, else the call's line."""
+        return self.setting or self.where
+
+
+def _outermost_library(frames: list[FrameType]) -> tuple[Library | None, list[FrameType]]:
+    """The outermost known library among the frames inside the user's innermost one, and its frames (outermost
+    first)."""
+    found: Library | None = None
+    by_library: dict[str, list[FrameType]] = {}
+    for frame in frames:
+        path = frame.f_code.co_filename
+        if users_code(path):
+            break
+        lib = _BY_PACKAGE.get(library_of(path) or "")
+        if lib is not None:
+            found = lib
+            by_library.setdefault(lib.package, []).insert(0, frame)
+    return found, by_library.get(found.package, []) if found else []
+
+
+def _setting_site(lib: Library, frames: list[FrameType]) -> Where | None:
+    for frame in frames:
+        holder = lib.holder(frame.f_locals.get("self"))
+        if holder is not None:
+            return site_of(holder)
+    return None
+
+
+def here(setting: bool = False) -> Call:
+    """What made the call running now (the caller of the check that asks); with ``setting``, where the user created
+    the library's object holding the settings of what it builds."""
+    frames = live_frames()
+    lib, own = _outermost_library(frames)
+    site = _setting_site(lib, own) if setting and lib is not None else None
+    return Call(where_of(frames), lib, site)
+
+
+def in_terms(fix_id: str, fix: str, cost: str, library: Library | None,
+             job: Library | None = None) -> tuple[str, str]:
+    """(fix, cost) in the terms of ``library`` (the one whose code made the call), else of ``job`` (the one the script
+    uses: its DDP model's), where it has words for ``fix_id``; else as given. What the library did (a note on the
+    cost) is said only of the one on the stack."""
+    if library is not None:
+        return library.fix(fix_id, job.fix(fix_id, fix) if job is not None else fix), library.cost(fix_id, cost)
+    if job is not None:
+        return job.fix(fix_id, fix), cost
+    return fix, cost
