@@ -155,6 +155,7 @@ class Tracked:
     site: Where | None
     ref: Any  # weakref to the optimizer
     library: Any = None  # the training library whose code stepped it (mgpucli.audit.libraries), or None
+    setting: Where | None = None  # where the user created that library's settings (TrainingArguments), if known
     param_ids: set[int] = field(default_factory=set)
     param_refs: list[Any] = field(default_factory=list)  # weakrefs to its parameters, for the end
     steps: int = 0
@@ -203,9 +204,9 @@ class Divergence:
 
     def _track(self, opt) -> Tracked:
         params = _params(opt)
-        call = libraries.here()
+        call = libraries.here(setting=True)
         site = self._sites.get(opt) or call.where  # built where its __init__ was not watched: its first step
-        t = Tracked(index=len(self._all), site=site, library=call.library, ref=weakref.ref(opt),
+        t = Tracked(index=len(self._all), site=site, library=call.library, setting=call.setting, ref=weakref.ref(opt),
                     param_ids={id(p) for p in params}, param_refs=[weakref.ref(p) for p in params])
         if any(sharded(p) for p in params):
             t.disabled = "sharded parameters (FSDP or DTensor) differ across ranks by design"
@@ -286,7 +287,7 @@ class Divergence:
             "params_diverged",
             f"the parameters differ across ranks {when} ({split}): the model is not wrapped in "
             "DistributedDataParallel, so each rank trains its own copy",
-            cost, fix, t.site, details, key=f"optimizer {t.index}")
+            cost, fix, t.setting or t.site, details, key=f"optimizer {t.index}")
 
     # ------------------------------------------------------------------------------------------ the end
     def finish(self, clean: bool) -> None:

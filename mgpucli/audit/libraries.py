@@ -4,12 +4,13 @@ set it, never at a raw ``DDP(...)`` line the user never wrote.
 
 One table, :data:`LIBRARIES`, says for each library how its code is recognised on the stack (its installed package),
 how its messages name it, which of its objects hold the settings a fix changes (their creation sites are recorded:
-:func:`watch_settings` wraps their constructors as the library's modules are imported), whether the data loaders it
-iterates are sharded by it, and its fixes, by fix id (a finding's kind, or a finer id where one kind has several
-fixes). The checks ask :func:`here` what made the call they look at: the user's line, and the library (if any) whose
-code, called from that line, made it; a check whose event has no library on its stack uses the library that built the
-job's DDP model (:attr:`mgpucli.audit.session.Session.library`). A fix id the library has no words for keeps the
-check's own (torch's) fix.
+:func:`watch_settings` wraps their constructors as the library's modules are imported), which of its objects iterate
+a loader that they shard their own way (not the audit's to judge), and its fixes, by fix id (a finding's kind, or a
+finer id where one kind has several fixes): for what the library itself did, and for the user's own object in a script
+the library runs. The checks ask :func:`here` what made the call they look at: the user's line, and the library (if
+any) whose code, called from that line, made it; a check whose event has no library on its stack uses the library
+that built the job's DDP model (:attr:`mgpucli.audit.session.Session.library`). A fix id the library has no words for
+keeps the check's own (torch's) fix.
 
 Stdlib only: :func:`watch_settings` runs before the script's first line (:func:`mgpucli.audit.arm`).
 """
@@ -30,10 +31,15 @@ from mgpucli.run_records.stacks import users_code
 _FREEZE = ("# or make every parameter take part in the loss, or freeze the unused ones before {before}:\n"
            "for p in model.unused_part.parameters():\n"
            "    p.requires_grad_(False)")
+_ADD_FIND_UNUSED = "# either let DDP look for unused parameters at every step (it costs a graph traversal):\n"
 
 
 def _has_class(obj: Any, name: str) -> bool:
     return any(c.__name__ == name for c in type(obj).__mro__)
+
+
+def _never(_obj: Any) -> bool:
+    return False
 
 
 @dataclass(frozen=True)
@@ -42,19 +48,34 @@ class Library:
 
     package: str  # its folder in site-packages: a frame in it is the library's code
     name: str  # how messages name it
-    holder: Callable[[Any], Any]  # the ``self`` of one of its frames -> the object holding that setting, or None
+    holder: Callable[[Any], Any]  # the ``self`` of one of its frames -> the object holding its settings, or None
     watched: tuple[tuple[str, str, str], ...]  # (module, class, method): objects whose creation site is recorded
-    fixes: Mapping[str, str]  # fix id -> the fix, as code in the library's terms
-    notes: Mapping[str, str] = field(default_factory=dict)  # fix id -> what the library does, added to the cost
-    shards_loaders: bool = False  # a DataLoader it iterates is sharded by the library itself (not the audit's)
+    fixes: Mapping[str, str]  # fix id -> the fix, as code in its terms, for what the library itself did
+    job_fixes: Mapping[str, str] = field(default_factory=dict)  # fix id -> the fix for the user's own object, in a
+    # script whose DDP model the library built (what to hand to the library)
+    notes: Mapping[str, str] = field(default_factory=dict)  # fix id -> what the library did, added to the cost
+    shards: Callable[[Any], bool] = _never  # the ``self`` of one of its frames iterates a loader that it shards its
+    # own way, which the audit cannot see
 
-    def fix(self, fix_id: str, default: str) -> str:
-        return self.fixes.get(fix_id, default)
 
-    def cost(self, fix_id: str, default: str) -> str:
-        note = self.notes.get(fix_id)
-        return f"{default} {note}" if note else default
+def _dispatches(obj: Any) -> bool:
+    """Accelerate's ``DataLoaderDispatcher`` in a job: every rank iterates the loader, rank 0's batches are split
+    and sent to the others."""
+    return _has_class(obj, "DataLoaderDispatcher") and getattr(getattr(obj, "state", None), "num_processes", 1) > 1
 
+
+_TRAINER_ALONE = ("# the Trainer did not join the job: each rank trained alone (its world size was 1).\n"
+                  "# On CPU workers:\n"
+                  "args = TrainingArguments(..., use_cpu=True)")
+_ACCELERATE_ALONE = ("# Accelerate did not join the job: each rank ran alone (its num_processes was 1).\n"
+                     "# On CPU workers:\n"
+                     "accelerator = Accelerator(cpu=True, ...)  # or ACCELERATE_USE_CPU=true in the environment")
+_FABRIC_STRIDED = ("# every sample exactly once: a strided slice per rank, without a padding sampler\n"
+                   "from torch.utils.data import Subset\n"
+                   "part = Subset(val_set, range(fabric.global_rank, len(val_set), fabric.world_size))\n"
+                   "val_loader = fabric.setup_dataloaders(DataLoader(part, batch_size=batch_size),\n"
+                   "                                      use_distributed_sampler=False)\n"
+                   "# add up the metric's sums and counts with fabric.all_reduce(..., reduce_op=\"sum\"), then divide")
 
 TRAINER = Library(
     package="transformers",
@@ -64,16 +85,15 @@ TRAINER = Library(
     fixes={
         "find_unused_unneeded": "args = TrainingArguments(..., ddp_find_unused_parameters=False)\n"
                                 "# from the command line (HfArgumentParser): --ddp_find_unused_parameters False",
-        "ddp_unused_parameters": "# either let DDP look for unused parameters at every step (it costs a graph "
-                                 "traversal):\n"
-                                 "args = TrainingArguments(..., ddp_find_unused_parameters=True)\n"
+        "ddp_unused_parameters": _ADD_FIND_UNUSED + "args = TrainingArguments(..., ddp_find_unused_parameters=True)\n"
                                  + _FREEZE.format(before="Trainer(model=model, ...)"),
+        "loader_not_distributed": _TRAINER_ALONE,
+        "params_not_ddp": _TRAINER_ALONE,
     },
     notes={
         "find_unused_unneeded": "The Trainer asks DDP for it whenever TrainingArguments' ddp_find_unused_parameters "
                                 "is not set (for a model without gradient checkpointing).",
     },
-    shards_loaders=True,  # its loaders go through Accelerate's prepare
 )
 
 ACCELERATE = Library(
@@ -86,18 +106,20 @@ ACCELERATE = Library(
         "find_unused_unneeded": "accelerator = Accelerator(kwargs_handlers=[DistributedDataParallelKwargs("
                                 "find_unused_parameters=False)])\n"
                                 "# or no DistributedDataParallelKwargs at all: False is Accelerate's default",
-        "ddp_unused_parameters": "# either let DDP look for unused parameters at every step (it costs a graph "
-                                 "traversal):\n"
-                                 "from accelerate import DistributedDataParallelKwargs\n"
+        "ddp_unused_parameters": _ADD_FIND_UNUSED + "from accelerate import DistributedDataParallelKwargs\n"
                                  "accelerator = Accelerator(kwargs_handlers=[DistributedDataParallelKwargs("
                                  "find_unused_parameters=True)])\n"
                                  + _FREEZE.format(before="accelerator.prepare(model, ...)"),
+        "loader_not_distributed": _ACCELERATE_ALONE,
+        "params_not_ddp": "# prepare the model too: Accelerate wraps it in DDP\n"
+                          "model, optimizer, loader = accelerator.prepare(model, optimizer, loader)\n"
+                          + _ACCELERATE_ALONE.replace("# Accelerate", "# if it is prepared, Accelerate"),
+    },
+    job_fixes={
         "loader_not_distributed": "# let Accelerate shard it (each rank gets its own batches): prepare it too\n"
                                   "model, optimizer, loader = accelerator.prepare(model, optimizer, loader)",
-        "params_not_ddp": "# prepare the model too: Accelerate wraps it in DDP, before its optimizer steps\n"
-                          "model, optimizer, loader = accelerator.prepare(model, optimizer, loader)",
     },
-    shards_loaders=True,  # DataLoaderShard's batch sampler, or batches dispatched from rank 0
+    shards=_dispatches,
 )
 
 FABRIC = Library(
@@ -109,26 +131,20 @@ FABRIC = Library(
         "find_unused_unneeded": "from lightning_fabric.strategies import DDPStrategy\n"
                                 "fabric = Fabric(..., strategy=DDPStrategy(find_unused_parameters=False))\n"
                                 "# or strategy=\"ddp\": False is its default",
-        "ddp_unused_parameters": "# either let DDP look for unused parameters at every step (it costs a graph "
-                                 "traversal):\n"
-                                 "from lightning_fabric.strategies import DDPStrategy\n"
+        "ddp_unused_parameters": _ADD_FIND_UNUSED + "from lightning_fabric.strategies import DDPStrategy\n"
                                  "fabric = Fabric(..., strategy=DDPStrategy(find_unused_parameters=True))\n"
                                  "# (or strategy=\"ddp_find_unused_parameters_true\")\n"
                                  + _FREEZE.format(before="fabric.setup(model, optimizer)"),
-        "padded_evaluation": "# every sample exactly once: a strided slice per rank, without Fabric's padding sampler\n"
-                             "from torch.utils.data import Subset\n"
-                             "part = Subset(val_set, range(fabric.global_rank, len(val_set), fabric.world_size))\n"
-                             "val_loader = fabric.setup_dataloaders(DataLoader(part, batch_size=batch_size),\n"
-                             "                                      use_distributed_sampler=False)\n"
-                             "# add up the metric's sums and counts with fabric.all_reduce(..., reduce_op=\"sum\"), "
-                             "then divide",
-        "loader_not_distributed": "# let Fabric shard it: it puts in a DistributedSampler and calls set_epoch for "
-                                  "you\n"
-                                  "loader = fabric.setup_dataloaders(DataLoader(dataset, batch_size=batch_size, "
-                                  "shuffle=True))\n"
-                                  "# (without use_distributed_sampler=False)",
+        "padded_evaluation": _FABRIC_STRIDED,
+        "loader_not_distributed": "# let Fabric shard it: it puts in a DistributedSampler and calls set_epoch for you\n"
+                                  "loader = fabric.setup_dataloaders(loader)  # without use_distributed_sampler=False",
         "params_not_ddp": "# set up the model too: Fabric wraps it in DDP\n"
                           "model, optimizer = fabric.setup(model, optimizer)",
+    },
+    job_fixes={
+        "padded_evaluation": _FABRIC_STRIDED,
+        "loader_not_distributed": "# let Fabric shard it: it puts in a DistributedSampler and calls set_epoch for you\n"
+                                  "loader = fabric.setup_dataloaders(loader)",
     },
     notes={
         "padded_evaluation": "fabric.setup_dataloaders put in this DistributedSampler (drop_last=False).",
@@ -196,7 +212,8 @@ class Call:
 
     where: Where | None
     library: Library | None = None
-    setting: Where | None = None  # where the user created the object holding the library's setting
+    setting: Where | None = None  # where the user created the object holding the library's settings
+    sharded: bool = False  # a library on the stack shards the loader being iterated its own way
 
     @property
     def site(self) -> Where | None:
@@ -204,46 +221,47 @@ class Call:
         return self.setting or self.where
 
 
-def _outermost_library(frames: list[FrameType]) -> tuple[Library | None, list[FrameType]]:
-    """The outermost known library among the frames inside the user's innermost one, and its frames (outermost
-    first)."""
-    found: Library | None = None
-    by_library: dict[str, list[FrameType]] = {}
+def _libraries_on(frames: list[FrameType]) -> list[tuple[Library, FrameType]]:
+    """The known libraries' frames inside the user's innermost one, innermost first."""
+    found = []
     for frame in frames:
         path = frame.f_code.co_filename
         if users_code(path):
             break
         lib = _BY_PACKAGE.get(library_of(path) or "")
         if lib is not None:
-            found = lib
-            by_library.setdefault(lib.package, []).insert(0, frame)
-    return found, by_library.get(found.package, []) if found else []
+            found.append((lib, frame))
+    return found
 
 
-def _setting_site(lib: Library, frames: list[FrameType]) -> Where | None:
-    for frame in frames:
-        holder = lib.holder(frame.f_locals.get("self"))
+def _setting_site(lib: Library, inside: list[tuple[Library, FrameType]]) -> Where | None:
+    for owner, frame in reversed(inside):  # outermost first
+        holder = lib.holder(frame.f_locals.get("self")) if owner is lib else None
         if holder is not None:
             return site_of(holder)
     return None
 
 
-def here(setting: bool = False) -> Call:
+def here(setting: bool = False, sharding: bool = False) -> Call:
     """What made the call running now (the caller of the check that asks); with ``setting``, where the user created
-    the library's object holding the settings of what it builds."""
+    the library's object holding the settings of what it builds; with ``sharding``, whether a library on the stack
+    shards the loader it iterates its own way."""
     frames = live_frames()
-    lib, own = _outermost_library(frames)
-    site = _setting_site(lib, own) if setting and lib is not None else None
-    return Call(where_of(frames), lib, site)
+    inside = _libraries_on(frames)
+    lib = inside[-1][0] if inside else None
+    site = _setting_site(lib, inside) if setting and lib is not None else None
+    sharded = sharding and any(owner.shards(frame.f_locals.get("self")) for owner, frame in inside)
+    return Call(where_of(frames), lib, site, sharded)
 
 
 def in_terms(fix_id: str, fix: str, cost: str, library: Library | None,
              job: Library | None = None) -> tuple[str, str]:
-    """(fix, cost) in the terms of ``library`` (the one whose code made the call), else of ``job`` (the one the script
-    uses: its DDP model's), where it has words for ``fix_id``; else as given. What the library did (a note on the
-    cost) is said only of the one on the stack."""
-    if library is not None:
-        return library.fix(fix_id, job.fix(fix_id, fix) if job is not None else fix), library.cost(fix_id, cost)
-    if job is not None:
-        return job.fix(fix_id, fix), cost
+    """(fix, cost) in the terms of ``library`` (the one whose code made the call, and what it did), else of ``job``
+    (the one that built the script's DDP model: what to hand to it), where it has words for ``fix_id``; else as
+    given."""
+    if library is not None and fix_id in library.fixes:
+        note = library.notes.get(fix_id)
+        return library.fixes[fix_id], f"{cost} {note}" if note else cost
+    if job is not None and fix_id in job.job_fixes:
+        return job.job_fixes[fix_id], cost
     return fix, cost

@@ -6,9 +6,11 @@ describes what it will go through: a map-style dataset read through one of torch
 descriptions meet in the rendezvous store under the loader's place in the code; when every rank iterates a loader
 from that place and they all describe the same samples, every rank goes through all of them. A loader only some ranks
 iterate (validation on rank 0 alone) never completes the count, and is no finding; nor is a ``Subset`` per rank, a
-custom sampler or an ``IterableDataset``, which shard in ways the audit cannot see, nor a loader that a training library
-which shards loaders its own way iterates (:data:`mgpucli.audit.libraries.LIBRARIES`: Accelerate's prepared loaders,
-whose batches are split per rank or read on rank 0 and sent out, and so the Trainer's).
+custom sampler or an ``IterableDataset``, which shard in ways the audit cannot see, nor a loader a training library
+iterates and shards its own way (:data:`mgpucli.audit.libraries.LIBRARIES`: Accelerate's dispatched batches, read on
+rank 0 and split among the ranks). Accelerate's (and so the Trainer's) other prepared loaders have a batch sampler of
+its own, which shards, in a job it joined; one it did not join (each rank alone) hands every rank all the samples,
+and is found.
 """
 
 from __future__ import annotations
@@ -119,9 +121,9 @@ class Loaders:
     def first_iter(self, loader: DataLoader) -> None:
         self._seen.add(loader)
         self.s.count("data loaders")
-        library = libraries.here().library
-        if library is not None and library.shards_loaders:
-            return  # iterated by a library that shards it its own way (Accelerate's prepared loaders, the Trainer's)
+        call = libraries.here(setting=True, sharding=True)
+        if call.sharded:
+            return  # iterated by a library that shards it its own way (Accelerate's dispatched batches)
         try:
             ident = describe(loader)
         except Exception as err:  # noqa: BLE001 - a dataset without a length, or odd indices: no judgement
@@ -132,7 +134,7 @@ class Loaders:
         if loader not in self._sites:  # built where its __init__ was not watched: named where it is first iterated
             self.created(loader)
         where, key = self._sites[loader]
-        self.s.later(self._meet, key, ident, where, library)
+        self.s.later(self._meet, key, ident, call.setting or where, call.library)
 
     def _meet(self, key: str, ident: dict[str, Any], where, library: libraries.Library | None = None) -> None:
         got = self.s.meet(f"loader/{key}", ident)

@@ -19,15 +19,22 @@ tag = test_launch.tag  # the fixture: a fresh tag, and no tagged process left af
 work = test_scripts.work  # the fixture: a working directory holding the test scripts
 
 
-def launched(work: Path, tag: str, args: list[str], code: int = 0) -> tuple[str, dict]:
+def launched(work: Path, tag: str, args: list[str], code: int = 0, accelerate_cpu: bool = False) -> tuple[str, dict]:
     """``mgpu launch --cpu --nproc 2 --audit SCRIPT ARGS`` offline, expected to exit ``code``: its output and
-    ``audit.json``."""
+    ``audit.json``. ``accelerate_cpu``: with ``ACCELERATE_USE_CPU=true``, as an Accelerate script needs on CPUs to
+    join torchrun's job (the Trainer's ``use_cpu=True`` sets it for itself)."""
     run_dir = work / "run"
     env = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_HOME": str(work / "hf_home"),
-           "ACCELERATE_USE_CPU": "true"}  # Accelerate joins torchrun's job on CPUs only with it
+           "ACCELERATE_USE_CPU": "true" if accelerate_cpu else "false"}
     got, launch = run_launch([*CPU2, "--audit", "--run-dir", str(run_dir), *args], work, tag, env=env, timeout=180)
     assert got == code, launch.output
     return launch.output, json.loads((run_dir / "audit.json").read_text())
+
+
+def rank0_printed(work: Path) -> str:
+    """What rank 0 printed (its stdout log: the launcher shows it live too)."""
+    (log,) = (work / "run" / "logs").glob("*/attempt_0/0/stdout.log")
+    return log.read_text(errors="replace")
 
 
 def line_of(script: Path, code: str) -> int:
@@ -52,11 +59,11 @@ def assert_in_library_terms(group: dict, where: str, *fix: str) -> None:
     assert "DDP(" not in group["fix"] and "DistributedSampler(dataset)" not in group["fix"], group["fix"]
 
 
-def unused_parameters(work: Path, tag: str, args: list[str], setting: str, *fix: str) -> dict:
+def unused_parameters(work: Path, tag: str, args: list[str], setting: str, *fix: str, accelerate_cpu=False) -> dict:
     """A script whose model has parameters its loss never uses, with find_unused_parameters=False: DDP's own error
     (exit 1) after one kind of finding, the unused parameters, at the user's line that starts with ``setting``, with
     ``fix``: the parameters that part across ranks after it are a note, not a second finding. Its summary."""
-    out, audit = launched(work, tag, args, code=1)
+    out, audit = launched(work, tag, args, code=1, accelerate_cpu=accelerate_cpu)
     assert "Expected to have finished reduction in the prior iteration" in out
     groups = by_kind(audit)
     assert list(groups) == ["ddp_unused_parameters"], groups
@@ -68,7 +75,7 @@ def unused_parameters(work: Path, tag: str, args: list[str], setting: str, *fix:
 # ---------------------------------------------------------------------------------------------- Trainer
 def test_trainers_default_find_unused_parameters_is_found_at_the_training_arguments_with_their_fix(work, tag):
     out, audit = launched(work, tag, ["hf_trainer.py"])
-    assert "[rank0]:eval_loss" in out and "world 2" in out  # one job of two processes
+    assert "world 2" in rank0_printed(work)  # one job of two processes
     (group,) = audit["summary"]
     assert group["kind"] == "find_unused_unneeded" and group["ranks"] == [0, 1], group
     line = line_of(work / "hf_trainer.py", "args = TrainingArguments(")
@@ -97,9 +104,21 @@ def test_a_trainer_model_with_parameters_it_never_uses_gets_the_trainers_fix(wor
     assert "bert.pooler.dense.weight, bert.pooler.dense.bias" in group["title"]
 
 
+def test_a_trainer_that_did_not_join_the_job_is_found_with_use_cpu_as_its_fix(work, tag):
+    out, audit = launched(work, tag, ["hf_trainer.py", "--use-cpu", "false"])
+    assert "world 1" in rank0_printed(work)  # each rank trained alone
+    groups = by_kind(audit)
+    assert sorted(groups) == ["loader_not_distributed", "params_diverged"], groups
+    line = line_of(work / "hf_trainer.py", "args = TrainingArguments(")
+    for group in groups.values():
+        assert_in_library_terms(group, f"hf_trainer.py:{line}", "TrainingArguments(..., use_cpu=True)",
+                                "the Trainer did not join the job")
+
+
 # ---------------------------------------------------------------------------------------------- Accelerate
 def test_accelerate_find_unused_and_an_unprepared_loader_get_accelerates_fixes(work, tag):
-    out, audit = launched(work, tag, ["accelerate_loop.py", "--find-unused", "true", "--leave-out", "train_loader"])
+    out, audit = launched(work, tag, ["accelerate_loop.py", "--find-unused", "true", "--leave-out", "train_loader"],
+                          accelerate_cpu=True)
     script = work / "accelerate_loop.py"
     groups = by_kind(audit)
     assert sorted(groups) == ["find_unused_unneeded", "loader_not_distributed"], groups
@@ -115,12 +134,13 @@ def test_accelerate_find_unused_and_an_unprepared_loader_get_accelerates_fixes(w
 def test_accelerate_with_parameters_the_loss_never_uses_gets_the_handler_to_add_at_the_accelerator(work, tag):
     group = unused_parameters(
         work, tag, ["accelerate_loop.py", "--extra-head"], "accelerator = Accelerator(",
-        "Accelerator(kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=True)])")
+        "Accelerator(kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=True)])",
+        accelerate_cpu=True)
     assert "value_head.weight, value_head.bias" in group["title"]
 
 
 def test_a_model_left_out_of_accelerator_prepare_is_found_with_prepare_as_its_fix(work, tag):
-    out, audit = launched(work, tag, ["accelerate_loop.py", "--leave-out", "model"])
+    out, audit = launched(work, tag, ["accelerate_loop.py", "--leave-out", "model"], accelerate_cpu=True)
     (group,) = audit["summary"]
     assert group["kind"] == "params_diverged" and "not wrapped in DistributedDataParallel" in group["title"]
     line = line_of(work / "accelerate_loop.py", "optimizer = torch.optim.AdamW(")
@@ -128,17 +148,28 @@ def test_a_model_left_out_of_accelerator_prepare_is_found_with_prepare_as_its_fi
 
 
 def test_accelerates_own_sharding_dispatched_batches_and_save_state_are_no_finding(work, tag):
-    out, audit = launched(work, tag, ["accelerate_loop.py", "--dispatch-batches", "--save-state"])
-    assert "[rank0]:epoch 1 eval loss" in out and "over 17" in out
+    out, audit = launched(work, tag, ["accelerate_loop.py", "--dispatch-batches", "--save-state"], accelerate_cpu=True)
+    assert "epoch 1 eval loss" in rank0_printed(work) and "over 17" in rank0_printed(work)
     checked = assert_no_findings(out, audit)
     assert checked[0]["data loaders"] == 2 and checked[0]["files saved"] >= 1, checked
     assert (work / "accelerate_state" / "random_states_1.pkl").is_file()
 
 
+def test_accelerate_without_its_cpu_flag_runs_each_rank_alone_and_is_found_with_the_flag_as_its_fix(work, tag):
+    out, audit = launched(work, tag, ["accelerate_loop.py"])
+    (group,) = audit["summary"]  # the same weights on every rank (same seed, same data): nothing else differs
+    line = line_of(work / "accelerate_loop.py", "model, optimizer, train_loader, eval_loader = accelerator.prepare(")
+    assert group["kind"] == "loader_not_distributed" and "every rank iterates all 64 samples" in group["title"]
+    assert_in_library_terms(group, f"accelerate_loop.py:{line}", "Accelerator(cpu=True, ...)",
+                            "ACCELERATE_USE_CPU=true")
+    checked = {s["rank"]: s["checked"] for s in audit["status"]}
+    assert "DDP models" not in checked[0] and checked[0]["optimizer steps"] == 16, checked  # 8 batches x 2, alone
+
+
 # ---------------------------------------------------------------------------------------------- Fabric
 def test_fabric_find_unused_and_its_padding_evaluation_sampler_get_fabrics_fixes(work, tag):
     out, audit = launched(work, tag, ["fabric_loop.py", "--strategy", "find-unused-true", "--val-size", "33"])
-    assert "[rank0]:epoch 1 val" in out and "over 34" in out  # Fabric's sampler repeats one sample
+    assert "epoch 1 val" in rank0_printed(work) and "over 34" in rank0_printed(work)  # one sample repeated
     script = work / "fabric_loop.py"
     groups = by_kind(audit)
     assert sorted(groups) == ["find_unused_unneeded", "padded_evaluation"], groups

@@ -107,8 +107,11 @@ def test_a_fix_is_said_in_the_terms_of_the_library_on_the_stack_else_of_the_jobs
     fix, cost = libraries.in_terms("padded_evaluation", *raw, None, libraries.FABRIC)  # the job's library: its fix,
     assert "use_distributed_sampler=False" in fix and cost == "costs."  # not what it did (it did not make this one)
     assert libraries.in_terms("same_save_path", *raw, libraries.FABRIC, libraries.ACCELERATE) == raw  # no words
-    fix, _ = libraries.in_terms("loader_not_distributed", *raw, libraries.FABRIC, libraries.ACCELERATE)
-    assert "fabric.setup_dataloaders" in fix
+    assert libraries.in_terms("find_unused_unneeded", *raw, None, libraries.TRAINER) == raw  # the library's own doing
+    fix, _ = libraries.in_terms("loader_not_distributed", *raw, libraries.ACCELERATE)  # what it did: not join
+    assert "Accelerator(cpu=True" in fix
+    fix, _ = libraries.in_terms("loader_not_distributed", *raw, None, libraries.ACCELERATE)  # one the user kept
+    assert "accelerator.prepare(model, optimizer, loader)" in fix
 
 
 def test_every_library_has_a_fix_for_both_unused_parameter_findings_and_none_is_a_raw_ddp_line():
@@ -154,19 +157,23 @@ def test_a_sampler_that_picks_its_own_order_is_evaluation_only_under_no_grad(ran
     assert f.kind == "padded_evaluation" and "(iterated under torch.no_grad())" in f.title
 
 
-def test_a_loader_iterated_by_a_library_that_shards_it_is_not_judged_and_one_fabric_passes_through_is(ranks):  # noqa: F811
+def test_a_loader_a_library_dispatches_is_not_judged_and_one_it_passes_through_is_in_its_terms(ranks):  # noqa: F811
     (s, _) = ranks(2)
     check = loaders.Loaders(s)
     queued = []
     s.later = lambda task, *args: queued.append(args)  # what would meet in the store
-    iterate = "class Shard:\n    def batches(self):\n        return self.check(self.loader)\n"
-    for package_file in ("accelerate/data_loader.py", "lightning_fabric/wrappers.py"):
-        shard = library_code(package_file, iterate)["Shard"]()
+    iterate = ("class State:\n    num_processes = 2\n"
+               "class {name}:\n    state = State()\n"
+               "    def batches(self):\n        return self.check(self.loader)\n")
+    for package_file, name in (("accelerate/data_loader.py", "DataLoaderDispatcher"),  # in a job: its own sharding
+                               ("accelerate/data_loader.py", "DataLoaderShard"),  # all the samples: Accelerate alone
+                               ("lightning_fabric/wrappers.py", "_FabricDataLoader")):  # use_distributed_sampler=False
+        shard = library_code(package_file, iterate.format(name=name))[name]()
         shard.check, shard.loader = check.first_iter, DataLoader(TensorDataset(torch.zeros(8, 1)), batch_size=2)
         shard.batches()  # the library's code iterating the loader: its first iter()
-    assert s.counts["data loaders"] == 2
-    ((_, ident, _, library),) = queued  # Accelerate's: its own sharding, not described; Fabric's: judged
-    assert library is libraries.FABRIC and ident["sampler"] == "SequentialSampler"
+    assert s.counts["data loaders"] == 3
+    assert [(library, ident["sampler"]) for _, ident, _, library in queued] == [
+        (libraries.ACCELERATE, "SequentialSampler"), (libraries.FABRIC, "SequentialSampler")]
 
 
 def test_parameters_that_part_after_ddp_left_some_without_a_gradient_are_a_note_not_a_finding(ranks):  # noqa: F811

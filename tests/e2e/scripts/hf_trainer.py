@@ -6,7 +6,7 @@ joins the job itself).
 ``--find-unused true|false`` passes ``ddp_find_unused_parameters``; by default the Trainer's own default applies
 (``find_unused_parameters=True`` for a model without gradient checkpointing). ``--head cls`` trains the user's own
 classifier on the [CLS] token's hidden state over ``AutoModel`` (whose pooler, built by default, is then never used).
-``--save`` saves a checkpoint every epoch."""
+``--save`` saves a checkpoint every epoch; ``--use-cpu false`` leaves out ``use_cpu=True`` (the mistake)."""
 
 import argparse
 import os
@@ -29,6 +29,7 @@ parser = argparse.ArgumentParser()
 parser.add_argument("--find-unused", choices=["default", "true", "false"], default="default")
 parser.add_argument("--head", choices=["auto", "cls"], default="auto")
 parser.add_argument("--save", action="store_true")
+parser.add_argument("--use-cpu", choices=["true", "false"], default="true")
 parser.add_argument("--epochs", type=int, default=2)
 cli = parser.parse_args()
 
@@ -82,7 +83,7 @@ args = TrainingArguments(
     report_to=[],
     save_strategy="epoch" if cli.save else "no",
     logging_strategy="no",
-    use_cpu=True,
+    use_cpu=cli.use_cpu == "true",  # on CPU workers, the Trainer joins torchrun's job only with it
     ddp_find_unused_parameters=find_unused,
 )
 trainer = Trainer(model=model, args=args, train_dataset=TextSet(texts[:48], labels[:48]),
