@@ -90,6 +90,11 @@ TRAINER = Library(
         "loader_not_distributed": _TRAINER_ALONE,
         "params_not_ddp": _TRAINER_ALONE,
     },
+    job_fixes={
+        "same_save_path": "if trainer.is_world_process_zero():\n"
+                          "    torch.save(state, path)\n"
+                          "# the model itself: trainer.save_model(output_dir) writes on the main process only",
+    },
     notes={
         "find_unused_unneeded": "The Trainer asks DDP for it whenever TrainingArguments' ddp_find_unused_parameters "
                                 "is not set (for a model without gradient checkpointing).",
@@ -118,6 +123,8 @@ ACCELERATE = Library(
     job_fixes={
         "loader_not_distributed": "# let Accelerate shard it (each rank gets its own batches): prepare it too\n"
                                   "model, optimizer, loader = accelerator.prepare(model, optimizer, loader)",
+        "same_save_path": "accelerator.save(state, path)  # writes on the main process only\n"
+                          "accelerator.wait_for_everyone()  # the others wait until it is written",
     },
     shards=_dispatches,
 )
@@ -145,6 +152,7 @@ FABRIC = Library(
         "padded_evaluation": _FABRIC_STRIDED,
         "loader_not_distributed": "# let Fabric shard it: it puts in a DistributedSampler and calls set_epoch for you\n"
                                   "loader = fabric.setup_dataloaders(loader)",
+        "same_save_path": "fabric.save(path, state)  # every rank calls it; with DDP, rank 0 writes",
     },
     notes={
         "padded_evaluation": "fabric.setup_dataloaders put in this DistributedSampler (drop_last=False).",

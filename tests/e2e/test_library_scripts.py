@@ -116,12 +116,12 @@ def test_a_trainer_that_did_not_join_the_job_is_found_with_use_cpu_as_its_fix(wo
 
 
 # ---------------------------------------------------------------------------------------------- Accelerate
-def test_accelerate_find_unused_and_an_unprepared_loader_get_accelerates_fixes(work, tag):
-    out, audit = launched(work, tag, ["accelerate_loop.py", "--find-unused", "true", "--leave-out", "train_loader"],
-                          accelerate_cpu=True)
+def test_accelerate_find_unused_an_unprepared_loader_and_torch_save_everywhere_get_accelerates_fixes(work, tag):
+    out, audit = launched(work, tag, ["accelerate_loop.py", "--find-unused", "true", "--leave-out", "train_loader",
+                                      "--torch-save"], accelerate_cpu=True)
     script = work / "accelerate_loop.py"
     groups = by_kind(audit)
-    assert sorted(groups) == ["find_unused_unneeded", "loader_not_distributed"], groups
+    assert sorted(groups) == ["find_unused_unneeded", "loader_not_distributed", "same_save_path"], groups
     handler = line_of(script, "DistributedDataParallelKwargs(find_unused_parameters=cli")
     assert_in_library_terms(groups["find_unused_unneeded"], f"accelerate_loop.py:{handler}",
                             "Accelerator(kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=False)])")
@@ -129,6 +129,8 @@ def test_accelerate_find_unused_and_an_unprepared_loader_get_accelerates_fixes(w
                             f"accelerate_loop.py:{line_of(script, 'train_loader = DataLoader(')}",
                             "accelerator.prepare(model, optimizer, loader)")
     assert "every rank iterates all 64 samples" in groups["loader_not_distributed"]["title"]
+    assert_in_library_terms(groups["same_save_path"], f"accelerate_loop.py:{line_of(script, 'torch.save(')}",
+                            "accelerator.save(state, path)", "accelerator.wait_for_everyone()")
 
 
 def test_accelerate_with_parameters_the_loss_never_uses_gets_the_handler_to_add_at_the_accelerator(work, tag):

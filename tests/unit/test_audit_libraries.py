@@ -106,7 +106,9 @@ def test_a_fix_is_said_in_the_terms_of_the_library_on_the_stack_else_of_the_jobs
     assert cost.startswith("costs. The Trainer asks DDP for it")
     fix, cost = libraries.in_terms("padded_evaluation", *raw, None, libraries.FABRIC)  # the job's library: its fix,
     assert "use_distributed_sampler=False" in fix and cost == "costs."  # not what it did (it did not make this one)
-    assert libraries.in_terms("same_save_path", *raw, libraries.FABRIC, libraries.ACCELERATE) == raw  # no words
+    assert libraries.in_terms("set_epoch_missing", *raw, libraries.FABRIC, libraries.ACCELERATE) == raw  # no words
+    fix, _ = libraries.in_terms("same_save_path", *raw, None, libraries.ACCELERATE)  # the user's torch.save
+    assert fix.startswith("accelerator.save(state, path)")
     assert libraries.in_terms("find_unused_unneeded", *raw, None, libraries.TRAINER) == raw  # the library's own doing
     fix, _ = libraries.in_terms("loader_not_distributed", *raw, libraries.ACCELERATE)  # what it did: not join
     assert "Accelerator(cpu=True" in fix

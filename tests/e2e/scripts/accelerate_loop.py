@@ -6,7 +6,8 @@ torchrun's job on CPUs only with it).
 ``--find-unused true|false`` passes ``DistributedDataParallelKwargs(find_unused_parameters=...)``; by default the
 Accelerator gets no handler (Accelerate's default: False). ``--extra-head`` adds a head the loss never uses;
 ``--dispatch-batches`` has rank 0 read the batches and send each rank its part; ``--leave-out model|train_loader``
-leaves that out of ``accelerator.prepare`` (the mistake); ``--save-state`` saves with ``accelerator.save_state``."""
+leaves that out of ``accelerator.prepare`` (the mistake); ``--save-state`` saves with ``accelerator.save_state``,
+``--torch-save`` with ``torch.save`` on every rank (the mistake)."""
 
 import argparse
 
@@ -21,6 +22,7 @@ parser.add_argument("--extra-head", action="store_true")
 parser.add_argument("--leave-out", choices=["model", "train_loader"], help="the mistake: not passed to prepare")
 parser.add_argument("--dispatch-batches", action="store_true", help="rank 0 reads every batch and sends each its part")
 parser.add_argument("--save-state", action="store_true", help="accelerator.save_state at the end")
+parser.add_argument("--torch-save", action="store_true", help="the mistake: torch.save on every rank at the end")
 parser.add_argument("--epochs", type=int, default=2)
 cli = parser.parse_args()
 
@@ -72,4 +74,6 @@ for epoch in range(cli.epochs):
 accelerator.wait_for_everyone()
 if cli.save_state:
     accelerator.save_state("accelerate_state")
+if cli.torch_save:
+    torch.save(accelerator.unwrap_model(model).state_dict(), "model.pt")
 accelerator.end_training()
