@@ -154,8 +154,7 @@ class Tracked:
     index: int  # the order in which this rank's optimizers first stepped: the same on every rank
     site: Where | None
     ref: Any  # weakref to the optimizer
-    library: Any = None  # the training library whose code stepped it (mgpucli.audit.libraries), or None
-    setting: Where | None = None  # where the user created that library's settings (TrainingArguments), if known
+    call: libraries.Call | None = None  # its first step: the training library whose code stepped it, if any
     param_ids: set[int] = field(default_factory=set)
     param_refs: list[Any] = field(default_factory=list)  # weakrefs to its parameters, for the end
     steps: int = 0
@@ -206,7 +205,7 @@ class Divergence:
         params = _params(opt)
         call = libraries.here(setting=True)
         site = self._sites.get(opt) or call.where  # built where its __init__ was not watched: its first step
-        t = Tracked(index=len(self._all), site=site, library=call.library, setting=call.setting, ref=weakref.ref(opt),
+        t = Tracked(index=len(self._all), site=site, call=call, ref=weakref.ref(opt),
                     param_ids={id(p) for p in params}, param_refs=[weakref.ref(p) for p in params])
         if any(sharded(p) for p in params):
             t.disabled = "sharded parameters (FSDP or DTensor) differ across ranks by design"
@@ -282,12 +281,13 @@ class Divergence:
             "model = DDP(model, device_ids=[local_rank])  # DDP(model) on CPUs; before creating the optimizer",
             "Nothing averages the gradients: N processes run N unrelated trainings on their own data instead of one "
             "on all of it, and what rank 0 saves saw only its share.",
-            t.library, self.s.library)
+            t.call.library if t.call else None, self.s.library)
         self.s.report(
             "params_diverged",
             f"the parameters differ across ranks {when} ({split}): the model is not wrapped in "
             "DistributedDataParallel, so each rank trains its own copy",
-            cost, fix, t.setting or t.site, details, key=f"optimizer {t.index}")
+            cost, fix, t.call.place("params_not_ddp", t.site) if t.call else t.site, details,
+            key=f"optimizer {t.index}")
 
     # ------------------------------------------------------------------------------------------ the end
     def finish(self, clean: bool) -> None:

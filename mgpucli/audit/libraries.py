@@ -54,6 +54,8 @@ class Library:
     job_fixes: Mapping[str, str] = field(default_factory=dict)  # fix id -> the fix for the user's own object, in a
     # script whose DDP model the library built (what to hand to the library)
     notes: Mapping[str, str] = field(default_factory=dict)  # fix id -> what the library did, added to the cost
+    set_at: frozenset[str] = frozenset()  # fix ids whose fix changes its settings object: the finding names the
+    # user's line that created it
     shards: Callable[[Any], bool] = _never  # the ``self`` of one of its frames iterates a loader that it shards its
     # own way, which the audit cannot see
 
@@ -99,6 +101,7 @@ TRAINER = Library(
         "find_unused_unneeded": "The Trainer asks DDP for it whenever TrainingArguments' ddp_find_unused_parameters "
                                 "is not set (for a model without gradient checkpointing).",
     },
+    set_at=frozenset({"find_unused_unneeded", "ddp_unused_parameters", "loader_not_distributed", "params_not_ddp"}),
 )
 
 ACCELERATE = Library(
@@ -126,6 +129,7 @@ ACCELERATE = Library(
         "same_save_path": "accelerator.save(state, path)  # writes on the main process only\n"
                           "accelerator.wait_for_everyone()  # the others wait until it is written",
     },
+    set_at=frozenset({"find_unused_unneeded", "ddp_unused_parameters"}),
     shards=_dispatches,
 )
 
@@ -157,6 +161,7 @@ FABRIC = Library(
     notes={
         "padded_evaluation": "fabric.setup_dataloaders put in this DistributedSampler (drop_last=False).",
     },
+    set_at=frozenset({"find_unused_unneeded", "ddp_unused_parameters"}),
 )
 
 LIBRARIES = (TRAINER, ACCELERATE, FABRIC)
@@ -223,10 +228,12 @@ class Call:
     setting: Where | None = None  # where the user created the object holding the library's settings
     sharded: bool = False  # a library on the stack shards the loader being iterated its own way
 
-    @property
-    def site(self) -> Where | None:
-        """Where a fix of the library's setting goes: that object's creation, else the call's line."""
-        return self.setting or self.where
+    def place(self, fix_id: str, default: Where | None) -> Where | None:
+        """Where the finding with ``fix_id`` points: the user's line that created the library's settings object when
+        the fix changes it (and it is known), else ``default``."""
+        if self.setting is not None and self.library is not None and fix_id in self.library.set_at:
+            return self.setting
+        return default
 
 
 def _libraries_on(frames: list[FrameType]) -> list[tuple[Library, FrameType]]:

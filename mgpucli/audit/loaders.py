@@ -134,7 +134,7 @@ class Loaders:
         if loader not in self._sites:  # built where its __init__ was not watched: named where it is first iterated
             self.created(loader)
         where, key = self._sites[loader]
-        self.s.later(self._meet, key, ident, call.setting or where, call.library)
+        self.s.later(self._meet, key, ident, call.place("loader_not_distributed", where), call.library)
 
     def _meet(self, key: str, ident: dict[str, Any], where, library: libraries.Library | None = None) -> None:
         got = self.s.meet(f"loader/{key}", ident)

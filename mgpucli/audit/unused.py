@@ -156,7 +156,7 @@ class Unused:
         if call.library is not None:
             details = {**details, "library": call.library.package,
                        "built_at": call.where.cite(self.s.cwd) if call.where else None}
-        self.s.report(kind, title, cost, fix, call.site, details)
+        self.s.report(kind, title, cost, fix, call.place(kind, call.where), details)
 
     def finish(self, clean: bool) -> None:
         for watch in self._watches:

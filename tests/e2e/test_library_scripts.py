@@ -191,6 +191,14 @@ def test_fabric_with_parameters_the_loss_never_uses_gets_the_strategy_to_set(wor
     assert "aux.weight, aux.bias" in group["title"] and "the DDP model Lightning Fabric built" in group["title"]
 
 
+def test_a_model_left_out_of_fabric_setup_is_found_at_its_optimizer_with_setup_as_its_fix(work, tag):
+    out, audit = launched(work, tag, ["fabric_loop.py", "--leave-out-model"])
+    (group,) = audit["summary"]
+    assert group["kind"] == "params_diverged" and "not wrapped in DistributedDataParallel" in group["title"]
+    line = line_of(work / "fabric_loop.py", "optimizer = torch.optim.SGD(")
+    assert_in_library_terms(group, f"fabric_loop.py:{line}", "model, optimizer = fabric.setup(model, optimizer)")
+
+
 def test_fabrics_sampler_over_a_weighted_sampler_in_training_is_no_finding(work, tag):
     out, audit = launched(work, tag, ["fabric_loop.py", "--weighted", "--strategy", "find-unused-false", "--save"])
     checked = assert_no_findings(out, audit)

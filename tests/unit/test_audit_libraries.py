@@ -71,7 +71,8 @@ def test_the_outermost_library_under_the_users_line_is_the_one_and_its_setting_i
     assert call.library is libraries.TRAINER  # the Trainer, not the Accelerate it calls
     assert (call.setting.file, call.setting.line) == (__file__, args_line)  # the user's TrainingArguments(...)
     assert (call.where.file, call.where.line) == (__file__, train_line)  # the user's trainer.train(...)
-    assert call.site is call.setting
+    assert call.place("find_unused_unneeded", call.where) is call.setting  # a fix made there
+    assert call.place("same_save_path", call.where) is call.where  # one made elsewhere
 
 
 def test_accelerates_setting_is_its_handler_when_given_else_the_accelerator(fake_libraries):
@@ -88,7 +89,7 @@ def test_accelerates_setting_is_its_handler_when_given_else_the_accelerator(fake
 
 def test_without_a_library_on_the_stack_the_call_is_the_users_own_and_a_site_goes_with_its_object(fake_libraries):
     call = libraries.here(setting=True)
-    assert call.library is None and call.setting is None and call.site is call.where
+    assert call.library is None and call.setting is None and call.place("ddp_unused_parameters", None) is None
     assert call.where.file == __file__
     accelerate, _ = fake_libraries
     acc = accelerate["Accelerator"]()
@@ -193,7 +194,7 @@ def test_parameters_that_part_after_ddp_left_some_without_a_gradient_are_a_note_
 
 def test_an_optimizer_a_library_steps_unwrapped_gets_the_librarys_fix(ranks):  # noqa: F811
     (s,) = ranks(1)
-    tracked = divergence.Tracked(index=0, site=None, ref=None, library=libraries.ACCELERATE)
+    tracked = divergence.Tracked(index=0, site=None, ref=None, call=libraries.Call(None, libraries.ACCELERATE))
     divergence.Divergence(s)._report_diverged(tracked, "at optimizer step 1", [[0], [1]], 1)
     (f,) = found(s)
     assert "not wrapped in DistributedDataParallel" in f.title and "accelerator.prepare(model" in f.fix

@@ -6,7 +6,8 @@ evaluation loader, ``fabric.backward``, the evaluation loss summed with ``fabric
 ``--strategy``: ``ddp`` (the default: find_unused_parameters=False), ``find-unused-true``
 (``DDPStrategy(find_unused_parameters=True)``), ``find-unused-false`` (``DDPStrategy(find_unused_parameters=False)``).
 ``--extra-head`` adds a head the loss never uses; ``--val-size N`` the evaluation set's size; ``--weighted`` draws the
-training batches through a ``WeightedRandomSampler``; ``--save`` saves a checkpoint with ``fabric.save``."""
+training batches through a ``WeightedRandomSampler``; ``--save`` saves a checkpoint with ``fabric.save``;
+``--leave-out-model`` sets up the optimizer alone (the mistake)."""
 
 import argparse
 
@@ -21,6 +22,7 @@ parser.add_argument("--extra-head", action="store_true")
 parser.add_argument("--val-size", type=int, default=32)
 parser.add_argument("--weighted", action="store_true", help="train through a WeightedRandomSampler of 127 draws")
 parser.add_argument("--save", action="store_true", help="fabric.save at the end")
+parser.add_argument("--leave-out-model", action="store_true", help="the mistake: only the optimizer set up")
 parser.add_argument("--epochs", type=int, default=2)
 cli = parser.parse_args()
 
@@ -44,7 +46,10 @@ train_set = TensorDataset(torch.randn(128, 8), torch.randn(128, 1))
 val_set = TensorDataset(torch.randn(cli.val_size, 8), torch.randn(cli.val_size, 1))
 model = Net(cli.extra_head)
 optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
-model, optimizer = fabric.setup(model, optimizer)
+if cli.leave_out_model:
+    optimizer = fabric.setup_optimizers(optimizer)
+else:
+    model, optimizer = fabric.setup(model, optimizer)
 if cli.weighted:  # class balance: Fabric shards the sampler's draws (DistributedSamplerWrapper, shuffle=False)
     weights = torch.where(train_set.tensors[1][:, 0] > 0, 1.0, 3.0)
     train_loader = DataLoader(train_set, batch_size=16, sampler=WeightedRandomSampler(weights, num_samples=127))
