@@ -20,6 +20,10 @@ synchronisation on its streams. What they find goes to the rank's findings file
   unused-parameter error;
 - :mod:`~mgpucli.audit.devices` (GPUs): a model or batch on ``cuda:0`` in a rank whose local rank is not 0, and NCCL
   initialised before ``torch.cuda.set_device``.
+
+In a script built on Transformers' ``Trainer``, Accelerate or Lightning Fabric, :mod:`~mgpucli.audit.libraries` says
+which library's code made the call a check judges, where the user created its settings (recorded from :func:`arm` on,
+as the library's modules are imported), and the fix in its terms.
 """
 
 from __future__ import annotations
