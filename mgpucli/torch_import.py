@@ -1,11 +1,13 @@
-"""Run code right after the user's script imports torch, and not before (stdlib only).
+"""Run code right after the user's script imports torch (or another named module), and not before (stdlib only).
 
 A launched script worker must import nothing heavy before the script's first line (a script may set
 ``OMP_NUM_THREADS`` or ``CUDA_VISIBLE_DEVICES`` before ``import torch``), yet mgpu's observers (the progress seen at
 torch's public points, the nested-launcher check, ``--audit``'s checks) must be in place before the script uses
-torch. :func:`when_torch_loads` puts a finder first on ``sys.meta_path`` that finds ``torch`` through the other
-finders and wraps its loader: the callbacks run right after ``torch/__init__.py`` has run, before the script's
-``import torch`` returns. The finder removes itself at once, and torch's module names its own loader again.
+torch. :func:`when_torch_loads` (and :func:`when_module_loads`, for the modules of the training libraries the audit
+knows) puts a finder first on ``sys.meta_path`` that finds a module it waits for through the other finders and wraps
+its loader: the callbacks run right after the module's code has run, before the script's import returns. The module
+names its own loader again at once; the finder answers nothing for any other name (one dictionary look-up per
+import) and removes itself once nothing is awaited.
 """
 
 from __future__ import annotations
@@ -13,17 +15,18 @@ from __future__ import annotations
 import importlib.abc
 import sys
 from collections.abc import Callable
+from types import ModuleType
 
-_pending: list[Callable[[], None]] = []
+_pending: dict[str, list[Callable[[ModuleType], None]]] = {}
 
 
-class _WhenTorchLoads(importlib.abc.MetaPathFinder):
+class _WhenLoaded(importlib.abc.MetaPathFinder):
     def find_spec(self, fullname, path, target=None):
-        if fullname != "torch":
+        if fullname not in _pending:
             return None
-        if self in sys.meta_path:
-            sys.meta_path.remove(self)
         for finder in list(sys.meta_path):
+            if finder is self:
+                continue
             find = getattr(finder, "find_spec", None)
             spec = find(fullname, path, target) if find is not None else None
             if spec is not None:
@@ -34,7 +37,7 @@ class _WhenTorchLoads(importlib.abc.MetaPathFinder):
 
 
 class _ThenRun(importlib.abc.Loader):
-    """torch's own loader, then the callbacks."""
+    """The module's own loader, then the callbacks waiting for it."""
 
     def __init__(self, inner):
         self.inner = inner
@@ -48,23 +51,32 @@ class _ThenRun(importlib.abc.Loader):
         if spec is not None:
             spec.loader = self.inner
         module.__loader__ = self.inner
-        _run_pending()
+        _run_pending(module)
 
     def __getattr__(self, name: str):
         return getattr(self.inner, name)
 
 
-def _run_pending() -> None:
-    while _pending:
-        _pending.pop(0)()
+def _run_pending(module: ModuleType) -> None:
+    callbacks = _pending.pop(module.__name__, [])
+    if not _pending:
+        for finder in [f for f in sys.meta_path if isinstance(f, _WhenLoaded)]:
+            sys.meta_path.remove(finder)
+    while callbacks:
+        callbacks.pop(0)(module)
+
+
+def when_module_loads(name: str, callback: Callable[[ModuleType], None]) -> None:
+    """Call ``callback(module)`` right after the module ``name`` is imported (now, if it is already). Callbacks run in
+    the order given; each must handle its own errors."""
+    if name in sys.modules:
+        callback(sys.modules[name])
+        return
+    _pending.setdefault(name, []).append(callback)
+    if not any(isinstance(finder, _WhenLoaded) for finder in sys.meta_path):
+        sys.meta_path.insert(0, _WhenLoaded())
 
 
 def when_torch_loads(callback: Callable[[], None]) -> None:
-    """Call ``callback`` right after torch is imported (now, if it is already). Callbacks run in the order given;
-    each must handle its own errors."""
-    if "torch" in sys.modules:
-        callback()
-        return
-    _pending.append(callback)
-    if not any(isinstance(finder, _WhenTorchLoads) for finder in sys.meta_path):
-        sys.meta_path.insert(0, _WhenTorchLoads())
+    """Call ``callback`` right after torch is imported (now, if it is already)."""
+    when_module_loads("torch", lambda _module: callback())

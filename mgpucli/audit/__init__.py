@@ -20,6 +20,10 @@ synchronisation on its streams. What they find goes to the rank's findings file
   unused-parameter error;
 - :mod:`~mgpucli.audit.devices` (GPUs): a model or batch on ``cuda:0`` in a rank whose local rank is not 0, and NCCL
   initialised before ``torch.cuda.set_device``.
+
+In a script built on Transformers' ``Trainer``, Accelerate or Lightning Fabric, :mod:`~mgpucli.audit.libraries` says
+which library's code made the call a check judges, where the user created its settings (recorded from :func:`arm` on,
+as the library's modules are imported), and the fix in its terms.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ import os
 import sys
 from typing import Any
 
-from mgpucli.torch_import import when_torch_loads
+from mgpucli.torch_import import when_module_loads, when_torch_loads
 
 _session: Any = None  # the running audit (mgpucli.audit.session.Session), once torch is imported
 _armed = False
@@ -43,6 +47,13 @@ def arm() -> None:
     _armed = True
     _started_in = os.getcwd()
     when_torch_loads(_install)
+    try:
+        from mgpucli.audit import libraries
+
+        libraries.watch_settings(when_module_loads)
+    except Exception as err:  # noqa: BLE001 - the audit must never stop the script
+        print(f"mgpu audit: could not watch the training libraries ({type(err).__name__}: {err}).", file=sys.stderr,
+              flush=True)
 
 
 def _install() -> None:

@@ -30,6 +30,7 @@ from typing import Any
 import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
+from mgpucli.audit import libraries
 from mgpucli.audit.session import Session
 from mgpucli.audit.where import user_where
 from mgpucli.run_records.audit_records import Where
@@ -153,6 +154,7 @@ class Tracked:
     index: int  # the order in which this rank's optimizers first stepped: the same on every rank
     site: Where | None
     ref: Any  # weakref to the optimizer
+    call: libraries.Call | None = None  # its first step: the training library whose code stepped it, if any
     param_ids: set[int] = field(default_factory=set)
     param_refs: list[Any] = field(default_factory=list)  # weakrefs to its parameters, for the end
     steps: int = 0
@@ -201,8 +203,9 @@ class Divergence:
 
     def _track(self, opt) -> Tracked:
         params = _params(opt)
-        site = self._sites.get(opt) or user_where()  # built where its __init__ was not watched: its first step
-        t = Tracked(index=len(self._all), site=site, ref=weakref.ref(opt),
+        call = libraries.here(setting=True)
+        site = self._sites.get(opt) or call.where  # built where its __init__ was not watched: its first step
+        t = Tracked(index=len(self._all), site=site, call=call, ref=weakref.ref(opt),
                     param_ids={id(p) for p in params}, param_refs=[weakref.ref(p) for p in params])
         if any(sharded(p) for p in params):
             t.disabled = "sharded parameters (FSDP or DTensor) differ across ranks by design"
@@ -253,6 +256,10 @@ class Divergence:
         wrapped = bool(t.param_ids & self.s.ddp_params)
         split = agreement(found)
         details = {"optimizer": t.index, "step": step, "groups": found, "ddp": wrapped}
+        if t.param_ids & self.s.unreduced:
+            self.s.note(f"optimizer {t.index}: the parameters differ across ranks {when}, after a DDP model left "
+                        "parameters without a gradient (that finding says why: DDP never reduced their bucket)")
+            return
         if wrapped:
             self.s.report(
                 "params_diverged",
@@ -268,15 +275,19 @@ class Divergence:
                 "# and change parameters (load a checkpoint) on every rank, before wrapping in DDP",
                 t.site, details, key=f"optimizer {t.index}")
             return
+        fix, cost = libraries.in_terms(
+            "params_not_ddp",
+            "from torch.nn.parallel import DistributedDataParallel as DDP\n"
+            "model = DDP(model, device_ids=[local_rank])  # DDP(model) on CPUs; before creating the optimizer",
+            "Nothing averages the gradients: N processes run N unrelated trainings on their own data instead of one "
+            "on all of it, and what rank 0 saves saw only its share.",
+            t.call.library if t.call else None, self.s.library)
         self.s.report(
             "params_diverged",
             f"the parameters differ across ranks {when} ({split}): the model is not wrapped in "
             "DistributedDataParallel, so each rank trains its own copy",
-            "Nothing averages the gradients: N processes run N unrelated trainings on their own data instead of one "
-            "on all of it, and what rank 0 saves saw only its share.",
-            "from torch.nn.parallel import DistributedDataParallel as DDP\n"
-            "model = DDP(model, device_ids=[local_rank])  # DDP(model) on CPUs; before creating the optimizer",
-            t.site, details, key=f"optimizer {t.index}")
+            cost, fix, t.call.place("params_not_ddp", t.site) if t.call else t.site, details,
+            key=f"optimizer {t.index}")
 
     # ------------------------------------------------------------------------------------------ the end
     def finish(self, clean: bool) -> None:

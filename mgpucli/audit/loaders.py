@@ -6,7 +6,11 @@ describes what it will go through: a map-style dataset read through one of torch
 descriptions meet in the rendezvous store under the loader's place in the code; when every rank iterates a loader
 from that place and they all describe the same samples, every rank goes through all of them. A loader only some ranks
 iterate (validation on rank 0 alone) never completes the count, and is no finding; nor is a ``Subset`` per rank, a
-custom sampler or an ``IterableDataset``, which shard in ways the audit cannot see.
+custom sampler or an ``IterableDataset``, which shard in ways the audit cannot see, nor a loader a training library
+iterates and shards its own way (:data:`mgpucli.audit.libraries.LIBRARIES`: Accelerate's dispatched batches, read on
+rank 0 and split among the ranks). Accelerate's (and so the Trainer's) other prepared loaders have a batch sampler of
+its own, which shards, in a job it joined; one it did not join (each rank alone) hands every rank all the samples,
+and is found.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from torch.utils.data import (
     WeightedRandomSampler,
 )
 
+from mgpucli.audit import libraries
 from mgpucli.audit.session import Session
 from mgpucli.audit.where import user_where
 
@@ -116,6 +121,9 @@ class Loaders:
     def first_iter(self, loader: DataLoader) -> None:
         self._seen.add(loader)
         self.s.count("data loaders")
+        call = libraries.here(setting=True, sharding=True)
+        if call.sharded:
+            return  # iterated by a library that shards it its own way (Accelerate's dispatched batches)
         try:
             ident = describe(loader)
         except Exception as err:  # noqa: BLE001 - a dataset without a length, or odd indices: no judgement
@@ -126,25 +134,28 @@ class Loaders:
         if loader not in self._sites:  # built where its __init__ was not watched: named where it is first iterated
             self.created(loader)
         where, key = self._sites[loader]
-        self.s.later(self._meet, key, ident, where)
+        self.s.later(self._meet, key, ident, call.place("loader_not_distributed", where), call.library)
 
-    def _meet(self, key: str, ident: dict[str, Any], where) -> None:
+    def _meet(self, key: str, ident: dict[str, Any], where, library: libraries.Library | None = None) -> None:
         got = self.s.meet(f"loader/{key}", ident)
         if got is None or any(other != ident for other in got):
             return
         n = ident.get("samples")
         world = self.s.world_size
         many = f"all {n}" if n is not None else "all the"
-        self.s.report(
+        fix, cost = libraries.in_terms(
             "loader_not_distributed",
-            f"DataLoader without a DistributedSampler: every rank iterates {many} samples (the same ones on all "
-            f"{world} ranks)",
-            f"Each epoch is {world} times the work for the same samples: every rank reads, augments and computes the "
-            f"whole dataset, so an epoch is {world} epochs' worth of updates on one copy of the data, not one epoch "
-            "split across the ranks.",
             "from torch.utils.data import DistributedSampler\n"
             "sampler = DistributedSampler(dataset)  # shuffles; drop shuffle=True from the DataLoader\n"
             "loader = DataLoader(dataset, batch_size=batch_size, sampler=sampler)\n"
             "for epoch in range(epochs):\n"
             "    sampler.set_epoch(epoch)",
-            where, {"samples": n, "world_size": world, "sampler": ident.get("sampler")})
+            f"Each epoch is {world} times the work for the same samples: every rank reads, augments and computes the "
+            f"whole dataset, so an epoch is {world} epochs' worth of updates on one copy of the data, not one epoch "
+            "split across the ranks.",
+            library, self.s.library)
+        self.s.report(
+            "loader_not_distributed",
+            f"DataLoader without a DistributedSampler: every rank iterates {many} samples (the same ones on all "
+            f"{world} ranks)",
+            cost, fix, where, {"samples": n, "world_size": world, "sampler": ident.get("sampler")})

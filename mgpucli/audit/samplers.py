@@ -19,18 +19,17 @@ import functools
 import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 from torch.utils.data import DistributedSampler
 
+from mgpucli.audit import libraries
 from mgpucli.audit.session import Session
-from mgpucli.audit.where import user_where
 
 
 @dataclass
 class _State:
-    where: Any
+    call: libraries.Call  # where it was created: the user's line, and the library that made it for the script
     iterations: int = 0  # passes begun, partial ones included
     full_passes: int = 0  # passes that went through every index: the epochs
     last_epoch: int | None = None  # the epoch the last full pass was shuffled for
@@ -42,6 +41,19 @@ def padding(sampler: DistributedSampler) -> int:
     if sampler.drop_last:
         return 0
     return max(0, sampler.total_size - len(sampler.dataset))  # type: ignore[arg-type]
+
+
+def orders_itself(sampler: DistributedSampler) -> bool:
+    """A subclass whose own ``__iter__`` picks the order (Lightning's ``DistributedSamplerWrapper`` shards the draws
+    of the sampler it wraps, a ``WeightedRandomSampler`` in training): its ``shuffle=False`` says nothing of
+    evaluation."""
+    return type(sampler).__iter__ is not DistributedSampler.__iter__
+
+
+def evaluating(sampler: DistributedSampler) -> bool:
+    """Iterated for evaluation: under ``torch.no_grad()``/``inference_mode``, or in torch's own order without
+    shuffling."""
+    return not torch.is_grad_enabled() or (not sampler.shuffle and not orders_itself(sampler))
 
 
 def same_shuffle(sampler: DistributedSampler, state: _State, epoch: int) -> bool:
@@ -64,7 +76,7 @@ class Samplers:
         @functools.wraps(original_init)
         def __init__(sampler, *args, **kwargs):
             original_init(sampler, *args, **kwargs)
-            states[sampler] = _State(user_where())
+            states[sampler] = _State(libraries.here())
 
         @functools.wraps(original_iter)
         def __iter__(sampler):
@@ -85,7 +97,7 @@ class Samplers:
     def _state(self, sampler: DistributedSampler) -> _State:
         state = self._states.get(sampler)
         if state is None:  # built where its __init__ was not watched: named where it is used
-            state = self._states[sampler] = _State(user_where())
+            state = self._states[sampler] = _State(libraries.here())
         return state
 
     def iterating(self, sampler: DistributedSampler) -> None:
@@ -94,7 +106,7 @@ class Samplers:
             if state.iterations == 0:
                 self.s.count("distributed samplers")
             extra = padding(sampler)
-            if extra and (not sampler.shuffle or not torch.is_grad_enabled()):
+            if extra and evaluating(sampler):
                 self._report_padding(sampler, state, extra)
         finally:
             state.iterations += 1
@@ -135,24 +147,28 @@ class Samplers:
             "    sampler.set_epoch(epoch)  # before iterating the loader, every epoch\n"
             "    for batch in loader:\n"
             "        ...",
-            state.where, {"epoch": epoch, "full_passes": state.full_passes + 1})
+            state.call.where, {"epoch": epoch, "full_passes": state.full_passes + 1})
 
     def _report_padding(self, sampler: DistributedSampler, state: _State, extra: int) -> None:
         n = len(sampler.dataset)  # type: ignore[arg-type]
-        why = "shuffle=False" if not sampler.shuffle else "iterated under torch.no_grad()"
-        self.s.report(
+        ordered = not sampler.shuffle and not orders_itself(sampler)
+        why = "shuffle=False" if ordered else "iterated under torch.no_grad()"
+        fix, cost = libraries.in_terms(
             "padded_evaluation",
-            f"padded evaluation: DistributedSampler over {n} samples on {sampler.num_replicas} ranks ({why}) repeats "
-            f"{extra} sample{'s' if extra > 1 else ''} to make {sampler.total_size}: {extra} counted twice",
-            f"Without drop_last, DistributedSampler pads the dataset to a multiple of the world size with repeated "
-            f"samples: a metric averaged over the ranks counts {extra} of them twice, so it is computed over "
-            f"{sampler.total_size} samples instead of {n} and differs from one process's. (drop_last=True would "
-            f"leave {n % sampler.num_replicas} out instead.)",
             "# every sample exactly once: a strided slice per rank, no padding\n"
             "from torch.utils.data import Subset\n"
             "part = Subset(val_set, range(rank, len(val_set), world_size))\n"
             "val_loader = DataLoader(part, batch_size=batch_size)\n"
             "# add up the metric's sums and counts per rank, then dist.all_reduce both and divide;\n"
             "# or evaluate on rank 0 alone with a plain DataLoader(val_set)",
-            state.where, {"samples": n, "world_size": sampler.num_replicas, "padded": extra,
-                          "total": sampler.total_size, "shuffle": bool(sampler.shuffle)})
+            f"Without drop_last, DistributedSampler pads the dataset to a multiple of the world size with repeated "
+            f"samples: a metric averaged over the ranks counts {extra} of them twice, so it is computed over "
+            f"{sampler.total_size} samples instead of {n} and differs from one process's. (drop_last=True would "
+            f"leave {n % sampler.num_replicas} out instead.)",
+            state.call.library, self.s.library)
+        self.s.report(
+            "padded_evaluation",
+            f"padded evaluation: DistributedSampler over {n} samples on {sampler.num_replicas} ranks ({why}) repeats "
+            f"{extra} sample{'s' if extra > 1 else ''} to make {sampler.total_size}: {extra} counted twice",
+            cost, fix, state.call.where, {"samples": n, "world_size": sampler.num_replicas, "padded": extra,
+                                          "total": sampler.total_size, "shuffle": bool(sampler.shuffle)})

@@ -16,8 +16,8 @@ from typing import Any
 
 import torch
 
+from mgpucli.audit import libraries
 from mgpucli.audit.session import Session
-from mgpucli.audit.where import user_where
 
 
 def saved_path(f: Any) -> str | None:
@@ -56,9 +56,10 @@ class Saves:
             return
         self._seen.add(path)
         self.s.count("files saved")
-        self.s.later(self._meet, path, user_where())
+        call = libraries.here()
+        self.s.later(self._meet, path, call.where, call.library)
 
-    def _meet(self, path: str, where) -> None:
+    def _meet(self, path: str, where, library: libraries.Library | None = None) -> None:
         key = hashlib.sha1(f"{self._host}:{path}".encode()).hexdigest()
         joined = self.s.join(f"save/{key}")
         if joined is None or joined[0] != 2:
@@ -66,13 +67,14 @@ class Saves:
         ranks = joined[1]
         shown = ", ".join(map(str, sorted(ranks)))
         others = "" if len(ranks) >= self.s.world_size else f" (so far, of {self.s.world_size})"
-        self.s.report(
+        fix, cost = libraries.in_terms(
             "same_save_path",
-            f"ranks {shown}{others} all write {path} with torch.save",
-            "Every rank writes the same file at about the same time: the writes clobber each other, and a reader "
-            "(or a resume) can get a torn or mixed file. With DDP the ranks hold the same weights, so one write is "
-            "all it takes.",
             "if dist.get_rank() == 0:\n"
             "    torch.save(state, path)\n"
             "dist.barrier()  # the other ranks wait until it is written",
-            where, {"path": path, "ranks": sorted(ranks)}, key=path)
+            "Every rank writes the same file at about the same time: the writes clobber each other, and a reader "
+            "(or a resume) can get a torn or mixed file. With DDP the ranks hold the same weights, so one write is "
+            "all it takes.",
+            library, self.s.library)
+        self.s.report("same_save_path", f"ranks {shown}{others} all write {path} with torch.save", cost, fix, where,
+                      {"path": path, "ranks": sorted(ranks)}, key=path)

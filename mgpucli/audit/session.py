@@ -61,6 +61,8 @@ class Session:
         self.counts: dict[str, int] = {}
         self.notes: list[str] = []
         self.ddp_params: set[int] = set()  # ids of the parameters of every DDP model built
+        self.unreduced: set[int] = set()  # ids of the parameters of DDP models that left some without a gradient
+        self.library: Any = None  # the training library that built the job's first DDP model (audit.libraries)
         self._finishers: list[Callable[[bool], None]] = []
         self._queue: queue.Queue = queue.Queue()
         self._thread: threading.Thread | None = None

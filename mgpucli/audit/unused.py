@@ -25,8 +25,8 @@ from typing import Any
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
+from mgpucli.audit import libraries
 from mgpucli.audit.session import Session
-from mgpucli.audit.where import user_where
 
 WINDOW = 50  # backward passes watched per DDP model
 MIN_PASSES = 2  # a find_unused_parameters=True verdict needs at least this many
@@ -42,7 +42,7 @@ class Watch:
     """One DDP model during its window."""
 
     ref: Any  # weakref to the DDP module
-    where: Any
+    call: libraries.Call  # what built it: the user's line, or a library called from there (and its setting's line)
     find_unused: bool
     names: dict[int, str]  # id(param) -> its name, for the parameters DDP reduces
     handles: list[Any] = field(default_factory=list)
@@ -82,7 +82,10 @@ class Unused:
         self.s.ddp_params.update(names)
         if getattr(ddp, "static_graph", False):
             return  # DDP finds the unused parameters itself, once
-        watch = Watch(weakref.ref(ddp), user_where(), bool(ddp.find_unused_parameters), names)
+        call = libraries.here(setting=True)
+        if call.library is not None and self.s.library is None:
+            self.s.library = call.library  # the job's library: the others' fixes are said in its terms too
+        watch = Watch(weakref.ref(ddp), call, bool(ddp.find_unused_parameters), names)
         for p in ddp.module.parameters():
             if id(p) in names:
                 watch.handles.append(p.register_post_accumulate_grad_hook(functools.partial(self._fired, watch)))
@@ -118,22 +121,23 @@ class Unused:
             handle.remove()
         watch.handles.clear()
         if watch.find_unused and not watch.saw_unused and watch.passes >= MIN_PASSES:
-            self.s.report(
-                "find_unused_unneeded",
-                f"find_unused_parameters=True, but every parameter got a gradient in all {watch.passes} backward "
-                "passes the audit watched",
+            self._report(
+                watch, "find_unused_unneeded",
+                f"find_unused_parameters=True{_in(watch.call)}, but every parameter got a gradient in all "
+                f"{watch.passes} backward passes the audit watched",
                 "With find_unused_parameters=True, DDP traverses the autograd graph after every forward to find "
                 "parameters that take no part in the loss: work on every step, and it delays the gradient "
                 "reduction. Nothing here needs it.",
                 "model = DDP(model, device_ids=[local_rank])  # find_unused_parameters=False, the default",
-                watch.where, {"passes": watch.passes})
+                {"passes": watch.passes})
 
     def _report_unused(self, watch: Watch, unused: list[str]) -> None:
+        self.s.unreduced.update(watch.names)  # DDP never reduces the bucket that waits for them: the ranks part
         shown = ", ".join(unused[:8]) + (f" and {len(unused) - 8} more" if len(unused) > 8 else "")
-        self.s.report(
-            "ddp_unused_parameters",
-            f"{len(unused)} parameter{'s' if len(unused) > 1 else ''} of a DDP model got no gradient in backward pass "
-            f"{watch.passes}: {shown}",
+        self._report(
+            watch, "ddp_unused_parameters",
+            f"{len(unused)} parameter{'s' if len(unused) > 1 else ''} of {_model(watch.call)} got no gradient in "
+            f"backward pass {watch.passes}: {shown}",
             "DDP (find_unused_parameters=False) waits for a gradient of every parameter before it reduces: the next "
             "forward fails with 'Expected to have finished reduction in the prior iteration before starting a new "
             "one' (or the job hangs at its end). These are the parameters it waited for.",
@@ -142,8 +146,27 @@ class Unused:
             "# or make every parameter take part in the loss, or freeze the unused ones before wrapping:\n"
             "for p in model.unused_part.parameters():\n"
             "    p.requires_grad_(False)",
-            watch.where, {"parameters": unused, "pass": watch.passes})
+            {"parameters": unused, "pass": watch.passes})
+
+    def _report(self, watch: Watch, kind: str, title: str, cost: str, fix: str, details: dict[str, Any]) -> None:
+        """A finding about the DDP model's settings: where the user set them (a library's settings object, else the
+        line that built the model), with the fix in the terms of the library that built it."""
+        call = watch.call
+        fix, cost = libraries.in_terms(kind, fix, cost, call.library)
+        if call.library is not None:
+            details = {**details, "library": call.library.package,
+                       "built_at": call.where.cite(self.s.cwd) if call.where else None}
+        self.s.report(kind, title, cost, fix, call.place(kind, call.where), details)
 
     def finish(self, clean: bool) -> None:
         for watch in self._watches:
             self._close(watch)
+
+
+def _model(call: libraries.Call) -> str:
+    """``the DDP model Accelerate built``, or ``a DDP model`` (the user's own ``DDP(...)``)."""
+    return f"the DDP model {call.library.name} built" if call.library is not None else "a DDP model"
+
+
+def _in(call: libraries.Call) -> str:
+    return f" in {_model(call)}" if call.library is not None else ""

@@ -10,6 +10,7 @@ import linecache
 import os
 import re
 import sys
+from types import FrameType
 
 from mgpucli.run_records.audit_records import Where
 from mgpucli.run_records.stacks import Frame, ThreadStack, user_frame
@@ -60,12 +61,23 @@ def where_in(frames: list[Frame]) -> Where | None:
                  code=linecache.getline(frame.file, frame.line).strip(), library=name)
 
 
+def live_frames(skip: int = 0) -> list[FrameType]:
+    """The running frames, innermost first, from the caller of this function's caller (``skip``: that many further
+    out)."""
+    frame = sys._getframe(skip + 2)
+    frames = []
+    while frame is not None:
+        frames.append(frame)
+        frame = frame.f_back
+    return frames
+
+
+def where_of(frames: list[FrameType]) -> Where | None:
+    """:func:`where_in` for running frames."""
+    return where_in([Frame(f.f_code.co_filename, f.f_lineno, f.f_code.co_name) for f in frames])
+
+
 def user_where() -> Where | None:
     """The user's line that is running now (the call that created the object being checked), or the library's that
     made that call; None only on a stack without either (the audit's own thread)."""
-    frame = sys._getframe(1)
-    frames = []
-    while frame is not None:
-        frames.append(Frame(frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name))
-        frame = frame.f_back
-    return where_in(frames)
+    return where_of(live_frames())

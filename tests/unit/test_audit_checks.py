@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, DistributedSampler, IterableDataset, Subset, TensorDataset
 
-from mgpucli.audit import devices, divergence, loaders, samplers, saves, unused
+from mgpucli.audit import devices, divergence, libraries, loaders, samplers, saves, unused
 from mgpucli.audit.session import Session
 from mgpucli.audit.where import user_where
 from mgpucli.run_records.audit_records import Where, read_file
@@ -317,7 +317,7 @@ def test_set_epoch_every_epoch_or_no_shuffle_is_no_finding_and_the_same_value_is
         _pass(check, ordered)
     assert found(s) == []
     same = DistributedSampler(_data(), num_replicas=2, rank=0)
-    check._states[same] = samplers._State(None, set_epoch_calls=1)
+    check._states[same] = samplers._State(libraries.Call(None), set_epoch_calls=1)
     same.set_epoch(4)
     _pass(check, same)
     _pass(check, same)
