@@ -9,7 +9,7 @@ import re
 
 from mgpucli.errors import EXIT_USAGE
 from mgpucli.run_records import stacks
-from mgpucli.run_records.first_failure import RankFailure, all_refused
+from mgpucli.run_records.first_failure import RankFailure, all_refused, early_exit
 from mgpucli.run_records.launch_record import Attempt
 
 TAIL_LINES = 10
@@ -45,12 +45,15 @@ def summarize(failures: list[RankFailure], attempt: Attempt, total_attempts: int
         return f"the job failed in attempt {attempt.attempt}, but no rank left an error; logs: {attempt.dir}"
     first = failures[0]
     refused = all_refused(failures)
+    left = early_exit(attempt, failures)
+    which = f"attempt {attempt.attempt + 1} of {total_attempts}"
     if refused:  # the same bad input on every rank: rank 0 said it in full (the others stay quiet)
-        out = [f"every rank stopped on bad input (exit code {EXIT_USAGE}) in attempt {attempt.attempt + 1} of "
-               f"{total_attempts}; rank {first.rank} said:"]
+        out = [f"every rank stopped on bad input (exit code {EXIT_USAGE}) in {which}; rank {first.rank} said:"]
+    elif left is not None:  # the others failed because it had gone: it is the cause
+        out = [f"{left.describe()} ({which}): rank {left.rank} ended while the others still needed it, so rank "
+               f"{first.rank} failed ({first.describe()}) when it lost its connection to it."]
     else:
-        out = [f"rank {first.rank} failed first ({first.describe()}) in attempt {attempt.attempt + 1} of "
-               f"{total_attempts}."]
+        out = [f"rank {first.rank} failed first ({first.describe()}) in {which}."]
     if refused:
         pass  # the log's last lines below hold the whole message and its fix
     elif first.message:

@@ -38,6 +38,7 @@ from mgpucli import env_vars
 from mgpucli.console import err_console, print_error
 from mgpucli.errors import EXIT_FAILED, EXIT_OK, EXIT_PREEMPTED, EXIT_USAGE
 from mgpucli.launch import hang_verdict, progress_file
+from mgpucli.launch.exit_watch import ExitWatch
 from mgpucli.launch.failure_summary import summarize
 from mgpucli.launch.job_source import PET_PREFIX
 from mgpucli.launch.live_view import LiveView
@@ -55,6 +56,7 @@ from mgpucli.run_records.first_failure import (
     failure_records,
     job_exit_code,
     preempted,
+    stopped_gracefully,
 )
 from mgpucli.run_records.launch_record import LaunchRecord, build_attempt
 
@@ -255,14 +257,14 @@ def _child_failed(plan: LaunchPlan, record: LaunchRecord, err: ChildFailedError,
                   total: int) -> Outcome:
     """torch's agent reports failed workers (after its restarts, if any)."""
     script = plan.script is not None
-    if not script and record.attempts and all(f.exitcode == EXIT_PREEMPTED for f in err.failures.values()):
-        return _preempted(plan, record.attempts[-1], None)
     if not record.attempts:
         return Outcome("failed", EXIT_FAILED, str(err))
     attempt = record.attempts[-1]
+    found = collect(attempt, {rank: f.exitcode for rank, f in err.failures.items()})
+    if not script and stopped_gracefully(found):
+        return _preempted(plan, attempt, None)
     if watch is not None and watch.stall is not None:
         return _stalled(watch.stall, watch, attempt, record)
-    found = collect(attempt, {rank: f.exitcode for rank, f in err.failures.items()})
     return Outcome("failed", _failure_code(found, script), summarize(found, attempt, total, record.path), details={
         "first_failed_rank": found[0].rank if found else None, "attempts": len(record.attempts),
         "exitcodes": {rank: f.exitcode for rank, f in err.failures.items()}})
@@ -344,12 +346,15 @@ def parse_torchrun_options(options: list[str]):
 
 
 class _Watchers:
-    """The threads that run beside torch's agent: the record's promotion, the live view, the stall watch and the
-    audit's findings."""
+    """The threads that run beside torch's agent: the record's promotion, the workers' exits, the live view, the stall
+    watch and the audit's findings."""
 
-    def __init__(self, plan: LaunchPlan, record: LaunchRecord, view: LiveView | None, stall_s: float | None):
+    def __init__(self, plan: LaunchPlan, record: LaunchRecord, view: LiveView | None, stall_s: float | None,
+                 handler: _Signals):
         self.promoter = _PromoteWhenStarted(record)
         self.promoter.start()
+        self.exits = ExitWatch(record, stopping=lambda: bool(handler.received))
+        self.exits.start()
         self.view = view
         if view is not None:
             view.start()
@@ -360,6 +365,7 @@ class _Watchers:
 
     def finish(self, plan: LaunchPlan) -> None:
         self.promoter.finish()
+        self.exits.finish()
         if self.stall is not None:
             self.stall.finish()
         if self.view is not None:
@@ -385,7 +391,7 @@ def run_plan(plan: LaunchPlan, record: LaunchRecord, live: bool = False, show_ra
         record.write()
     handler = _Signals(record)
     handler.install()
-    watchers = _Watchers(plan, record, view, stall_s)
+    watchers = _Watchers(plan, record, view, stall_s, handler)
     start = time.monotonic()
     try:
         handler.active = True

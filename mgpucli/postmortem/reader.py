@@ -23,7 +23,7 @@ from mgpucli.run_layout import CHECKPOINTS, LAST_FULL, LAST_SHARDED, METRICS, RE
 from mgpucli.run_records.audit_records import AUDIT_JSON, findings_path, from_rank_files, read_audit
 from mgpucli.run_records.first_failure import failure_record_of
 from mgpucli.run_records.json_files import read_json_object
-from mgpucli.run_records.launch_record import LAUNCH_JSON, Attempt, RankFiles, record_problem
+from mgpucli.run_records.launch_record import LAUNCH_JSON, Attempt, RankExit, RankFiles, record_problem
 from mgpucli.run_records.worker_records import FailureRecord, read_error_file, record_path
 from mgpucli.trackers import read_state
 
@@ -187,6 +187,8 @@ def _merge_attempts(records: list[dict[str, Any]], run_dir: str, recorded_root: 
                        for k in ("stdout", "stderr", "error_file")}
                 rank = int(files.get("rank", key))
                 attempt.ranks[rank] = RankFiles(rank, int(files.get("local_rank", rank)), **fix)
+            for key, ended in (item.get("exits") or {}).items():
+                attempt.exits[int(key)] = RankExit(ended.get("code"), float(ended.get("time") or 0.0))
     return [merged[n] for n in sorted(merged)]
 
 

@@ -171,9 +171,14 @@ def _same_thread(ident: str, main_ident: str | None) -> bool:
     return main_ident is not None and int(ident, 16) == int(main_ident, 16)
 
 
+def is_users(path: str) -> bool:
+    """Whether a frame's file is the user's own code (not the interpreter's, an installed package's or mgpu's)."""
+    return not _NOT_USER.search(path)
+
+
 def user_frame(thread: ThreadStack) -> Frame | None:
     """The innermost frame of the user's own code (not the interpreter's, an installed package's or mgpu's)."""
-    return next((f for f in thread.frames if not _NOT_USER.search(f.file)), None)
+    return next((f for f in thread.frames if is_users(f.file)), None)
 
 
 def code_frames(thread: ThreadStack) -> list[Frame]:
