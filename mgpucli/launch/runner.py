@@ -59,6 +59,7 @@ from mgpucli.run_records.first_failure import (
     stopped_gracefully,
 )
 from mgpucli.run_records.launch_record import LaunchRecord, build_attempt
+from mgpucli.run_records.script_outcome import never_trained
 
 _MGPU_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 _STILL_S = 5.0  # on Ctrl-C, ranks still for this long are judged hung (who held the others up)
@@ -301,11 +302,13 @@ def _signalled(plan: LaunchPlan, record: LaunchRecord, err: SignalException, han
 
 
 def _succeeded(plan: LaunchPlan, record: LaunchRecord, took: float) -> Outcome:
+    idle = never_trained(record.attempts[-1]) if plan.script is not None and record.attempts else None
     return Outcome("succeeded", EXIT_OK, (
         f"mgpu launch: {plan.nnodes * plan.nproc_per_node} worker(s) finished in {took:.1f} s"
         + (f" after {len(record.attempts) - 1} restart(s)" if len(record.attempts) > 1 else "") + ". "
         + "".join(f"{what}: {path}; " for what, path in _outputs(plan.run_dir))
-        + f"logs: {plan.log_dir} (index: {record.path})"), error=False,
+        + f"logs: {plan.log_dir} (index: {record.path})"
+        + (f"\n  note: {idle.describe()}" if idle is not None else "")), error=False,
         details={"attempts": len(record.attempts), "seconds": round(took, 1)})
 
 

@@ -44,6 +44,7 @@ _PEER = re.compile(
     re.IGNORECASE,
 )
 TEARDOWN_CATEGORY = 4  # RankFailure.category of a rank stopped by the agent's teardown signal
+TORN_DOWN = "ended by the teardown"  # how the launcher and the post-mortem say it of a rank (:func:`torn_down`)
 _DIAGNOSED_TIMEOUT = "Ranks that had not arrived:"  # mgpucli.engine.clear_errors.collective_failure
 
 
@@ -96,7 +97,7 @@ class RankFailure:
 
     def describe(self) -> str:
         if self.torn_down:
-            return f"ended by the teardown with {self.signal_name}" if self.signal_name else "ended by the teardown"
+            return f"{TORN_DOWN} with {self.signal_name}" if self.signal_name else TORN_DOWN
         if self.signal_name:
             return f"killed by {self.signal_name}"
         if self.exitcode is not None:
@@ -153,17 +154,28 @@ def collect(attempt: Attempt, exitcodes: Mapping[int, int] | None = None) -> lis
 
 def torn_down(attempt: Attempt, exitcodes: Mapping[int, int] | None = None) -> set[int]:
     """The ranks of ``attempt`` its teardown ended: killed by a signal the teardown sends (SIGTERM, SIGKILL, ...)
-    after another of its workers had ended with a failure (any non-zero exit code, a graceful stop's included: the
-    agent tears the others down then too). From ``attempt.exits``, the launcher's record of when and how each worker
-    ended (a code it could not read is torch's, from ``exitcodes``); empty when those are unknown."""
-    codes = {rank: ended.code if ended.code is not None else (exitcodes or {}).get(rank)
-             for rank, ended in attempt.exits.items()}
-    failed = [attempt.exits[rank].time for rank, code in codes.items() if code not in (0, None)]
-    if not failed:
+    after another of its workers had ended with a failure (:func:`first_to_fail`). Empty when the launcher did not
+    see the workers end."""
+    first = first_to_fail(attempt, exitcodes)
+    if first is None:
         return set()
-    first = min(failed)
+    codes, after = _exit_codes(attempt, exitcodes), attempt.exits[first].time
     return {rank for rank, code in codes.items() if code is not None and code < 0
-            and _signal_of(code) in ENDING_SIGNALS and attempt.exits[rank].time > first}
+            and _signal_of(code) in ENDING_SIGNALS and attempt.exits[rank].time > after}
+
+
+def first_to_fail(attempt: Attempt, exitcodes: Mapping[int, int] | None = None) -> int | None:
+    """The rank whose worker ended first with a failure (any non-zero exit code, a graceful stop's included: torch's
+    agent tears the others down then), from ``attempt.exits``, the launcher's record of when and how each worker
+    ended (a code it could not read is torch's, from ``exitcodes``); None when it saw none end so."""
+    failed = [(attempt.exits[rank].time, rank) for rank, code in _exit_codes(attempt, exitcodes).items()
+              if code not in (0, None)]
+    return min(failed)[1] if failed else None
+
+
+def _exit_codes(attempt: Attempt, exitcodes: Mapping[int, int] | None) -> dict[int, int | None]:
+    return {rank: ended.code if ended.code is not None else (exitcodes or {}).get(rank)
+            for rank, ended in attempt.exits.items()}
 
 
 def _signal_of(code: int) -> signal.Signals | None:
