@@ -112,15 +112,18 @@ class _Signals:
         self.stacks_asked: float | None = None  # when the first signal asked the ranks for their stacks
         self.received: list[int] = []
         self.active = False  # raise into torch's agent only while it runs; afterwards launch is just finishing
-        self._previous = {}
 
     def install(self) -> None:
         for sig in _MGPU_SIGNALS:
-            self._previous[sig] = signal.signal(sig, self._handle)
+            signal.signal(sig, self._handle)
 
-    def restore(self) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
+    @staticmethod
+    def ignore_from_now() -> None:
+        """The job is over and its outcome decided: a signal now only meets the launcher's own exit (the report, the
+        post-mortem), which must not turn a finished job into a Ctrl-C (130) or a death by the signal. Ignored, not
+        handled: the interpreter puts a Python handler back to the default as it shuts down, not an ignored signal."""
+        for sig in _MGPU_SIGNALS:
+            signal.signal(sig, signal.SIG_IGN)
 
     def _handle(self, signum, frame) -> None:
         self.received.append(signum)
@@ -420,7 +423,7 @@ def run_plan(plan: LaunchPlan, record: LaunchRecord, live: bool = False, show_ra
         if left and refusal is None:
             err_console().print(f"[yellow]mgpu launch: killed {len(left)} process(es) of the job still running at "
                                 "exit.[/]")
-        handler.restore()
+        handler.ignore_from_now()
         if refusal is not None:
             gate.remove_created()
             raise refusal
