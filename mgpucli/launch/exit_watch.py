@@ -80,8 +80,10 @@ class ExitWatch(threading.Thread):
                 os.close(fd)
 
     def _find_workers(self) -> None:
+        workers = {files.error_file: (attempt.attempt, rank) for attempt in list(self.record.attempts)
+                   for rank, files in attempt.ranks.items() if files.error_file}
         for pid in proctree.children():
-            found = _worker_of(pid)
+            found = workers.get(_error_file_of(pid))
             if found is None or found in self._pidfds:
                 continue
             try:
@@ -123,19 +125,18 @@ class ExitWatch(threading.Thread):
                 self.killed.setdefault(attempt, []).append(rank)
 
 
-def _worker_of(pid: int) -> tuple[int, int] | None:
-    """(attempt, global rank) of a worker torch's agent started (None for any other child, or one still between
-    fork and exec: its environment is still this process's)."""
+def _error_file_of(pid: int) -> str | None:
+    """The error file torch's agent gave a worker (``TORCHELASTIC_ERROR_FILE``, one per worker and attempt), which
+    says which rank of which attempt it is; None for any other child, or one still between fork and exec (its
+    environment is still this process's)."""
     try:
         with open(f"/proc/{pid}/environ", "rb") as fh:
             raw = fh.read()
     except OSError:
         return None
-    env = dict(item.split(b"=", 1) for item in raw.split(b"\0") if b"=" in item)
-    rank, attempt = env.get(b"RANK"), env.get(env_vars.RESTART_COUNT.encode())
-    if rank is None or attempt is None or not rank.isdigit() or not attempt.isdigit():
-        return None
-    return int(attempt), int(rank)
+    key = env_vars.ERROR_FILE.encode() + b"="
+    found = next((item[len(key):] for item in raw.split(b"\0") if item.startswith(key)), None)
+    return os.fsdecode(found) if found else None
 
 
 def _exit_code(info) -> int | None:

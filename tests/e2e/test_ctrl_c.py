@@ -46,10 +46,10 @@ def _doctor(run_dir: Path, cwd: Path) -> tuple[int, dict]:
 
 
 def _first_step_logged(run_dir: Path, before: set[Path], launch: Launch) -> bool:
-    """This launch's rank 0 logged a training step (its log is the one that was not there before it started)."""
-    assert launch.proc.poll() is None, f"the launch ended before its first logged step:\n{launch.output}"
+    """This launch's rank 0 logged a training step (its log is the one that was not there before it started), or
+    the launch ended (a resumed run the round before stopped after its last step has nothing left to train)."""
     new = set(run_dir.glob("logs/*/attempt_0/0/stderr.log")) - before
-    return any(" epoch " in log.read_text(errors="replace") for log in new)
+    return launch.proc.poll() is not None or any(" epoch " in log.read_text(errors="replace") for log in new)
 
 
 def _interrupted_round(cwd: Path, run_dir: Path, tag: str, resume: bool, moment: float, group: bool) -> tuple[int, str]:
@@ -60,7 +60,7 @@ def _interrupted_round(cwd: Path, run_dir: Path, tag: str, resume: bool, moment:
     try:
         assert wait_until(lambda: _first_step_logged(run_dir, before, launch), 120), launch.output
         time.sleep(moment)
-        if launch.proc.poll() is None:  # it may have finished in the meantime: that is a round too
+        if launch.proc.poll() is None:  # it may have finished by then: that is a round too (exit 0)
             (os.killpg if group else os.kill)(launch.pid, signal.SIGINT)
         return launch.wait(timeout=90), launch.output  # a hang bound (torch's graceful window is 30 s)
     finally:
