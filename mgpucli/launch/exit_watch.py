@@ -29,6 +29,7 @@ import time
 from collections.abc import Callable
 
 from mgpucli import env_vars, proctree
+from mgpucli.console import err_console
 from mgpucli.errors import EXIT_PREEMPTED
 from mgpucli.run_records.launch_record import LaunchRecord, RankExit
 
@@ -44,7 +45,6 @@ class ExitWatch(threading.Thread):
                  grace_s: float = FAILED_ATTEMPT_GRACE_S):
         super().__init__(name="mgpu-exit-watch", daemon=True)
         self.record, self.stopping, self.grace_s = record, stopping, grace_s
-        self.killed: dict[int, list[int]] = {}  # attempt -> ranks the watch ended after the grace
         self._exits: dict[int, dict[int, RankExit]] = {}  # attempt -> rank -> how it ended
         self._pidfds: dict[tuple[int, int], int] = {}  # (attempt, rank) -> a pidfd on its worker
         self._waiters: list[threading.Thread] = []
@@ -74,10 +74,10 @@ class ExitWatch(threading.Thread):
         with self._lock:
             for attempt in self.record.attempts:
                 attempt.exits.update(self._exits.get(attempt.attempt, {}))
-            fds, self._pidfds = list(self._pidfds.values()), {}
-        for fd in fds:
-            with contextlib.suppress(OSError):
-                os.close(fd)
+            for fd in self._pidfds.values():
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+            self._pidfds = {}
 
     def _find_workers(self) -> None:
         workers = {files.error_file: (attempt.attempt, rank) for attempt in list(self.record.attempts)
@@ -113,16 +113,19 @@ class ExitWatch(threading.Thread):
             timer.start()
 
     def _end_survivors(self, attempt: int) -> None:
-        """The grace after a failure is over: SIGKILL the group of every worker of ``attempt`` still running."""
-        if self.stopping() or self._finished.is_set():
-            return
+        """The grace after a failure is over: SIGKILL the group of every worker of ``attempt`` still running (under
+        the lock: :meth:`finish` closes the pidfds)."""
         with self._lock:
-            ended = set(self._exits.get(attempt, {}))
-            running = [(rank, fd) for (number, rank), fd in self._pidfds.items()
-                       if number == attempt and rank not in ended]
-        for rank, fd in running:
-            if _kill_group(fd):
-                self.killed.setdefault(attempt, []).append(rank)
+            if self.stopping() or self._finished.is_set():
+                return
+            ended = self._exits.get(attempt, {})
+            killed = [rank for (number, rank), fd in sorted(self._pidfds.items())
+                      if number == attempt and rank not in ended and _kill_group(fd)]
+        if killed:
+            failed = min((e.time, rank) for rank, e in ended.items() if e.code not in (0, None))[1]
+            err_console().print(f"mgpu launch: rank(s) {', '.join(map(str, killed))} still running {self.grace_s:g} s "
+                                f"after rank {failed} failed, despite torch's SIGTERM: killed (SIGKILL).",
+                                markup=False, highlight=False)
 
 
 def _error_file_of(pid: int) -> str | None:

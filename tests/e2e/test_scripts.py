@@ -231,6 +231,27 @@ def test_a_rank_that_exits_0_while_another_waits_for_it_is_named_as_the_cause(wo
     assert [(f["rank"], f["signature"]) for f in report["other_failures"]] == [(0, "peer_lost")], report
 
 
+def test_a_rank_deaf_to_sigterm_is_killed_within_seconds_of_the_failure_and_never_blamed(work: Path, tag: str):
+    code, launch = run_launch([*CPU2, "deaf_to_sigterm.py"], work, tag, timeout=120)
+    ended = time.time()
+    out = launch.output
+    assert code == 1, out
+    files = rank_files(launch_json(only_run_dir(work, "deaf_to_sigterm")))
+    assert "rank 0 goes on despite SIGTERM" in Path(files["0"]["stdout"]).read_text()  # it got torch's SIGTERM
+    assert "mgpu launch: rank(s) 0 still running 5 s after rank 1 failed, despite torch's SIGTERM: killed (SIGKILL)." \
+        in out, out
+    failed_at = json.loads((Path(files["1"]["error_file"]).parent / "mgpu_failure.json").read_text())["time"]
+    assert ended - failed_at < 20, out  # the 5 s grace, not torch's 30 s window
+    summary = out[out.index("error: "):]
+    assert "error: rank 1 failed first (exit code 1)" in summary and "ValueError: rank one broke" in summary
+    assert "also stopped: rank 0 (ended by the teardown with SIGKILL)" in summary
+    assert "memory" not in summary and "rank 0 failed" not in summary, summary
+    doctor_code, report = doctor_json(only_run_dir(work, "deaf_to_sigterm"), work)
+    assert (doctor_code, report["first_failure"]["rank"]) == (1, 1), report
+    assert [(f["rank"], f["signature"]) for f in report["other_failures"]] == [(0, "torn_down")], report
+    assert "memory" not in json.dumps(report)
+
+
 def test_a_script_that_spawns_its_own_processes_in_a_job_of_one_rank_gets_them_a_rendezvous(work: Path, tag: str):
     # the DDP tutorial's spawn: each child sets MASTER_ADDR/MASTER_PORT itself (torchrun's agent store would hang it)
     code, launch = run_launch(["--cpu", "--nproc", "1", "tutorial_spawn.py", str(free_port())], work, tag,
