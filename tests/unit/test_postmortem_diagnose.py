@@ -147,6 +147,16 @@ def test_the_teardowns_sigkill_after_a_ranks_error_is_never_the_cause_nor_an_oom
     assert "memory" not in json.dumps(report.to_json()) and "OOM" not in report.verdict
 
 
+def test_each_attempt_of_a_restarted_run_names_its_own_first_failure_not_the_teardowns_kill(tmp_path: Path):
+    run = RunDir(tmp_path, attempts=2, status="succeeded")
+    run.data["attempts"][0]["exits"] = {"1": {"code": 1, "time": 100.8}, "0": {"code": -9, "time": 130.9}}
+    run.write()
+    run.log(1, "\n".join(f"[rank1]: {line}" for line in CRASH_TRACE.splitlines()), attempt=0)
+    run.error(1, "injected fault: crash at step 3 on rank 1", CRASH_TRACE, step=3, attempt=0, when=100.5)
+    report = diagnose_run(str(tmp_path))
+    assert [(e.attempt, e.rank, e.match.signature) for e in report.earlier_attempts] == [(0, 1, "python_exception")]
+
+
 def test_a_rank_that_exited_0_while_the_other_waited_is_the_first_failure(tmp_path: Path):
     run = RunDir(tmp_path, first_failed_rank=0, exitcodes={"0": 1})
     run.data["attempts"][0]["exits"] = {"1": {"code": 0, "time": 100.0}, "0": {"code": 1, "time": 100.3}}
