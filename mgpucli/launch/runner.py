@@ -11,7 +11,13 @@
   torch's ``SignalException`` so the agent forwards the signal to the workers and gives them its shutdown
   window), a second one SIGKILLs the workers at once. Other signals (SIGHUP, SIGQUIT, SIGUSR1 under SLURM)
   stay torch's. A signal that comes once every rank has finished (its ``mgpu_finished`` mark: the final
-  checkpoint complete) only met the teardown: the run finished, exit 0.
+  checkpoint complete) only met the teardown: the run finished, exit 0; one that comes once the outcome is decided
+  is ignored.
+
+Beside the agent, :mod:`mgpucli.launch.exit_watch` records when and how each worker ends (the first failure's order,
+:mod:`mgpucli.run_records.first_failure`) and ends a failed attempt's workers that outlive a short grace, where the
+agent would wait 30 s: its failure teardown takes no shutdown timeout (``LaunchConfig.shutdown_timeout`` is only the
+window of a stop the launcher forwards, a preemption, which keeps it).
 
 The agent runs in this process (rather than a ``torchrun`` subprocess) so that the workers are launch's
 own children: there is one process to watch for parent death, and torch's failure report (exit codes per
