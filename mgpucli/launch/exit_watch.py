@@ -17,6 +17,9 @@ code that never returns to Python) would hold the job for the agent's whole wind
 after a worker ended with a failure, the watch SIGKILLs the group of every worker of that attempt still running,
 unless the launcher itself is being stopped (Ctrl-C, a scheduler's signal: a preemption keeps torch's graceful
 window), or the worker that ended was stopped gracefully (exit code 75: the others are finishing the same stop).
+When the agent's poll reaps a worker before its waiter reads its code (``ECHILD``), the code is unknown here (torch
+reports it); whether it failed is then what the worker's own record says (``mgpu_failure.json``, written before an
+exception or a non-zero exit ends it): a worker killed outright in that race leaves the others to torch's window.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from collections.abc import Callable
 from mgpucli import env_vars, proctree
 from mgpucli.console import err_console
 from mgpucli.errors import EXIT_PREEMPTED
+from mgpucli.run_records.first_failure import failure_record_of
 from mgpucli.run_records.launch_record import LaunchRecord, RankExit
 
 FAILED_ATTEMPT_GRACE_S = 5.0  # after a worker failed: what the others get before the launcher ends them
@@ -84,8 +88,8 @@ class ExitWatch(threading.Thread):
                    for rank, files in attempt.ranks.items() if files.error_file}
         for pid in proctree.children():
             found = workers.get(_error_file_of(pid))
-            if found is None or found in self._pidfds:
-                continue
+            if found is None or found in self._pidfds or not _leads_its_session(pid):
+                continue  # not a worker (torch starts each in a session of its own; what it starts inherits its env)
             try:
                 fd = os.pidfd_open(pid)
             except OSError:
@@ -107,10 +111,21 @@ class ExitWatch(threading.Thread):
         with self._lock:
             first = not any(e.code not in (0, None) for e in self._exits.get(attempt, {}).values())
             self._exits.setdefault(attempt, {})[rank] = ended
-        if first and ended.code not in (0, None, EXIT_PREEMPTED) and not self.stopping():
+        if first and self._failed(attempt, rank, ended) and not self.stopping():
             timer = threading.Timer(self.grace_s, self._end_survivors, args=(attempt,))
             timer.daemon = True
             timer.start()
+
+    def _failed(self, attempt: int, rank: int, ended: RankExit) -> bool:
+        """Whether the worker ended with a failure (not 0, nor a graceful stop's 75). A code this watch could not read
+        (the agent's poll reaped the worker first) is the one the worker's own record says, where it left one."""
+        code = ended.code
+        if code is None:
+            found = self.record.attempt(attempt)
+            files = found.ranks.get(rank) if found is not None else None
+            left = failure_record_of(files) if files is not None else None
+            code = left.exit_code if left is not None else None
+        return code not in (0, None, EXIT_PREEMPTED)
 
     def _end_survivors(self, attempt: int) -> None:
         """The grace after a failure is over: SIGKILL the group of every worker of ``attempt`` still running (under
@@ -140,6 +155,13 @@ def _error_file_of(pid: int) -> str | None:
     key = env_vars.ERROR_FILE.encode() + b"="
     found = next((item[len(key):] for item in raw.split(b"\0") if item.startswith(key)), None)
     return os.fsdecode(found) if found else None
+
+
+def _leads_its_session(pid: int) -> bool:
+    try:
+        return os.getsid(pid) == pid
+    except OSError:
+        return False
 
 
 def _exit_code(info) -> int | None:
