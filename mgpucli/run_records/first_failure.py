@@ -215,8 +215,10 @@ def early_exit(attempt: Attempt, failures: list[RankFailure]) -> EarlyExit | Non
         return None
     first = failures[0]
     failed_at = first.ended.time if first.ended is not None else first.time
+    failed = {f.rank for f in failures}  # a code the launcher could not read is 0 when torch reported no failure
     early = sorted((ended.time, rank) for rank, ended in attempt.exits.items()
-                   if ended.code == 0 and rank != first.rank and (failed_at is None or ended.time < failed_at))
+                   if (ended.code == 0 or (ended.code is None and rank not in failed)) and rank != first.rank
+                   and (failed_at is None or ended.time < failed_at))
     if not early:
         return None
     at, rank = early[0]

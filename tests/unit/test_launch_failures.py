@@ -269,6 +269,8 @@ def test_a_rank_that_exited_0_while_another_waited_for_it_is_named(tmp_path: Pat
     assert text.startswith("rank 1 exited with code 0 at 12:01:03 while rank 0 waited in barrier at main.py:14 "
                            "(attempt 1 of 1): rank 1 ended while the others still needed it, so rank 0 failed (exit "
                            "code 1) when it lost its connection to it.")
+    ended(attempt, r1=(None, when))  # its code lost to the agent's poll: torch reported no failure for it, so 0
+    assert early_exit(attempt, collect(attempt, {0: 1})) == left
     # not when the rank that failed had an error of its own, nor when the other rank ended after it
     torch_error_file(attempt.ranks[0].error_file, "ValueError: bad", "tb", 101)
     assert early_exit(attempt, collect(attempt, {0: 1})) is None
