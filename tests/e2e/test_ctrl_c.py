@@ -8,9 +8,9 @@ whole process group, as a terminal does. The launch must end with exit 75 and a 
 rank killed by the signal) once training has started. Then ``--resume auto`` finishes the run.
 
 Rounds: :data:`ROUNDS`, not the 20 of the issue that asked for it: each round is a whole launch (torch imported by the
-launcher and both workers), 7 to 20 s on the 2 shared cores the suite runs on (idle to loaded), so 20 rounds would add
-2.5 to 7 minutes to a suite of about 18. ``MGPU_CTRL_C_ROUNDS=20`` runs them all (how the change that added the test was checked);
-``MGPU_CTRL_C_SEED`` replays the moments of a failed run, whose seed the failure message names.
+launcher and both workers), 7 to 20 s on the 2 shared cores the suite runs on (idle to loaded), so 20 rounds would
+add 2.5 to 7 minutes to a suite of about 18. ``MGPU_CTRL_C_ROUNDS=20`` runs them all (how the change that added the
+test was checked); ``MGPU_CTRL_C_SEED`` replays the moments of a failed run, whose seed the failure message names.
 """
 
 from __future__ import annotations
