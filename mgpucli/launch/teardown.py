@@ -19,6 +19,14 @@ SIGUSR1 always do: the agent's teardown never sends them.
 The answer is reached from the files and processes as they are when the signal arrives, with no help from the
 launcher: nothing can race with it, and a launcher killed outright leaves the workers to their launcher watch
 (:mod:`mgpucli.launch.parent_watch`).
+
+Why not the other ways: torch's ``LaunchConfig.shutdown_timeout`` is only the window of a stop the launcher forwards
+(the failure path, ``PContext._poll`` closing the workers, always waits 30 s), and shortening it would cut the
+preemption's window too. The launcher cannot tell the workers "this is a failure" before the agent's SIGTERM either:
+it learns of the failure when the agent does, and no public hook of the agent runs between the two. And it cannot tell
+them "this is a preemption" alone: a scheduler's SIGTERM may reach a worker as soon as the launcher, and a SIGTERM to
+one worker is a preemption too. What is certain, on every path, is the order of the agent's own steps: it ends a
+failed attempt only after reaping the worker that ended.
 """
 
 from __future__ import annotations
