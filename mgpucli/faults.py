@@ -7,6 +7,7 @@ step unless narrowed). Faults:
 - ``nan``: make the loss NaN at the step.
 - ``sleep``: sleep ``MGPU_FAULT_SLEEP`` seconds (default 3600) inside the step (a stuck rank).
 - ``kill_in_save``: SIGKILL this process in the middle of writing a checkpoint.
+- ``sleep_in_save``: sleep ``MGPU_FAULT_SLEEP`` seconds in the middle of writing a checkpoint (a slow disk).
 - ``disk_full_in_save``: raise ENOSPC in the middle of writing a checkpoint.
 - ``tracker``: an experiment tracker's logging raises at the step (on rank 0's tracking thread).
 - ``hold_last_save``: after the last step, wait before the run's final checkpoint is written until a stop signal
@@ -29,7 +30,7 @@ from functools import lru_cache
 
 from mgpucli.errors import UsageError
 
-KNOWN = ("crash", "nan", "sleep", "kill_in_save", "disk_full_in_save", "tracker", "hold_last_save",
+KNOWN = ("crash", "nan", "sleep", "kill_in_save", "sleep_in_save", "disk_full_in_save", "tracker", "hold_last_save",
          "hold_at_exit")  # as listed above
 
 
@@ -103,6 +104,8 @@ def maybe_fault(point: str, rank: int | None = None, step: int | None = None, pa
     if point == "save":
         if _armed("kill_in_save", rank, step):
             os.kill(os.getpid(), signal.SIGKILL)
+        if _armed("sleep_in_save", rank, step):
+            time.sleep(float(os.environ.get("MGPU_FAULT_SLEEP", "3600")))
         if _armed("disk_full_in_save", rank, step):
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
     return False

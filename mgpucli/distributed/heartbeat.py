@@ -20,10 +20,10 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from mgpucli.run_records.json_files import write_json
+from mgpucli.run_records.worker_records import ENDED as ENDED
 from mgpucli.run_records.worker_records import ERROR_FILE_ENV, progress_path
 
 KEY = "mgpu/progress/{rank}"
-ENDED = "ended"  # the phase of a rank whose work is done (its last beat)
 
 
 @dataclass

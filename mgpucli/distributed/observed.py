@@ -17,6 +17,7 @@ tracing the wrappers step aside (``torch.compiler.is_compiling``), so a compiled
 from __future__ import annotations
 
 import functools
+import resource
 from collections.abc import Callable
 
 INIT = "init_process_group"
@@ -41,9 +42,12 @@ state = _State()
 
 
 def snapshot() -> dict:
-    """What the heartbeat publishes: ``{collective, calls, joined, optimizer_steps}``."""
+    """What the heartbeat publishes: ``{collective, calls, joined, optimizer_steps, children_cpu_s}``; the last, the
+    CPU seconds of the processes the script started and waited for (``mp.spawn``'s, a subprocess's), says whether
+    they did the work when the rank itself did not (:mod:`mgpucli.run_records.script_outcome`)."""
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)
     return {"collective": state.inside, "calls": state.calls, "joined": state.joined,
-            "optimizer_steps": state.optimizer_steps}
+            "optimizer_steps": state.optimizer_steps, "children_cpu_s": round(used.ru_utime + used.ru_stime, 2)}
 
 
 def install() -> None:

@@ -7,14 +7,19 @@ hangs them. It only notes the signal; the ranks agree on the stop at the next lo
 Once the run has finished (:meth:`StopRequests.finish`: its final checkpoint complete, every rank agreed), a signal
 is only noted until :meth:`StopRequests.release`: it arrived during the teardown, and a rank killed there would turn
 a finished run into a failed one.
+
+Under ``mgpu launch``, a SIGTERM may also be torch's agent tearing down an attempt in which another rank failed:
+there is nothing left to agree on, and the rank ends at once, by that signal (:attr:`StopRequests.is_teardown`, set by
+the launched worker, :mod:`mgpucli.launch.teardown`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 _SIGNALS = tuple(s for s in (signal.SIGTERM, signal.SIGINT, getattr(signal, "SIGUSR1", None)) if s is not None)
 
@@ -22,12 +27,19 @@ _SIGNALS = tuple(s for s in (signal.SIGTERM, signal.SIGINT, getattr(signal, "SIG
 class StopRequests:
     """The signal this rank received (``received``: its name, None until one arrives)."""
 
+    # Set in a launched worker: whether a SIGTERM now is torch's agent tearing down a failed attempt (None: never).
+    is_teardown: Callable[[], bool] | None = None
+
     def __init__(self) -> None:
         self.received: str | None = None
         self.run_finished = False
         self._previous: dict = {}  # the handlers listening() replaced, kept after a finished run until release()
 
     def _note(self, signum, frame) -> None:
+        teardown = StopRequests.is_teardown  # read from the class: a plain function, not a method
+        if signum == signal.SIGTERM and not self.run_finished and teardown is not None and teardown():
+            signal.signal(signum, signal.SIG_DFL)  # end by the signal itself, as a process without a handler would
+            os.kill(os.getpid(), signum)
         if self.received is not None and signum == signal.SIGINT and not self.run_finished:
             raise KeyboardInterrupt  # a second Ctrl-C: stop now
         self.received = signal.Signals(signum).name

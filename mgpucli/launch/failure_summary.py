@@ -4,30 +4,18 @@
 
 from __future__ import annotations
 
-import os
 import re
 
 from mgpucli.errors import EXIT_USAGE
 from mgpucli.run_records import stacks
-from mgpucli.run_records.first_failure import RankFailure, all_refused
+from mgpucli.run_records.first_failure import RankFailure, all_refused, early_exit
 from mgpucli.run_records.launch_record import Attempt
+from mgpucli.run_records.worker_records import log_tail
 
 TAIL_LINES = 10
 TRACE_LINES = 12
 _CARETS = re.compile(r"^\s*[\^~]+\s*$")  # Python 3.11's underlining of the failing expression
 _PREFIX = re.compile(r"^\[rank\d+\]:")  # the line prefix mgpu asks torch to put on tee'd lines
-
-
-def tail(path: str, lines: int = TAIL_LINES, max_bytes: int = 65536) -> list[str]:
-    """The last ``lines`` non-empty lines of a text file ([] when missing)."""
-    if not path or not os.path.isfile(path):
-        return []
-    with open(path, "rb") as fh:
-        fh.seek(0, os.SEEK_END)
-        size = fh.tell()
-        fh.seek(max(0, size - max_bytes))
-        data = fh.read().decode("utf-8", errors="replace")
-    return [line for line in data.splitlines() if line.strip()][-lines:]
 
 
 def _short_trace(trace: str | None) -> list[str]:
@@ -45,12 +33,15 @@ def summarize(failures: list[RankFailure], attempt: Attempt, total_attempts: int
         return f"the job failed in attempt {attempt.attempt}, but no rank left an error; logs: {attempt.dir}"
     first = failures[0]
     refused = all_refused(failures)
+    left = early_exit(attempt, failures)
+    which = f"attempt {attempt.attempt + 1} of {total_attempts}"
     if refused:  # the same bad input on every rank: rank 0 said it in full (the others stay quiet)
-        out = [f"every rank stopped on bad input (exit code {EXIT_USAGE}) in attempt {attempt.attempt + 1} of "
-               f"{total_attempts}; rank {first.rank} said:"]
+        out = [f"every rank stopped on bad input (exit code {EXIT_USAGE}) in {which}; rank {first.rank} said:"]
+    elif left is not None:  # the others failed because it had gone: it is the cause
+        out = [f"{left.describe()} ({which}): rank {left.rank} ended while the others still needed it, so rank "
+               f"{first.rank} failed ({first.describe()}) when it lost its connection to it."]
     else:
-        out = [f"rank {first.rank} failed first ({first.describe()}) in attempt {attempt.attempt + 1} of "
-               f"{total_attempts}."]
+        out = [f"rank {first.rank} failed first ({first.describe()}) in {which}."]
     if refused:
         pass  # the log's last lines below hold the whole message and its fix
     elif first.message:
@@ -62,9 +53,9 @@ def summarize(failures: list[RankFailure], attempt: Attempt, total_attempts: int
     if trace:
         out.append("  traceback (from torch's error file):")
         out += [f"    {line}" for line in trace]
-    log_path = first.stderr if tail(first.stderr) else first.stdout
+    log_path = first.stderr if log_tail(first.stderr, TAIL_LINES) else first.stdout
     shown = {line.strip() for line in (first.traceback or "").splitlines()}
-    last = [line for line in tail(log_path, lines=200) if _PREFIX.sub("", line).strip() not in shown
+    last = [line for line in log_tail(log_path, lines=200) if _PREFIX.sub("", line).strip() not in shown
             and not _CARETS.match(_PREFIX.sub("", line))][-TAIL_LINES:]
     if last:
         out.append(f"  last lines of {log_path}" + (" (traceback lines left out):" if trace else ":"))

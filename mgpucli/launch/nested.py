@@ -12,7 +12,8 @@ rendezvous, and the job hangs. Installed in a launched script worker when the sc
   ``multiprocessing.Process``): the child fails and the worker is stopped (SIGTERM), so the job ends promptly.
 
 DataLoader workers and other helper processes (which never call ``init_process_group``) are not affected, nor is a
-job of one rank (``--nproc 1``), where the script may spawn its own.
+job of one rank (``--nproc 1``), where the script may spawn its own: there, :func:`own_rendezvous` gives what it
+starts a rendezvous of its own.
 """
 
 from __future__ import annotations
@@ -22,13 +23,31 @@ import functools
 import os
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, MutableMapping
 
+from mgpucli import env_vars
 from mgpucli.run_records.nested_launch import ERROR_NAME, message
 
 
 class NestedLaunchError(RuntimeError):
     """The script starts distributed processes of its own in a rank of a launched job (its name: ``ERROR_NAME``)."""
+
+
+def own_rendezvous(world_size: int, environ: MutableMapping[str, str] | None = None) -> None:
+    """A job of one rank (``--nproc 1``), where the script may be its own launcher: what it starts (the processes of
+    ``torch.multiprocessing.spawn``, a ``multiprocessing.Process``, a ``torchrun`` of its own) inherits this worker's
+    environment, where torch's agent put ``TORCHELASTIC_USE_AGENT_STORE=True``: every rendezvous under that flag only
+    connects, as a client, to a store the agent hosts, so the script's processes wait for a store none of them starts
+    (plain torchrun hangs the same way). The worker takes the flag out and gives ``MASTER_PORT`` a free port: the
+    script's rank 0 (the worker itself, or the first process it starts) hosts its own store there, as under plain
+    ``python``. Nothing of mgpu's needs the agent's store in a job of one rank."""
+    env = os.environ if environ is None else environ
+    if world_size != 1 or env.get(env_vars.USE_AGENT_STORE) != str(True):
+        return
+    from mgpucli.launch.ports import free_port
+
+    del env[env_vars.USE_AGENT_STORE]
+    env["MASTER_PORT"] = str(free_port())
 
 
 def install(rank: int, world_size: int) -> None:

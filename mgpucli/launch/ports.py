@@ -46,6 +46,13 @@ def port_problem(port: int) -> str | None:
     return _bind_problem(socket.AF_INET, "0.0.0.0", port) or _bind_problem(socket.AF_INET6, "::", port)
 
 
+def free_port() -> int:
+    """A port nothing listens on now (the kernel's pick), for a store that starts soon after."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("", 0))
+        return int(sock.getsockname()[1])
+
+
 def port_is_free(port: int) -> bool:
     """True when a rendezvous store could listen on ``port`` right now."""
     return port_problem(port) is None

@@ -11,7 +11,13 @@
   torch's ``SignalException`` so the agent forwards the signal to the workers and gives them its shutdown
   window), a second one SIGKILLs the workers at once. Other signals (SIGHUP, SIGQUIT, SIGUSR1 under SLURM)
   stay torch's. A signal that comes once every rank has finished (its ``mgpu_finished`` mark: the final
-  checkpoint complete) only met the teardown: the run finished, exit 0.
+  checkpoint complete) only met the teardown: the run finished, exit 0; one that comes once the outcome is decided
+  is ignored.
+
+Beside the agent, :mod:`mgpucli.launch.exit_watch` records when and how each worker ends (the first failure's order,
+:mod:`mgpucli.run_records.first_failure`) and ends a failed attempt's workers that outlive a short grace, where the
+agent would wait 30 s: its failure teardown takes no shutdown timeout (``LaunchConfig.shutdown_timeout`` is only the
+window of a stop the launcher forwards, a preemption, which keeps it).
 
 The agent runs in this process (rather than a ``torchrun`` subprocess) so that the workers are launch's
 own children: there is one process to watch for parent death, and torch's failure report (exit codes per
@@ -38,6 +44,7 @@ from mgpucli import env_vars
 from mgpucli.console import err_console, print_error
 from mgpucli.errors import EXIT_FAILED, EXIT_OK, EXIT_PREEMPTED, EXIT_USAGE
 from mgpucli.launch import hang_verdict, progress_file
+from mgpucli.launch.exit_watch import ExitWatch
 from mgpucli.launch.failure_summary import summarize
 from mgpucli.launch.job_source import PET_PREFIX
 from mgpucli.launch.live_view import LiveView
@@ -55,8 +62,10 @@ from mgpucli.run_records.first_failure import (
     failure_records,
     job_exit_code,
     preempted,
+    stopped_gracefully,
 )
 from mgpucli.run_records.launch_record import LaunchRecord, build_attempt
+from mgpucli.run_records.script_outcome import never_trained
 
 _MGPU_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 _STILL_S = 5.0  # on Ctrl-C, ranks still for this long are judged hung (who held the others up)
@@ -109,15 +118,18 @@ class _Signals:
         self.stacks_asked: float | None = None  # when the first signal asked the ranks for their stacks
         self.received: list[int] = []
         self.active = False  # raise into torch's agent only while it runs; afterwards launch is just finishing
-        self._previous = {}
 
     def install(self) -> None:
         for sig in _MGPU_SIGNALS:
-            self._previous[sig] = signal.signal(sig, self._handle)
+            signal.signal(sig, self._handle)
 
-    def restore(self) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
+    @staticmethod
+    def ignore_from_now() -> None:
+        """The job is over and its outcome decided: a signal now only meets the launcher's own exit (the report, the
+        post-mortem), which must not turn a finished job into a Ctrl-C (130) or a death by the signal. Ignored, not
+        handled: the interpreter puts a Python handler back to the default as it shuts down, not an ignored signal."""
+        for sig in _MGPU_SIGNALS:
+            signal.signal(sig, signal.SIG_IGN)
 
     def _handle(self, signum, frame) -> None:
         self.received.append(signum)
@@ -255,14 +267,14 @@ def _child_failed(plan: LaunchPlan, record: LaunchRecord, err: ChildFailedError,
                   total: int) -> Outcome:
     """torch's agent reports failed workers (after its restarts, if any)."""
     script = plan.script is not None
-    if not script and record.attempts and all(f.exitcode == EXIT_PREEMPTED for f in err.failures.values()):
-        return _preempted(plan, record.attempts[-1], None)
     if not record.attempts:
         return Outcome("failed", EXIT_FAILED, str(err))
     attempt = record.attempts[-1]
+    found = collect(attempt, {rank: f.exitcode for rank, f in err.failures.items()})
+    if not script and stopped_gracefully(found):
+        return _preempted(plan, attempt, None)
     if watch is not None and watch.stall is not None:
         return _stalled(watch.stall, watch, attempt, record)
-    found = collect(attempt, {rank: f.exitcode for rank, f in err.failures.items()})
     return Outcome("failed", _failure_code(found, script), summarize(found, attempt, total, record.path), details={
         "first_failed_rank": found[0].rank if found else None, "attempts": len(record.attempts),
         "exitcodes": {rank: f.exitcode for rank, f in err.failures.items()}})
@@ -299,11 +311,13 @@ def _signalled(plan: LaunchPlan, record: LaunchRecord, err: SignalException, han
 
 
 def _succeeded(plan: LaunchPlan, record: LaunchRecord, took: float) -> Outcome:
+    idle = never_trained(record.attempts[-1]) if plan.script is not None and record.attempts else None
     return Outcome("succeeded", EXIT_OK, (
         f"mgpu launch: {plan.nnodes * plan.nproc_per_node} worker(s) finished in {took:.1f} s"
         + (f" after {len(record.attempts) - 1} restart(s)" if len(record.attempts) > 1 else "") + ". "
         + "".join(f"{what}: {path}; " for what, path in _outputs(plan.run_dir))
-        + f"logs: {plan.log_dir} (index: {record.path})"), error=False,
+        + f"logs: {plan.log_dir} (index: {record.path})"
+        + (f"\n  note: {idle.describe()}" if idle is not None else "")), error=False,
         details={"attempts": len(record.attempts), "seconds": round(took, 1)})
 
 
@@ -344,12 +358,15 @@ def parse_torchrun_options(options: list[str]):
 
 
 class _Watchers:
-    """The threads that run beside torch's agent: the record's promotion, the live view, the stall watch and the
-    audit's findings."""
+    """The threads that run beside torch's agent: the record's promotion, the workers' exits, the live view, the stall
+    watch and the audit's findings."""
 
-    def __init__(self, plan: LaunchPlan, record: LaunchRecord, view: LiveView | None, stall_s: float | None):
+    def __init__(self, plan: LaunchPlan, record: LaunchRecord, view: LiveView | None, stall_s: float | None,
+                 handler: _Signals):
         self.promoter = _PromoteWhenStarted(record)
         self.promoter.start()
+        self.exits = ExitWatch(record, stopping=lambda: bool(handler.received))
+        self.exits.start()
         self.view = view
         if view is not None:
             view.start()
@@ -360,6 +377,7 @@ class _Watchers:
 
     def finish(self, plan: LaunchPlan) -> None:
         self.promoter.finish()
+        self.exits.finish()
         if self.stall is not None:
             self.stall.finish()
         if self.view is not None:
@@ -385,7 +403,7 @@ def run_plan(plan: LaunchPlan, record: LaunchRecord, live: bool = False, show_ra
         record.write()
     handler = _Signals(record)
     handler.install()
-    watchers = _Watchers(plan, record, view, stall_s)
+    watchers = _Watchers(plan, record, view, stall_s, handler)
     start = time.monotonic()
     try:
         handler.active = True
@@ -411,7 +429,7 @@ def run_plan(plan: LaunchPlan, record: LaunchRecord, live: bool = False, show_ra
         if left and refusal is None:
             err_console().print(f"[yellow]mgpu launch: killed {len(left)} process(es) of the job still running at "
                                 "exit.[/]")
-        handler.restore()
+        handler.ignore_from_now()
         if refusal is not None:
             gate.remove_created()
             raise refusal

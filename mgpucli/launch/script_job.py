@@ -33,6 +33,7 @@ from types import TracebackType
 
 from mgpucli.distributed.heartbeat import Heartbeat
 from mgpucli.errors import UsageError
+from mgpucli.launch import nested
 from mgpucli.launch.script import LOCAL_RANK_FLAGS, ScriptTarget
 
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -79,6 +80,7 @@ class ScriptJob:
 
         argv = self.target.argv(os.environ.get("LOCAL_RANK"))
         beat = _observe_progress()
+        nested.own_rendezvous(beat.world_size)  # one rank: what the script starts finds a rendezvous of its own
         step_progress.enable(beat)
         faulthandler.enable(all_threads=True)  # a crash in native code prints every thread's stack, as under @record
         mark_started()  # the launch record becomes the run dir's launch.json (a --run-dir with an earlier launch)
@@ -136,8 +138,6 @@ def _observe_progress() -> Heartbeat:
     beat.start(connect=False)
 
     def install() -> None:
-        from mgpucli.launch import nested
-
         try:
             observed.install()
             nested.install(rank, world_size)

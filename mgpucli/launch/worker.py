@@ -38,7 +38,7 @@ from typing import Protocol
 from mgpucli import proctree
 from mgpucli.errors import EXIT_PREEMPTED, EXIT_USAGE, Preempted, UsageError
 from mgpucli.heap import freeze_for_exit, postpone_full_gc, steady_heap
-from mgpucli.launch import gate, parent_watch, progress_file, restart
+from mgpucli.launch import gate, parent_watch, progress_file, restart, teardown
 from mgpucli.launch.script_job import USAGE as SCRIPT_USAGE
 from mgpucli.launch.script_job import ScriptJob
 from mgpucli.run_records import stacks
@@ -115,6 +115,7 @@ class RecipeJob:
         steady_heap()  # before torch's allocations, and no full collection walks its imports (mgpucli/heap.py)
         postpone_full_gc()
         _import_the_engine()  # while the launcher checks the recipe: then its verdict (mgpucli/launch/gate.py)
+        teardown.install()  # torch's agent ending a failed attempt ends this rank at once (mgpucli/launch/teardown.py)
         gate.check_builds_here(self.recipe, list(self.overrides))
         gate.wait_for_verdict()
         if self.probe_steps is not None:

@@ -23,8 +23,9 @@ from mgpucli.postmortem.pace import straggler_of
 from mgpucli.postmortem.reader import RankRun, RunRecord, rank_runs, read_run, steps_per_epoch
 from mgpucli.postmortem.report import Failure, Preemption, Report, fate, verdict
 from mgpucli.run_records import stacks
-from mgpucli.run_records.first_failure import RankFailure, collect
+from mgpucli.run_records.first_failure import EarlyExit, RankFailure, collect, early_exit
 from mgpucli.run_records.launch_record import Attempt
+from mgpucli.run_records.script_outcome import never_trained
 from mgpucli.run_records.worker_records import FailureRecord
 
 __all__ = ["Failure", "Preemption", "Report", "diagnose_attempt", "diagnose_run", "fate"]
@@ -106,12 +107,28 @@ def diagnose_attempt(run: RunRecord, attempt: Attempt, hint: int | None = None) 
                                                          exitcode=r.exitcode)))
     ordered = [f for _, f in sorted(failures, key=lambda t: t[0])]
     _explain_timeouts(ordered, runs)
+    left = early_exit(attempt, collected)
+    if left is not None and ordered and not ordered[0].match.cause:
+        ordered.insert(0, _left_early(left, runs[left.rank], attempt))
     for failure in ordered:
         tailor(failure.match, run)
     steps_in_epoch = steps_per_epoch(runs)
     for failure in ordered:
         _when(failure, runs[failure.rank].record if failure.rank is not None else None, run, steps_in_epoch)
     return ordered
+
+
+def _left_early(left: EarlyExit, run: RankRun, attempt: Attempt) -> Failure:
+    """A rank that ended with exit code 0 while the others still waited for it: the cause of their lost connection."""
+    shown = [line for line in _meaningful(run.lines) if line.line is not None][-3:]
+    match = Match("left_early", left.describe(), left.rank, shown,
+                  f"Rank {left.rank} ended while the others still needed it, so they lost their connection to it. "
+                  "Every rank must make the same collective calls in the same order and leave together: look for "
+                  f"what let rank {left.rank} finish early (a return, sys.exit or os._exit on one rank; fewer batches "
+                  "than the others), and end every rank with dist.barrier() before dist.destroy_process_group().",
+                  details={"exit_code": 0, "waiting_rank": left.waiting_rank, "waiting_in": left.waiting_in,
+                           "waiting_at": left.waiting_at})
+    return Failure(left.rank, run.local_rank, attempt.attempt, match, time=left.time, exitcode=0)
 
 
 def _stopped_gracefully(run: RankRun) -> bool:
@@ -197,6 +214,8 @@ def diagnose_run(run_dir: str) -> Report:
     report.resume_command = resume_command(launch) if run.checkpoint and not run.is_script and unfinished else None
     report.segments = _segments(run.checkpoint)
     report.straggler = straggler_of(run)
+    idle = never_trained(run.attempts[-1]) if run.is_script and status == "succeeded" and run.attempts else None
+    report.never_trained = idle.describe() if idle is not None else None
     if status == "running" and launcher_alive(launch):
         report.verdict = running_verdict(run)
         return report

@@ -21,9 +21,9 @@ from mgpucli.errors import UsageError
 from mgpucli.postmortem.lines import LogLine, parse, read_log
 from mgpucli.run_layout import CHECKPOINTS, LAST_FULL, LAST_SHARDED, METRICS, RECIPE, SHARDED_META
 from mgpucli.run_records.audit_records import AUDIT_JSON, findings_path, from_rank_files, read_audit
-from mgpucli.run_records.first_failure import failure_record_of
+from mgpucli.run_records.first_failure import TORN_DOWN, failure_record_of, first_to_fail, torn_down
 from mgpucli.run_records.json_files import read_json_object
-from mgpucli.run_records.launch_record import LAUNCH_JSON, Attempt, RankFiles, record_problem
+from mgpucli.run_records.launch_record import LAUNCH_JSON, Attempt, RankExit, RankFiles, record_problem
 from mgpucli.run_records.worker_records import FailureRecord, read_error_file, record_path
 from mgpucli.trackers import read_state
 
@@ -42,7 +42,8 @@ class RankRun:
     record: FailureRecord | None
     error_message: str | None
     error_time: float | None
-    exitcode: int | None  # known for the last attempt when the launcher recorded it
+    exitcode: int | None  # known when the launcher recorded it (torch's report, or how it saw the worker end)
+    torn_down: bool = False  # ended by the attempt's teardown after another rank failed
 
     @property
     def left_error(self) -> bool:
@@ -187,12 +188,17 @@ def _merge_attempts(records: list[dict[str, Any]], run_dir: str, recorded_root: 
                        for k in ("stdout", "stderr", "error_file")}
                 rank = int(files.get("rank", key))
                 attempt.ranks[rank] = RankFiles(rank, int(files.get("local_rank", rank)), **fix)
+            for key, ended in (item.get("exits") or {}).items():
+                attempt.exits[int(key)] = RankExit(ended.get("code"), float(ended.get("time") or 0.0))
     return [merged[n] for n in sorted(merged)]
 
 
 def rank_runs(run: RunRecord, attempt: Attempt) -> dict[int, RankRun]:
     """Every rank of ``attempt`` with its log tail and its error records (exit codes for the last attempt)."""
     last = bool(run.attempts) and attempt.attempt == run.attempts[-1].attempt
+    reported = run.exitcodes if last else {}
+    ending = torn_down(attempt, reported)
+    failed = first_to_fail(attempt, reported)
     out = {}
     for rank, files in sorted(attempt.ranks.items()):
         record = failure_record_of(files)
@@ -202,11 +208,16 @@ def rank_runs(run: RunRecord, attempt: Attempt) -> dict[int, RankRun]:
         if record is not None:
             lines += _unless_logged(lines, f"{record.type}: {record.message}", None, rank,
                                     record_path(files.error_file), record.message)
-        code = run.exitcodes.get(rank) if last else None
-        if code is not None and code < 0:
+        ended = attempt.exits.get(rank)
+        code = reported.get(rank, ended.code if ended is not None else None)
+        if rank in ending:
+            lines.append(LogLine(rank, f"{TORN_DOWN} with {_signal_name(code)} after rank {failed} failed, as recorded "
+                                 "by the launcher", run.launch_paths[0]))
+        elif code is not None and code < 0:
             lines.append(LogLine(rank, f"exit code {code} ({_signal_name(code)}), as recorded by the launcher",
                                  run.launch_paths[0]))
-        out[rank] = RankRun(rank, files.local_rank, attempt.attempt, files, lines, record, message, stamp, code)
+        out[rank] = RankRun(rank, files.local_rank, attempt.attempt, files, lines, record, message, stamp, code,
+                            rank in ending)
     return out
 
 

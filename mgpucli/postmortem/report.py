@@ -11,6 +11,7 @@ from mgpucli.errors import EXIT_FAILED, EXIT_OK, EXIT_PREEMPTED
 from mgpucli.postmortem.matchers import Match
 from mgpucli.postmortem.reader import RunRecord
 from mgpucli.run_layout import CHECKPOINTS, LAST_FULL
+from mgpucli.run_records.first_failure import TORN_DOWN
 
 
 @dataclass
@@ -84,6 +85,7 @@ class Report:
     audit: dict[str, Any] | None = None  # mgpu launch --audit's findings (audit.json); None: not audited
     segments: str | None = None  # on how many processes each stretch of the run trained (its last checkpoint's)
     straggler: dict[str, Any] | None = None  # the rank the others waited for (postmortem/pace.py); None: none
+    never_trained: str | None = None  # a script that exited 0 on every rank without ever training: what it did
 
     @property
     def preempted(self) -> bool:
@@ -111,7 +113,7 @@ class Report:
             "checkpoint": self.checkpoint, "resume_command": self.resume_command, "logs": self.logs,
             "launch_json": self.launch_json, "trackers": self.trackers, "audit": self.audit,
             "segments": self.segments,
-            "straggler": self.straggler,
+            "straggler": self.straggler, "never_trained": self.never_trained,
             "stacks": {str(rank): dump.to_json() for rank, dump in sorted(self.stacks.items())},
             "diagnosed_at": _iso(time.time()),
         }
@@ -132,7 +134,8 @@ def fate(match: Match) -> str:
         return f"killed by {match.details.get('signal') or 'a signal'}"
     short = {"peer_lost": "lost its connection to a peer", "collective_timeout": "timed out in a collective",
              "python_exception": match.details.get("exception", "an exception"), "nan_loss": "NaN loss",
-             "cuda_oom": "CUDA out of memory", "unknown": "failed", "stopped": "stopped"}
+             "cuda_oom": "CUDA out of memory", "unknown": "failed", "stopped": "stopped",
+             "torn_down": f"{TORN_DOWN} ({match.details.get('signal')})"}
     return short.get(match.signature, match.signature.replace("_", " "))
 
 
@@ -145,6 +148,8 @@ def verdict(report: Report, run: RunRecord, status: str) -> str:
         late = run.result.get("signal")  # it reached mgpu launch during the teardown, after the run had finished
         if isinstance(late, str):
             extra += f" ({late} arrived during the teardown, after the final checkpoint was complete)"
+        if report.never_trained:
+            extra += f", but {report.never_trained}"
         return f"{where} finished{extra}."
     f = report.first_failure
     if status == "preempted" and f is None and report.preemption is not None:

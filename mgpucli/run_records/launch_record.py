@@ -54,17 +54,28 @@ class RankFiles:
     error_file: str
 
 
+@dataclass(frozen=True)
+class RankExit:
+    """How one worker process of an attempt ended, as the launcher saw it end: its exit code (negative: killed by that
+    signal, as torch reports it; None: it ended, but was reaped before its code was read) and when (epoch seconds)."""
+
+    code: int | None
+    time: float
+
+
 @dataclass
 class Attempt:
-    """One start of the worker group (attempt 0, then one per restart)."""
+    """One start of the worker group (attempt 0, then one per restart), and how its workers on this node ended."""
 
     attempt: int = 0
     dir: str = ""
     ranks: dict[int, RankFiles] = field(default_factory=dict)
+    exits: dict[int, RankExit] = field(default_factory=dict)  # global rank -> how it ended (mgpucli.launch.exit_watch)
 
     def to_json(self) -> dict[str, Any]:
         return {"attempt": self.attempt, "dir": self.dir,
-                "ranks": {str(r): asdict(f) for r, f in sorted(self.ranks.items())}}
+                "ranks": {str(r): asdict(f) for r, f in sorted(self.ranks.items())},
+                "exits": {str(r): asdict(e) for r, e in sorted(self.exits.items())}}
 
 
 def build_attempt(attempt: int, envs: Mapping[int, Mapping[str, str]], stdouts: Mapping[int, str],

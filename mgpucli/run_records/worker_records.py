@@ -25,6 +25,7 @@ STARTED_NAME = "mgpu_started"  # a worker's mark that its training started (set-
 FINISHED_NAME = "mgpu_finished"  # a worker's mark that the run finished (every rank agreed, final checkpoint complete)
 ERROR_FILE_ENV = ERROR_FILE  # where torch's agent wants this worker's error file
 PROGRESS_NAME = "mgpu_progress.json"  # the rank's step and phase, rewritten every second by its heartbeat
+ENDED = "ended"  # the phase of a rank whose work is done (its heartbeat's last beat)
 
 # A non-finite loss comes back on every retry from the same checkpoint: retrying only burns restarts.
 _NAN = re.compile(r"\b(nan|non-finite|not finite)\b", re.IGNORECASE)
@@ -113,6 +114,29 @@ def _mark(name: str, environ: Mapping[str, str] | None) -> None:
 def started(error_file: str) -> bool:
     """Whether the worker whose error file is ``error_file`` marked its training as started."""
     return bool(error_file) and os.path.exists(os.path.join(os.path.dirname(error_file), STARTED_NAME))
+
+
+def started_at(error_file: str) -> float | None:
+    """When the worker whose error file is ``error_file`` marked its start (None: no mark, or unreadable)."""
+    if not error_file:
+        return None
+    try:
+        with open(os.path.join(os.path.dirname(error_file), STARTED_NAME)) as fh:
+            return float(fh.read().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def log_tail(path: str, lines: int = 10, max_bytes: int = 65536) -> list[str]:
+    """The last ``lines`` non-empty lines of a worker's log file ([] when missing)."""
+    if not path or not os.path.isfile(path):
+        return []
+    with open(path, "rb") as fh:
+        fh.seek(0, os.SEEK_END)
+        size = fh.tell()
+        fh.seek(max(0, size - max_bytes))
+        data = fh.read().decode("utf-8", errors="replace")
+    return [line for line in data.splitlines() if line.strip()][-lines:]
 
 
 def finished(error_file: str) -> bool:

@@ -23,7 +23,7 @@ from tests.e2e import test_launch
 from tests.e2e.test_doctor import kill_marked, processes_mentioning
 from tests.e2e.test_first_hour import _on_a_terminal
 from tests.e2e.test_launch import Launch, run_launch, tagged, wait_until
-from tests.procs import proc_state
+from tests.procs import free_port, proc_state
 
 tag = test_launch.tag  # the fixture: a fresh tag, and no tagged process left after the test
 
@@ -198,6 +198,66 @@ def test_a_collective_timeout_names_the_step_each_rank_reached(work: Path, tag: 
     assert first["signature"] == "collective_timeout" and first["step"] == 3, first
     assert first["details"]["late_ranks"] == [1] and first["details"]["rank_steps"] == {"0": 3, "1": 2}
     assert "rank 1 (at step 2) never arrived" in first["title"], first
+
+
+# ------------------------------------------------------------------------------------ what torchrun never says
+def test_a_script_that_exits_0_without_joining_or_training_is_said_to_have_done_nothing(work: Path, tag: str):
+    code, launch = run_launch([*CPU2, "too_few_gpus.py"], work, tag, timeout=90)
+    assert code == 0, launch.output  # a success for torchrun too: nothing failed
+    said = re.search(r"\n  note: the script exited after \d+\.\d s on every rank without joining a process group or "
+                     r'training; its last line: "Unable to locate sufficient 2 gpus to run this example\. Exiting\."\n',
+                     launch.output)
+    assert said, launch.output
+    doctor_code, report = doctor_json(only_run_dir(work, "too_few_gpus"), work)
+    assert doctor_code == 0 and report["status"] == "succeeded", report
+    assert ", but the script exited after" in report["verdict"], report
+    assert report["never_trained"].endswith('its last line: "Unable to locate sufficient 2 gpus to run this example. '
+                                            'Exiting."'), report
+
+
+def test_a_rank_that_exits_0_while_another_waits_for_it_is_named_as_the_cause(work: Path, tag: str):
+    code, launch = run_launch([*CPU2, "leaves_early.py"], work, tag, timeout=90)
+    assert code == 1, launch.output
+    barrier = next(i for i, line in enumerate((work / "leaves_early.py").read_text().splitlines(), 1)
+                   if line == "dist.barrier()")
+    said = (r"error: rank 1 exited with code 0 at \d\d:\d\d:\d\d while rank 0 waited in barrier at "
+            rf"leaves_early\.py:{barrier} \(attempt 1 of 1\): rank 1 ended while the others still needed it, so rank 0 "
+            r"failed \(exit code 1\) when it lost its connection to it\.")
+    assert re.search(said, launch.output), launch.output
+    doctor_code, report = doctor_json(only_run_dir(work, "leaves_early"), work)
+    first = report["first_failure"]
+    assert (doctor_code, first["rank"], first["signature"], first["exit_code"]) == (1, 1, "left_early", 0), report
+    assert f"while rank 0 waited in barrier at leaves_early.py:{barrier}" in first["title"], first
+    assert [(f["rank"], f["signature"]) for f in report["other_failures"]] == [(0, "peer_lost")], report
+
+
+def test_a_rank_deaf_to_sigterm_is_killed_within_seconds_of_the_failure_and_never_blamed(work: Path, tag: str):
+    code, launch = run_launch([*CPU2, "deaf_to_sigterm.py"], work, tag, timeout=120)
+    ended = time.time()
+    out = launch.output
+    assert code == 1, out
+    files = rank_files(launch_json(only_run_dir(work, "deaf_to_sigterm")))
+    assert "rank 0 goes on despite SIGTERM" in Path(files["0"]["stdout"]).read_text()  # it got torch's SIGTERM
+    assert "mgpu launch: rank(s) 0 still running 5 s after rank 1 failed, despite torch's SIGTERM: killed (SIGKILL)." \
+        in out, out
+    failed_at = json.loads((Path(files["1"]["error_file"]).parent / "mgpu_failure.json").read_text())["time"]
+    assert ended - failed_at < 20, out  # the 5 s grace, not torch's 30 s window
+    summary = out[out.index("error: "):]
+    assert "error: rank 1 failed first (exit code 1)" in summary and "ValueError: rank one broke" in summary
+    assert "also stopped: rank 0 (ended by the teardown with SIGKILL)" in summary
+    assert "memory" not in summary and "rank 0 failed" not in summary, summary
+    doctor_code, report = doctor_json(only_run_dir(work, "deaf_to_sigterm"), work)
+    assert (doctor_code, report["first_failure"]["rank"]) == (1, 1), report
+    assert [(f["rank"], f["signature"]) for f in report["other_failures"]] == [(0, "torn_down")], report
+    assert "memory" not in json.dumps(report)
+
+
+def test_a_script_that_spawns_its_own_processes_in_a_job_of_one_rank_gets_them_a_rendezvous(work: Path, tag: str):
+    # the DDP tutorial's spawn: each child sets MASTER_ADDR/MASTER_PORT itself (torchrun's agent store would hang it)
+    code, launch = run_launch(["--cpu", "--nproc", "1", "tutorial_spawn.py", str(free_port())], work, tag,
+                              timeout=120)
+    assert code == 0 and "[rank0]:SPAWN-OK 2" in launch.output, launch.output
+    assert "without joining a process group" not in launch.output  # its own processes did the work
 
 
 # ------------------------------------------------------------------------------------------ processes

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import signal
 import socket
+import time
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,16 @@ from mgpucli.launch.failure_summary import summarize
 from mgpucli.launch.main import record_header
 from mgpucli.launch.plan import LaunchOptions, Machine, RecipeFacts, build_plan
 from mgpucli.launch.ports import port_is_free, port_problem, require_free_port
-from mgpucli.run_records.first_failure import all_refused, collect, preempted
+from mgpucli.run_records.first_failure import (
+    TEARDOWN_CATEGORY,
+    all_refused,
+    collect,
+    early_exit,
+    first_to_fail,
+    preempted,
+    stopped_gracefully,
+    torn_down,
+)
 from mgpucli.run_records.launch_record import LaunchRecord, build_attempt, filter_env
 from mgpucli.run_records.worker_records import FailureRecord, record_path, write_record
 
@@ -176,3 +186,94 @@ def test_preempted_only_when_every_recorded_rank_stopped_with_a_checkpoint(tmp_p
     write_record(record_path(attempt.ranks[1].error_file),
                  FailureRecord(1, 1, 0, 1.0, "RuntimeError", "boom", 80, 1))
     assert preempted(attempt) == []
+
+
+# ---------------------------------------------------------------------- what the launcher saw of each worker's end
+def ended(attempt, **exits) -> None:
+    """``attempt.exits`` as the launcher's exit watch records them: rank -> (code, time)."""
+    from mgpucli.run_records.launch_record import RankExit
+
+    for name, (code, when) in exits.items():
+        attempt.exits[int(name.removeprefix("r"))] = RankExit(code, when)
+
+
+def test_the_agents_sigkill_after_a_rank_failed_is_the_teardown_not_the_cause(tmp_path: Path):
+    """The issue's run: rank 1 raised; rank 0, busy in its dataset, was SIGKILLed 30 s later by torch's agent."""
+    attempt = make_attempt(tmp_path)
+    torch_error_file(attempt.ranks[1].error_file, "ValueError: rank one dataset broke", TRACE, 100)
+    ended(attempt, r1=(1, 100.4), r0=(-signal.SIGKILL, 130.5))
+    found = collect(attempt, {1: 1, 0: -signal.SIGKILL})
+    assert [(f.rank, f.torn_down) for f in found] == [(1, False), (0, True)]
+    text = summarize(found, attempt, 1, "launch.json")
+    assert text.startswith("rank 1 failed first (exit code 1) in attempt 1 of 1.")
+    assert "also stopped: rank 0 (ended by the teardown with SIGKILL)" in text
+    assert "OOM" not in text and "memory" not in text
+
+
+def test_without_exit_times_a_sigkill_still_comes_first(tmp_path: Path):
+    """Records of a launcher that did not see the workers end (no pidfd): the old order, a SIGKILL is a cause."""
+    attempt = make_attempt(tmp_path)
+    torch_error_file(attempt.ranks[1].error_file, "ValueError: rank one dataset broke", TRACE, 100)
+    assert [f.rank for f in collect(attempt, {1: 1, 0: -signal.SIGKILL})] == [0, 1]
+
+
+def test_a_sigterm_from_outside_that_ended_a_rank_first_is_the_cause(tmp_path: Path):
+    """A script rank killed by someone's SIGTERM: its peer's lost connection and the teardown come after it."""
+    attempt = make_attempt(tmp_path, nranks=3)
+    torch_error_file(attempt.ranks[0].error_file, "RuntimeError: [gloo] Connection closed by peer", "tb", 50)
+    ended(attempt, r1=(-signal.SIGTERM, 50.0), r0=(1, 50.2), r2=(-signal.SIGTERM, 50.3))
+    found = collect(attempt, {0: 1, 1: -signal.SIGTERM, 2: -signal.SIGTERM})
+    assert [(f.rank, f.category) for f in found] == [(1, 0), (0, 3), (2, TEARDOWN_CATEGORY)]
+    assert torn_down(attempt) == {2} and first_to_fail(attempt) == 1
+
+
+def test_a_code_the_watch_could_not_read_is_torchs(tmp_path: Path):
+    attempt = make_attempt(tmp_path)
+    ended(attempt, r1=(None, 10.0), r0=(-signal.SIGTERM, 10.2))  # rank 1 reaped by the agent first
+    assert torn_down(attempt) == set()
+    assert torn_down(attempt, {1: 1, 0: -signal.SIGTERM}) == {0}
+
+
+def test_a_graceful_stop_whose_last_rank_the_teardown_ended_is_still_preempted(tmp_path: Path):
+    attempt = make_attempt(tmp_path)
+    ended(attempt, r1=(75, 20.0), r0=(-signal.SIGTERM, 20.1))  # rank 0 was on its way out of the same stop
+    found = collect(attempt, {1: 75, 0: -signal.SIGTERM})
+    assert stopped_gracefully(found)
+    ended(attempt, r0=(1, 20.1))  # rank 0 failed of its own
+    assert not stopped_gracefully(collect(attempt, {1: 75, 0: 1}))
+
+
+TRACE_IN_BARRIER = (
+    "Traceback (most recent call last):\n"
+    '  File "main.py", line 14, in <module>\n'
+    "    dist.barrier()\n"
+    '  File "/v/lib/python3.11/site-packages/torch/distributed/c10d_logger.py", line 83, in wrapper\n'
+    "    return func(*args, **kwargs)\n"
+    '  File "/v/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py", line 5356, in barrier\n'
+    "    work.wait()\n"
+    "RuntimeError: [gloo] Connection closed by peer [127.0.0.1]:21644\n"
+)
+
+
+def test_a_rank_that_exited_0_while_another_waited_for_it_is_named(tmp_path: Path):
+    attempt = make_attempt(tmp_path)
+    torch_error_file(attempt.ranks[0].error_file, "RuntimeError: [gloo] Connection closed by peer", TRACE_IN_BARRIER,
+                     101)
+    when = time.mktime((2026, 1, 2, 12, 1, 3, 0, 0, -1))
+    ended(attempt, r1=(0, when), r0=(1, when + 0.3))
+    found = collect(attempt, {0: 1})
+    left = early_exit(attempt, found)
+    assert left is not None and left.describe() == ("rank 1 exited with code 0 at 12:01:03 while rank 0 waited in "
+                                                    "barrier at main.py:14")
+    text = summarize(found, attempt, 1, "launch.json")
+    assert text.startswith("rank 1 exited with code 0 at 12:01:03 while rank 0 waited in barrier at main.py:14 "
+                           "(attempt 1 of 1): rank 1 ended while the others still needed it, so rank 0 failed (exit "
+                           "code 1) when it lost its connection to it.")
+    ended(attempt, r1=(None, when))  # its code lost to the agent's poll: torch reported no failure for it, so 0
+    assert early_exit(attempt, collect(attempt, {0: 1})) == left
+    # not when the rank that failed had an error of its own, nor when the other rank ended after it
+    torch_error_file(attempt.ranks[0].error_file, "ValueError: bad", "tb", 101)
+    assert early_exit(attempt, collect(attempt, {0: 1})) is None
+    torch_error_file(attempt.ranks[0].error_file, "RuntimeError: [gloo] Connection closed by peer", "tb", 101)
+    ended(attempt, r1=(0, when + 1))
+    assert early_exit(attempt, collect(attempt, {0: 1})) is None

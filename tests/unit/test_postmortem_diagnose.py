@@ -131,6 +131,76 @@ def test_sigkill_recorded_by_the_launcher_is_the_cause_not_the_peers_echo(tmp_pa
     assert f.match.evidence[0].source.endswith("launch.json")
 
 
+def test_the_teardowns_sigkill_after_a_ranks_error_is_never_the_cause_nor_an_oom_kill(tmp_path: Path):
+    """Rank 1 raised; torch's agent SIGKILLed rank 0, busy in its dataset, once its 30 s window was over."""
+    run = RunDir(tmp_path, first_failed_rank=1, exitcodes={"1": 1, "0": -9})
+    run.data["attempts"][0]["exits"] = {"1": {"code": 1, "time": 100.8}, "0": {"code": -9, "time": 130.9}}
+    run.write()
+    run.log(0, "step 8 epoch 0  loss 1.1")
+    run.log(1, "\n".join(f"[rank1]: {line}" for line in CRASH_TRACE.splitlines()))
+    run.error(1, "injected fault: crash at step 3 on rank 1", CRASH_TRACE, step=3, when=100.5)
+    report = diagnose_run(str(tmp_path))
+    assert (report.first_failure.rank, report.first_failure.match.signature) == (1, "python_exception")
+    (other,) = report.others
+    assert (other.rank, other.match.signature, other.match.cause) == (0, "torn_down", False)
+    assert other.match.title == "rank 0 was ended by the teardown (SIGKILL) after rank 1 failed"
+    assert "memory" not in json.dumps(report.to_json()) and "OOM" not in report.verdict
+
+
+def test_each_attempt_of_a_restarted_run_names_its_own_first_failure_not_the_teardowns_kill(tmp_path: Path):
+    run = RunDir(tmp_path, attempts=2, status="succeeded")
+    run.data["attempts"][0]["exits"] = {"1": {"code": 1, "time": 100.8}, "0": {"code": -9, "time": 130.9}}
+    run.write()
+    run.log(1, "\n".join(f"[rank1]: {line}" for line in CRASH_TRACE.splitlines()), attempt=0)
+    run.error(1, "injected fault: crash at step 3 on rank 1", CRASH_TRACE, step=3, attempt=0, when=100.5)
+    report = diagnose_run(str(tmp_path))
+    assert [(e.attempt, e.rank, e.match.signature) for e in report.earlier_attempts] == [(0, 1, "python_exception")]
+
+
+def test_a_rank_that_exited_0_while_the_other_waited_is_the_first_failure(tmp_path: Path):
+    run = RunDir(tmp_path, first_failed_rank=0, exitcodes={"0": 1})
+    run.data["attempts"][0]["exits"] = {"1": {"code": 0, "time": 100.0}, "0": {"code": 1, "time": 100.3}}
+    run.write()
+    trace = ('Traceback (most recent call last):\n  File "main.py", line 14, in <module>\n    dist.barrier()\n'
+             '  File "/v/site-packages/torch/distributed/distributed_c10d.py", line 5356, in barrier\n'
+             f"    work.wait()\n{PEER}\n")
+    run.log(0, "\n".join(f"[rank0]: {line}" for line in trace.splitlines()))
+    run.error(0, PEER.split(": ", 1)[1], trace, when=100.2)
+    run.log(1, "rank 1: nothing left to do")
+    report = diagnose_run(str(tmp_path))
+    first = report.first_failure
+    assert (first.rank, first.match.signature, first.match.cause, first.exitcode) == (1, "left_early", True, 0)
+    assert first.match.title.startswith("rank 1 exited with code 0 at ")
+    assert first.match.title.endswith(" while rank 0 waited in barrier at main.py:14")
+    assert [(o.rank, o.match.signature) for o in report.others] == [(0, "peer_lost")]
+    assert "rank 1 failed first" in report.verdict and "dist.barrier() before" in first.match.fix
+
+
+def test_a_script_that_never_trained_is_said_so_though_it_finished(tmp_path: Path):
+    run = RunDir(tmp_path, status="succeeded")
+    run.data["job"] = "script"
+    run.write()
+    for rank, files in run.attempts[0].ranks.items():
+        folder = Path(files.error_file).parent
+        (folder / "mgpu_started").write_text("100.0\n")
+        (folder / "mgpu_progress.json").write_text(json.dumps({
+            "step": 0, "phase": "ended", "time": 100.4 + rank / 10, "collective": None, "calls": 0, "joined": False,
+            "optimizer_steps": 0, "children_cpu_s": 0.0}))
+    Path(run.attempts[0].ranks[0].stdout).write_text("Unable to locate sufficient 2 gpus to run this example. "
+                                                     "Exiting.\n")
+    report = diagnose_run(str(tmp_path))
+    assert report.finished and report.exit_code == 0
+    assert report.verdict.endswith(" finished, but the script exited after 0.5 s on every rank without joining a "
+                                   'process group or training; its last line: "Unable to locate sufficient 2 gpus '
+                                   'to run this example. Exiting.".')
+    # a rank that joined, or whose own processes did the work, did something
+    progress = Path(run.attempts[0].ranks[1].error_file).parent / "mgpu_progress.json"
+    for did in ({"joined": True}, {"children_cpu_s": 3.2}, {"optimizer_steps": 5}):
+        progress.write_text(json.dumps({"step": 0, "phase": "ended", "time": 101.0, "joined": False,
+                                        "optimizer_steps": 0, "children_cpu_s": 0.0, **did}))
+        assert diagnose_run(str(tmp_path)).never_trained is None, did
+
+
 def test_a_recipe_every_rank_refused_is_a_recipe_problem_whichever_rank_exited_first(tmp_path: Path):
     """Rank 1 (quiet) exited 2 first; the agent's SIGTERM reached rank 0 after it had said the problem in full."""
     run = RunDir(tmp_path, first_failed_rank=1, exitcodes={"0": -15, "1": 2})

@@ -147,3 +147,55 @@ def test_the_run_is_finished_for_the_launcher_only_once_every_rank_marked_it(tmp
     assert not all_finished(attempt)  # rank 1 may still be saving or agreeing on a stop
     mark_finished({"TORCHELASTIC_ERROR_FILE": files[1]})
     assert all_finished(attempt)
+
+
+def test_a_sigterm_of_the_teardown_ends_the_rank_by_that_signal_any_other_is_a_stop_request(monkeypatch):
+    import signal
+
+    from mgpucli.engine import stop_requests
+    from mgpucli.engine.stop_requests import StopRequests
+
+    done = []
+    monkeypatch.setattr(stop_requests.os, "kill", lambda pid, sig: done.append(("kill", sig)))
+    monkeypatch.setattr(stop_requests.signal, "signal", lambda sig, handler: done.append(("handler", sig, handler)))
+    asked = []
+    monkeypatch.setattr(StopRequests, "is_teardown", staticmethod(lambda: asked.append(1) or True))
+    stop = StopRequests()
+    stop._note(signal.SIGINT, None)  # the agent's teardown never sends SIGINT: a stop request, not asked
+    assert (stop.received, asked, done) == ("SIGINT", [], [])
+    stop._note(signal.SIGTERM, None)
+    assert done == [("handler", signal.SIGTERM, signal.SIG_DFL), ("kill", signal.SIGTERM)] and asked == [1]
+    done.clear()
+    stop.finish()  # a finished run's teardown: only noted
+    stop._note(signal.SIGTERM, None)
+    assert done == [] and stop.received == "SIGTERM" and asked == [1]
+    monkeypatch.setattr(StopRequests, "is_teardown", staticmethod(lambda: False))
+    other = StopRequests()
+    other._note(signal.SIGTERM, None)  # a scheduler's SIGTERM, the launcher's forwarded one: a stop request
+    assert done == [] and other.received == "SIGTERM"
+
+
+def _stacks_header(folder: Path, pid: int) -> None:
+    folder.mkdir(parents=True)
+    (folder / "stacks.txt").write_text(f"# mgpu: pid {pid} main thread 0x0000000000000001\n")
+
+
+def test_the_teardown_is_told_by_a_sibling_of_the_attempt_that_has_ended(tmp_path: Path, monkeypatch, capsys):
+    import os
+
+    from mgpucli.launch import teardown
+
+    attempt = tmp_path / "attempt_0"
+    mine = attempt / "0" / "error.json"
+    _stacks_header(attempt / "0", os.getpid())
+    assert not teardown.attempt_failed(str(mine))  # alone: nothing ended
+    # a sibling that is running: here this process's parent, as a child of its own parent (the "launcher")
+    grandparent = int(Path(f"/proc/{os.getppid()}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    monkeypatch.setattr(teardown.os, "getppid", lambda: grandparent)
+    _stacks_header(attempt / "1", int(Path(f"/proc/{os.getpid()}/stat").read_text().rsplit(")", 1)[1].split()[1]))
+    assert not teardown.attempt_failed(str(mine))
+    (attempt / "2").mkdir()  # a sibling still starting: no pid yet, not a sign of anything
+    assert not teardown.attempt_failed(str(mine)) and capsys.readouterr().err == ""
+    _stacks_header(attempt / "3", 2**22 + 1)  # above any pid_max: a worker that has ended
+    assert teardown.attempt_failed(str(mine))
+    assert "after local rank 3 ended: the attempt failed, so this rank ends now" in capsys.readouterr().err

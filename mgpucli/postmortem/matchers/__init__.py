@@ -21,6 +21,7 @@ from mgpucli.postmortem.matchers.distributed import (
     ddp_unused_parameters,
     peer_lost,
     ranks_disagree,
+    torn_down,
 )
 from mgpucli.postmortem.matchers.resources import (
     address_in_use,
@@ -35,7 +36,7 @@ from mgpucli.postmortem.matchers.script import cuda_without_gpus, legacy_local_r
 MATCHERS: tuple[Matcher, ...] = (
     cuda_oom, nccl_without_gpus, cuda_without_gpus, legacy_local_rank, nested_launcher, disk_full, nan_loss,
     address_in_use, ddp_unused_parameters, ddp_ready_twice, dataloader_worker, ranks_disagree, collective_timeout,
-    mgpu_error, killed_by_signal, python_exception, peer_lost,
+    mgpu_error, torn_down, killed_by_signal, python_exception, peer_lost,
 )
 
 
@@ -53,4 +54,4 @@ __all__ = ["MATCHERS", "Match", "Matcher", "address_in_use", "collective_timeout
            "ddp_ready_twice", "ddp_unused_parameters", "disk_full", "explain", "killed_by_signal",
            "legacy_local_rank", "mgpu_error", "nan_loss", "nccl_without_gpus", "nested_launcher", "peer_lost",
            "python_exception",
-           "ranks_disagree", "signal_fix"]
+           "ranks_disagree", "signal_fix", "torn_down"]

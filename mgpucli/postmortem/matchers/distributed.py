@@ -9,6 +9,7 @@ from typing import Any
 from mgpucli.postmortem.lines import LogLine, by_rank, find_all, first
 from mgpucli.postmortem.matchers.base import Match, first_rank_hits, hit_ranks, of_rank, scan
 from mgpucli.postmortem.tracebacks import last_exception
+from mgpucli.run_records.first_failure import TORN_DOWN
 
 # ------------------------------------------------------------------------------ collective timeout
 _NCCL_TIMEOUT = re.compile(
@@ -109,6 +110,22 @@ def collective_timeout(lines: Sequence[LogLine]) -> Match | None:
 _MGPU_PEER = re.compile(r"lost its connection to another rank")
 _PEER = re.compile(r"Connection closed by peer|Connection reset by peer|Broken pipe|NCCL communicator was aborted|"
                    r"Socket unexpectedly closed|recvBytes|sendBytes")
+
+
+_TORN_DOWN = re.compile(re.escape(TORN_DOWN) + r" with (?P<signal>SIG\w+|signal \d+) after rank (?P<first>\d+) failed")
+
+
+def torn_down(lines: Sequence[LogLine]) -> Match | None:
+    """A rank that the attempt's teardown ended (as the launcher recorded it): an echo, never the cause, whatever
+    the signal (the agent's SIGKILL is no out-of-memory kill)."""
+    hits = find_all(lines, _TORN_DOWN)
+    if not hits:
+        return None
+    anchor, found = hits[0]
+    return Match("torn_down", f"rank {anchor.rank} was {TORN_DOWN} ({found['signal']}) after rank {found['first']} "
+                 "failed", anchor.rank, [anchor], "Nothing to fix on this rank: once rank "
+                 f"{found['first']} had failed, the job's teardown stopped the others. The cause is on that rank.",
+                 cause=False, details={"signal": found["signal"], "after_rank": int(found["first"])})
 
 
 def peer_lost(lines: Sequence[LogLine]) -> Match | None:
