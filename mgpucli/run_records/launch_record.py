@@ -137,7 +137,7 @@ class LaunchHeader:
 class LaunchResult:
     """How the launch ended (``running`` until it does); a detail that does not apply is left out of the JSON."""
 
-    status: str = "running"  # running | succeeded | failed | stalled | stopped | preempted
+    status: str = "running"  # running | succeeded | failed | stalled | stopped | preempted | unmet | refused
     exit_code: int | None = None
     finished: str | None = None
     attempts: int | None = None
@@ -149,6 +149,9 @@ class LaunchResult:
     step: int | None = None
     stall: dict[str, Any] | None = None
     hang: str | None = None  # after a Ctrl-C on ranks still a while: who held the others up
+    # Several nodes: how their rendezvous ended when no worker started (unmet: they never met, or a lost node never
+    # came back; refused: they met and run different jobs), or where it stood when a signal stopped the launch.
+    rendezvous: dict[str, Any] | None = None
 
 
 @dataclass
