@@ -16,7 +16,6 @@ from mgpucli.errors import EXIT_FAILED, EXIT_USAGE, MgpuError
 from mgpucli.launch.node_presence import Member, View, labels
 
 FIRST_LINE_S = 5.0  # the first waiting line: a rendezvous whose nodes are all up is over before it
-FIRST_LINE_AGAIN_S = 8.0  # after a restart: late enough that a launcher killed at the failure is seen to be gone
 LINE_EVERY_S = 30.0
 
 
@@ -78,7 +77,8 @@ class Meeting:
         self.w, self.me, self.entry, self.met, self._view, self._clock = watching, me, entry, met, view, clock
         self.started = clock()
         self.deadline = self.started + watching.join_timeout
-        self._next_line = self.started + (FIRST_LINE_S if entry == 0 else FIRST_LINE_AGAIN_S)
+        self._next_line = self.started + FIRST_LINE_S
+        self._told_lost = False  # after a restart, the line that names a lost node comes as soon as it is seen
         self._step = watching.last_step() if entry else None
 
     def tick(self) -> None:
@@ -88,8 +88,10 @@ class Meeting:
         now = self._clock()
         if now >= self.deadline:
             raise self.missing()
-        if now >= self._next_line:
-            self.w.say(self.line())
+        newly_lost = self.entry and not self._told_lost and self.standing().lost
+        if now >= self._next_line or newly_lost:
+            self._told_lost = self._told_lost or bool(newly_lost)
+            self.w.say(f"mgpu launch: {self.line()}")
             self._next_line = now + LINE_EVERY_S
 
     def standing(self) -> Standing:
@@ -109,18 +111,19 @@ class Meeting:
                 f"{self.w.endpoint} before they restart ({self._left()}).")
 
     def line(self) -> str:
-        """The waiting line: where, how many here, who is missing or lost, the time left."""
+        """Where the wait stands (said as ``mgpu launch: LINE``): where, how many are here, who is missing or lost,
+        the time left."""
         s = self.standing()
         if not s.reachable:
-            return (f"mgpu launch: waiting for the nodes to meet at {self.w.endpoint}: its rendezvous store does not "
+            return (f"waiting for the nodes to meet at {self.w.endpoint}: its rendezvous store does not "
                     f"answer yet ({self._host()}); {self._left()}.")
         count = f"{len(s.here)} of {self.w.nnodes} here ({', '.join(labels(s.here))})"
         if s.lost:
             them = "it" if len(s.lost) == 1 else "them"
-            return (f"mgpu launch: {self._lost(s)}; waiting for {them} to rejoin at {self.w.endpoint}: {count}; "
+            return (f"{self._lost(s)}; waiting for {them} to rejoin at {self.w.endpoint}: {count}; "
                     f"{self._left()}.")
         missing = f"; missing: {s.missing_text()}" if len(s.here) < self.w.nnodes else ""
-        return f"mgpu launch: waiting for the nodes to meet at {self.w.endpoint}: {count}{missing}; {self._left()}."
+        return f"waiting for the nodes to meet at {self.w.endpoint}: {count}{missing}; {self._left()}."
 
     def missing(self) -> NodesMissing:
         """The join timeout has passed: who never came, and what to check."""

@@ -70,6 +70,11 @@ def prepare(watching: Watching) -> str:
     return BACKENDS[watching.backend]
 
 
+def meeting() -> bool:
+    """Whether the nodes are meeting now (no worker runs); safe in a signal handler: it takes no lock."""
+    return _meeting is not None
+
+
 def waiting_now() -> tuple[str, dict[str, Any]] | None:
     """While the nodes meet: (a line saying where the wait stands, its details for the record); else None."""
     meeting = _meeting

@@ -129,10 +129,11 @@ class _Signals:
         if len(self.received) == 1:
             err_console().print(
                 f"[yellow]mgpu launch: {name} received; stopping the workers gracefully (press Ctrl-C again to "
-                "kill them at once).[/]" if rendezvous_watch.waiting_now() is None else
+                "kill them at once).[/]" if not rendezvous_watch.meeting() else
                 f"[yellow]mgpu launch: {name} received while the nodes meet; stopping.[/]"
             )
-            if self.record.attempts:  # where each rank was, before they stop (a hung job's only trace)
+            if self.record.attempts and not rendezvous_watch.meeting():  # where each rank was, before
+                # they stop (a hung job's only trace); none runs while the nodes meet
                 self.stacks_asked = time.time()
                 stacks.request_live([f.error_file for f in self.record.attempts[-1].ranks.values()])
             raise SignalException(f"Process {os.getpid()} got signal: {signum}", sigval=signal.Signals(signum))
@@ -298,7 +299,7 @@ def _signalled(plan: LaunchPlan, record: LaunchRecord, err: SignalException, han
     meeting = rendezvous_watch.waiting_now()  # stopped while the nodes met: where that wait stood
     return Outcome("stopped", code, "\n".join([
         f"mgpu launch: stopped by {signal.Signals(sig).name}; the workers have exited. {again}(logs: {plan.log_dir})",
-        *where, *([f"  {meeting[0]}"] if meeting else [])]), error=False,
+        *where, *([f"  while the nodes met: {meeting[0]}"] if meeting else [])]), error=False,
         details={"signal": signal.Signals(sig).name, "hang": hang, "rendezvous": meeting[1] if meeting else None})
 
 
