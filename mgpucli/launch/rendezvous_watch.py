@@ -250,7 +250,7 @@ class WatchedRendezvous(RendezvousHandler):
             self._leave_after_all_read(store, prefix, info)
             message, hint = node_compare.refusal(found)
             raise NodesDiffer(message, hint, {**meeting.details("differ"), "differences": [
-                {"item": d.item, "values": d.values} for d in found]})
+                {"item": d.item, "values": d.values, "said": d.describe()} for d in found]})
         return members
 
     def _leave_after_all_read(self, store, prefix: str, info: RendezvousInfo) -> None:
