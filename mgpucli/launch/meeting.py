@@ -23,11 +23,12 @@ class NodesProblem(MgpuError):
     """The nodes did not meet (exit 1) or met and differ (exit 2): no worker started. ``status`` and ``details``
     are what ``launch.json``'s result records (``mgpu doctor RUN_DIR`` tells them)."""
 
-    status = "unmet"
+    status = "unmet"  # unmet: they never met (or not again after a restart); node_lost: a node lost in training
 
-    def __init__(self, message: str, hint: str, details: dict[str, Any]):
+    def __init__(self, message: str, hint: str, details: dict[str, Any], status: str | None = None):
         super().__init__(message, hint)
         self.details = details
+        self.status = status or self.status
 
 
 class NodesMissing(NodesProblem):
@@ -117,7 +118,7 @@ class Meeting:
         if not s.reachable:
             return (f"waiting for the nodes to meet at {self.w.endpoint}: its rendezvous store does not "
                     f"answer yet ({self._host()}); {self._left()}.")
-        count = f"{len(s.here)} of {self.w.nnodes} here ({', '.join(labels(s.here))})"
+        count = f"{len(s.here)} of {self.w.nnodes} here ({', '.join(self._labels(s.here))})"
         if s.lost:
             them = "it" if len(s.lost) == 1 else "them"
             return (f"{self._lost(s)}; waiting for {them} to rejoin at {self.w.endpoint}: {count}; "
@@ -133,14 +134,14 @@ class Meeting:
             hint = ("Start its launcher again with the same command within the join timeout (a c10d rendezvous, "
                     "--rdzv-endpoint, takes it back; a static one cannot), or restart the whole job: a recipe's "
                     "checkpoints are kept, continue it with --resume auto once every node is up.")
-            return NodesMissing(message, hint, self.details("lost"))
+            return NodesMissing(message, hint, self.details("lost"), status="node_lost")
         if not s.reachable:
             message = (f"the nodes did not meet {waited}: the rendezvous store at {self.w.endpoint} never answered "
                        f"({self._host()}).")
         else:
             again = " again" if self.entry else ""
             message = (f"the nodes did not meet{again} at {self.w.endpoint} {waited}: {s.missing_text()} never "
-                       f"joined ({len(s.here)} of {self.w.nnodes} here: {', '.join(labels(s.here))}).")
+                       f"joined ({len(s.here)} of {self.w.nnodes} here: {', '.join(self._labels(s.here))}).")
         return NodesMissing(message, self._checks(), self.details("timeout"))
 
     def failed(self, why: str) -> NodesMissing:
@@ -152,12 +153,16 @@ class Meeting:
         s = self.standing()
         return {"kind": kind, "endpoint": self.w.endpoint, "backend": self.w.backend, "nnodes": self.w.nnodes,
                 "entry": self.entry, "waited_s": round(self._clock() - self.started, 1),
-                "join_timeout": self.w.join_timeout, "reachable": s.reachable, "here": labels(s.here),
-                "missing": s.missing or s.missing_count, "lost": labels(s.lost), "step": self._step}
+                "join_timeout": self.w.join_timeout, "reachable": s.reachable, "here": self._labels(s.here),
+                "missing": s.missing or s.missing_count, "lost": self._labels(s.lost), "step": self._step}
+
+    def _labels(self, members: list[Member]) -> list[str]:
+        """Labels with hosts where the hosts of the nodes known here differ (node 1 (gpu-b))."""
+        return labels(members, [*self.met, *self._view().waiting(), self.me])
 
     def _lost(self, s: Standing) -> str:
         at = f" at step {self._step}" if self._step is not None else ""
-        return f"{', '.join(labels(s.lost))} lost{at}"
+        return f"{', '.join(self._labels(s.lost))} lost{at}"
 
     def _left(self) -> str:
         return f"{duration(self.deadline - self._clock())} left (--join-timeout {self.w.join_timeout:g})"

@@ -43,9 +43,9 @@ class Member:
         return f"node {self.node_rank}" + (f" ({self.host})" if hosts_differ else "")
 
 
-def labels(members: list[Member]) -> list[str]:
-    """The members' labels, with hosts only where they tell the nodes apart."""
-    differ = len({m.host for m in members}) > 1
+def labels(members: list[Member], among: list[Member] | None = None) -> list[str]:
+    """The members' labels, with their hosts where the hosts of ``among`` (default: the members) differ."""
+    differ = len({m.host for m in (members if among is None else among)}) > 1
     return [m.label(differ) for m in members]
 
 

@@ -48,9 +48,8 @@ def _differ(meet: dict[str, Any], source: str) -> Match:
 def _unmet_title(meet: dict[str, Any], where: str) -> str:
     timeout = f"--join-timeout {meet.get('join_timeout'):g} s" if isinstance(meet.get("join_timeout"),
                                                                           int | float) else "the join timeout"
-    if meet.get("kind") == "lost":
-        step = f" at step {meet['step']}" if isinstance(meet.get("step"), int) else ""
-        return f"{_names(meet.get('lost'))} lost{step} and did not rejoin{where} within {timeout}"
+    if meet.get("kind") == "lost":  # the verdict says at which step
+        return f"{_names(meet.get('lost'))} was lost and did not rejoin{where} within {timeout}"
     if meet.get("kind") == "failed":
         return f"the nodes could not meet{where}"
     if not meet.get("reachable", True):
