@@ -144,9 +144,9 @@ class Meeting:
                        f"joined ({len(s.here)} of {self.w.nnodes} here: {', '.join(self._labels(s.here))}).")
         return NodesMissing(message, self._checks(), self.details("timeout"))
 
-    def failed(self, why: str) -> NodesMissing:
+    def failed(self, why: str, hint: str | None = None) -> NodesMissing:
         """The rendezvous itself ended the wait (closed by the others, its store gone)."""
-        return NodesMissing(f"the nodes could not meet at {self.w.endpoint}: {why}.", self._checks(),
+        return NodesMissing(f"the nodes could not meet at {self.w.endpoint}: {why}.", hint or self._checks(),
                             self.details("failed"))
 
     def details(self, kind: str = "waiting") -> dict[str, Any]:

@@ -38,6 +38,7 @@ from torch.distributed import PrefixStore, TCPStore
 from torch.distributed.elastic.rendezvous import (
     RendezvousClosedError,
     RendezvousConnectionError,
+    RendezvousError,
     RendezvousHandler,
     RendezvousInfo,
     RendezvousParameters,
@@ -55,6 +56,9 @@ from mgpucli.launch.store_waits import WatchedStore, call, wait_for_keys
 BACKENDS = {"static": "mgpu-static", "c10d": "mgpu-c10d"}  # torch's backend -> mgpu's watched one
 READ_WAIT_S = 10.0  # nodes that differ: how long each waits for the others to have read every node's items
 _RETRY_S = 1.0  # the c10d endpoint not up yet: the next try
+_STORE_GONE = ("A c10d rendezvous keeps its store in the launcher on the endpoint's host; with that node gone the "
+               "others cannot meet again. Restart the job once every node is up (a recipe continues with --resume "
+               "auto); keep the endpoint on a node that stays.")
 
 
 _watching: Watching | None = None
@@ -219,7 +223,7 @@ class WatchedRendezvous(RendezvousHandler):
                                  "or refused the job") from None
         except RendezvousConnectionError as err:
             raise meeting.failed(f"the connection to its store failed ({err.__cause__ or err}); the launcher "
-                                 "that hosted it is gone") from None
+                                 "that hosted it is gone", _STORE_GONE) from None
         except (RuntimeError, TimeoutError) as err:  # the static store: node 0's port taken, or never reached
             if time.monotonic() >= meeting.deadline:
                 raise meeting.missing() from None
@@ -279,9 +283,14 @@ class WatchedRendezvous(RendezvousHandler):
             call(self._inner.set_closed)
 
     def num_nodes_waiting(self) -> int:
+        """Nodes waiting to join (torch's agent asks while the workers run); 0 when the store cannot say: the workers
+        then fail on their own, and the next rendezvous tells what became of the store."""
         if self._inner is None or self._w.backend == "static":
             return 0
-        return int(call(self._inner.num_nodes_waiting))
+        try:
+            return int(call(self._inner.num_nodes_waiting))
+        except RendezvousError:
+            return 0
 
     def get_run_id(self) -> str:
         return self._w.run_id
