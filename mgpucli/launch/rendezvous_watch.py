@@ -219,8 +219,8 @@ class WatchedRendezvous(RendezvousHandler):
         except RendezvousTimeoutError:
             raise meeting.missing() from None
         except RendezvousClosedError:
-            raise meeting.failed("the rendezvous was closed: the other nodes stopped waiting (their join timeout) "
-                                 "or refused the job") from None
+            raise meeting.failed("the rendezvous was closed: the other nodes stopped waiting for this one (their "
+                                 "join timeout)") from None
         except RendezvousConnectionError as err:
             raise meeting.failed(f"the connection to its store failed ({err.__cause__ or err}); the launcher "
                                  "that hosted it is gone", _STORE_GONE) from None
