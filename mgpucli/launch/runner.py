@@ -411,7 +411,7 @@ def run_plan(plan: LaunchPlan, record: LaunchRecord, live: bool = False, show_ra
         outcome = _restart_refused(plan, record, err, total)
     except SignalException as err:
         outcome = _signalled(plan, record, err, handler, watchers.stall, time.monotonic() - start)
-    except NodesProblem as err:  # the nodes never met, or met and differ: no worker started
+    except NodesProblem as err:  # the nodes never met (or a lost one never came back), or met and differ
         outcome = Outcome(err.status, err.exit_code, str(err), details={"rendezvous": err.details})
     finally:
         left = kill_children()  # a safety net: torch's agent has stopped its workers on every path above
