@@ -68,7 +68,14 @@ _RDZV_ENDPOINT = typer.Option(
     help="HOST:PORT of a c10d rendezvous (multi-node alternative to --master-addr)."
 )
 _RDZV_ID = typer.Option(
-    None, "--rdzv-id", metavar="ID", help="Rendezvous id; the same on every node (default: derived from the job)."
+    None, "--rdzv-id", metavar="ID", help="Rendezvous id; the same on every node (default: the job's: PET_RDZV_ID, "
+    "the SLURM job id, else derived from the endpoint and the node count)."
+)
+_JOIN_TIMEOUT = typer.Option(
+    None, "--join-timeout", metavar="SECONDS", show_default=False,
+    help="Several nodes: how long each waits for the others, at the start and for a lost node after a restart "
+    "(default 600: the pods of one job start minutes apart). It says who it waits for every 30 s; at the end it "
+    "stops, exit 1, naming the nodes that never came.",
 )
 _MAX_RESTARTS = typer.Option(
     0, "--max-restarts", metavar="K",
@@ -143,6 +150,7 @@ def launch(
     master_port: int | None = _MASTER_PORT,
     rdzv_endpoint: str | None = _RDZV_ENDPOINT,
     rdzv_id: str | None = _RDZV_ID,
+    join_timeout: float | None = _JOIN_TIMEOUT,
     max_restarts: int = _MAX_RESTARTS,
     log_dir: str | None = _LOG_DIR,
     dry_run: bool = _DRY_RUN,
@@ -175,7 +183,8 @@ def launch(
         opts = LaunchOptions(
             recipe=recipe or "", overrides=tuple(overrides or ()) if script is None else (), gpus=gpus, cpu=cpu,
             nproc=nproc, nnodes=nnodes, node_rank=node_rank, master_addr=master_addr, master_port=master_port,
-            rdzv_endpoint=rdzv_endpoint, rdzv_id=rdzv_id, max_restarts=max_restarts, log_dir=log_dir, resume=resume,
+            rdzv_endpoint=rdzv_endpoint, rdzv_id=rdzv_id, join_timeout=join_timeout, max_restarts=max_restarts,
+            log_dir=log_dir, resume=resume,
             overwrite=overwrite, script=script, run_dir=run_dir, local_rank_arg=local_rank_arg, show_rank=show_rank,
             audit=audit,
             stall_s=stall_s,

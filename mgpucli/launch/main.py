@@ -42,7 +42,6 @@ def _compose(opts: LaunchOptions, composing=None):
     (:mod:`mgpucli.launch.compose_child`), whose answer is taken when it gave one."""
     from omegaconf import OmegaConf
 
-    from mgpucli.config.handoff import fingerprint
     from mgpucli.engine.run import ensure_cwd_on_path
 
     overrides = worker_overrides(opts)
@@ -58,7 +57,6 @@ def _compose(opts: LaunchOptions, composing=None):
         device=str(OmegaConf.select(cfg, "trainer.device", default="auto")),
         strategy=str(OmegaConf.select(cfg, "trainer.strategy", default="auto")),
         cpu_threads=int(threads) if threads is not None else None,
-        fingerprint=fingerprint(opts.recipe, overrides),
     )
     return facts, cfg
 
@@ -264,6 +262,8 @@ def launch(opts: LaunchOptions, dry_run: bool = False) -> int:
     from mgpucli.launch.gate import Gate
     from mgpucli.run_records.launch_record import LaunchRecord
 
+    if plan.nnodes > 1:  # compared with the other nodes' once they meet (mgpucli/launch/rendezvous_watch.py)
+        plan.compared = compared_job(opts, plan, cfg)
     gate = Gate() if cfg is not None else None
     if gate is not None:
         gate.note(plan.run_dir)
@@ -286,6 +286,36 @@ def launch(opts: LaunchOptions, dry_run: bool = False) -> int:
             gate.close()
     freeze_for_exit()  # only this process's exit is left: see mgpucli/heap.py
     return code
+
+
+def compared_job(opts: LaunchOptions, plan: LaunchPlan, cfg) -> dict[str, str]:
+    """What this node runs, item by item, as the nodes compare it (:mod:`mgpucli.launch.node_compare`): the recipe
+    as composed and resolved (or the script, its arguments and its content), the options that change what the workers
+    do, mgpu's and torch's versions."""
+    import hashlib
+
+    import torch
+
+    from mgpucli.launch import node_compare
+
+    script = plan.script
+    if script is None:
+        from omegaconf import OmegaConf
+
+        try:
+            recipe = OmegaConf.to_container(cfg, resolve=True)
+        except Exception:  # noqa: BLE001 - a value only a worker can resolve: compared as written
+            recipe = OmegaConf.to_container(cfg, resolve=False)
+        job = node_compare.recipe_items(recipe)
+    else:
+        with open(check_target(script), "rb") as fh:
+            job = node_compare.script_items(script.words(), hashlib.sha256(fh.read()).hexdigest())
+    flag = script.local_rank_flag if script is not None else None
+    options = {"--resume": opts.resume, "--overwrite": "given" if opts.overwrite else None,
+               "--max-restarts": str(opts.max_restarts) if opts.max_restarts else None,
+               "--probe-steps": str(opts.probe_steps) if opts.probe_steps is not None else None,
+               "--audit": "given" if script is not None and script.audit else None, "--local-rank-arg": flag}
+    return node_compare.job_items(job, options, {"mgpu": __version__, "torch": torch.__version__})
 
 
 def _run(plan: LaunchPlan, opts: LaunchOptions, cfg, record, gate) -> int:

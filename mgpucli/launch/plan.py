@@ -15,8 +15,11 @@ Rendezvous, in order of precedence:
 * several nodes: static (``--master-addr``/``--master-port``/``--node-rank``) or c10d (``--rdzv-endpoint``/
   ``--rdzv-id``), what the options leave out filled in from the engine that describes the job (SLURM, torchrun's
   ``PET_*`` variables or a Kubernetes pod's: :mod:`mgpucli.launch.job_source`). The run id every node uses must
-  be the same, so the default one is derived from the job (SLURM job id, ``PET_RDZV_ID``, or a hash of recipe,
-  overrides, endpoint and node count), not drawn at random. The master's address must resolve.
+  be the same, so it comes from the job (``--rdzv-id``, ``PET_RDZV_ID``, the SLURM job id, else the endpoint and
+  the node count: what every node of one job shares), never from what the nodes run: nodes whose commands differ
+  meet on the job, and then compare what they run (:mod:`mgpucli.launch.node_compare`). The master's address must
+  resolve. The nodes wait for each other up to ``--join-timeout`` (:data:`DEFAULT_JOIN_TIMEOUT_S`), saying so
+  (:mod:`mgpucli.launch.rendezvous_watch`).
 """
 
 from __future__ import annotations
@@ -41,6 +44,10 @@ WORKER_MODULE = "mgpucli.launch.worker"
 DEFAULT_STATIC_PORT = 29500  # torchrun's own default for a static rendezvous
 RESOLVE_WAIT_S = 60.0  # a master named by the job's environment: its DNS name may appear only as the pods start
 LOG_PREFIX_TEMPLATE = "[rank${rank}]:"
+# How long the nodes of a job wait for each other (at the start, and for a lost node after a restart): torch's own
+# c10d default. The pods of one job start minutes apart (a cold pull of a CUDA image, a node the autoscaler adds, a
+# SLURM prolog); ten minutes covers that while bounding what an early node idles when a peer never comes.
+DEFAULT_JOIN_TIMEOUT_S = 600.0
 
 
 @dataclass(frozen=True)
@@ -71,6 +78,7 @@ class LaunchOptions:
     probe_steps: int | None = None  # the workers run the fit probe (mgpu train --probe) instead of training
     probe_result: str | None = None  # where rank 0 writes the probe's report
     audit: bool = False  # a script: every worker runs it with mgpu's checks (mgpucli.audit)
+    join_timeout: float | None = None  # several nodes: how long they wait for each other (default DEFAULT_JOIN_...)
 
 
 @dataclass(frozen=True)
@@ -81,7 +89,6 @@ class RecipeFacts:
     device: str = "auto"  # auto | cpu | cuda
     strategy: str = "auto"  # auto | single | ddp | dp
     cpu_threads: int | None = None
-    fingerprint: str = ""  # identifies recipe + overrides, for a run id all nodes agree on
 
 
 @dataclass(frozen=True)
@@ -116,6 +123,8 @@ class LaunchPlan:
 
     script: ScriptTarget | None = None  # the user's script, when the job is one (else a recipe)
     shown_args: list[str] | None = None  # a script: what a user would give torchrun without mgpu
+    join_timeout: float | None = None  # several nodes: how long they wait for each other (None: one node)
+    compared: dict[str, str] = field(default_factory=dict)  # what this node runs, compared with the other nodes'
 
     def split_at_job(self) -> tuple[list[str], list[str]]:
         """(torchrun's options up to the worker's job name, the job's own arguments). Only the first part goes
@@ -195,13 +204,11 @@ def check_job_options(opts: LaunchOptions) -> None:
 
 
 def script_facts(opts: LaunchOptions) -> RecipeFacts:
-    """A script's stand-in for the recipe's facts: its run dir ("" until :func:`build_plan` names one), the device
-    ``--cpu`` asks for, and what identifies the job for a run id every node agrees on."""
+    """A script's stand-in for the recipe's facts: its run dir ("" until :func:`build_plan` names one) and the
+    device ``--cpu`` asks for."""
     if opts.script is None:
         raise ValueError("not a script launch")
-    words = "\0".join(opts.script.words())
-    return RecipeFacts(run_dir=opts.run_dir or "", device="cpu" if opts.cpu else "auto",
-                       fingerprint=hashlib.sha1(words.encode()).hexdigest()[:16])
+    return RecipeFacts(run_dir=opts.run_dir or "", device="cpu" if opts.cpu else "auto")
 
 
 def _tee(show_rank: str | None, nproc: int) -> str:
@@ -252,9 +259,10 @@ def _parse_endpoint(endpoint: str, source: str = "--rdzv-endpoint") -> tuple[str
     return host, check_port_number(int(port), f"{source} port")
 
 
-def _shared_id(facts: RecipeFacts, where: str, nnodes: int) -> str:
-    """A run id every node computes alike from what they share, and that differs between jobs."""
-    digest = hashlib.sha1(f"{facts.fingerprint}|{where}|{nnodes}".encode()).hexdigest()[:12]
+def _shared_id(where: str, nnodes: int) -> str:
+    """The run id of a job that names none: what every node of the job shares (where they meet and how many they
+    are), never what they run, so that nodes whose commands differ still meet, and are told how they differ."""
+    digest = hashlib.sha1(f"{where}|{nnodes}".encode()).hexdigest()[:12]
     return f"mgpu-{digest}"
 
 
@@ -325,7 +333,7 @@ def _where_nodes_meet(host: str, source: str, from_env: bool, host_check: Callab
                          "the variable it came from.")
 
 
-def nodes_c10d(opts: LaunchOptions, facts: RecipeFacts, nnodes: int, job: SchedulerJob | None,
+def nodes_c10d(opts: LaunchOptions, nnodes: int, job: SchedulerJob | None,
                host_check: Callable[[str, float], str | None]) -> Rendezvous:
     """Several nodes, c10d (``--rdzv-endpoint``, or the job's): a run id every node derives alike."""
     from_env = not opts.rdzv_endpoint
@@ -334,13 +342,13 @@ def nodes_c10d(opts: LaunchOptions, facts: RecipeFacts, nnodes: int, job: Schedu
     host, _ = _parse_endpoint(endpoint, source)
     _where_nodes_meet(host, source, from_env, host_check)
     node_rank = opts.node_rank if opts.node_rank is not None else (job.node_rank if job else None)
-    rdzv_id = opts.rdzv_id or (job.rdzv_id if job else None) or _shared_id(facts, endpoint, nnodes)
+    rdzv_id = opts.rdzv_id or (job.rdzv_id if job else None) or _shared_id(endpoint, nnodes)
     return _c10d(endpoint, rdzv_id, node_rank,
                  f"c10d rendezvous at {endpoint}, id {rdzv_id}: give every node the same --rdzv-endpoint and id.")
 
 
-def nodes_static(opts: LaunchOptions, facts: RecipeFacts, nnodes: int, job: SchedulerJob | None,
-                 port_check: Callable[[int], str | None], host_check: Callable[[str, float], str | None]) -> Rendezvous:
+def nodes_static(opts: LaunchOptions, nnodes: int, job: SchedulerJob | None, port_check: Callable[[int], str | None],
+                 host_check: Callable[[str, float], str | None]) -> Rendezvous:
     """Several nodes, static: ``--master-addr``/``--master-port``/``--node-rank``, filled in from the job's engine."""
     addr = opts.master_addr or (job.master_addr if job else None)
     if addr is None:
@@ -363,13 +371,12 @@ def nodes_static(opts: LaunchOptions, facts: RecipeFacts, nnodes: int, job: Sche
                       host_check)
     if node_rank == 0:  # node 0 hosts the store: refuse a busy port here, before anything starts
         require_free_port(port, "--master-port", port_check)
-    rdzv_id = opts.rdzv_id or (job.rdzv_id if job else None) or _shared_id(facts, f"{addr}:{port}", nnodes)
+    rdzv_id = opts.rdzv_id or (job.rdzv_id if job else None) or _shared_id(f"{addr}:{port}", nnodes)
     return _static(addr, port, node_rank, rdzv_id)
 
 
-def rendezvous(opts: LaunchOptions, facts: RecipeFacts, nnodes: int, job: SchedulerJob | None,
-               port_check: Callable[[int], str | None], new_id: Callable[[], str],
-               host_check: Callable[[str, float], str | None]) -> Rendezvous:
+def rendezvous(opts: LaunchOptions, nnodes: int, job: SchedulerJob | None, port_check: Callable[[int], str | None],
+               new_id: Callable[[], str], host_check: Callable[[str, float], str | None]) -> Rendezvous:
     """The rendezvous mode the options and the job's engine ask for (see the module docstring for the order)."""
     if nnodes == 1:
         if opts.rdzv_endpoint:
@@ -379,8 +386,30 @@ def rendezvous(opts: LaunchOptions, facts: RecipeFacts, nnodes: int, job: Schedu
         return standalone(opts, new_id)
     static_given = opts.master_addr is not None or opts.master_port is not None
     if opts.rdzv_endpoint or (job is not None and job.rdzv_endpoint and not static_given):
-        return nodes_c10d(opts, facts, nnodes, job, host_check)
-    return nodes_static(opts, facts, nnodes, job, port_check, host_check)
+        return nodes_c10d(opts, nnodes, job, host_check)
+    return nodes_static(opts, nnodes, job, port_check, host_check)
+
+
+def join_timeout(opts: LaunchOptions, nnodes: int) -> float | None:
+    """How long the nodes wait for each other: ``--join-timeout``, else :data:`DEFAULT_JOIN_TIMEOUT_S`; None on one
+    node, where there is nobody to wait for (and the option is refused rather than ignored)."""
+    given = opts.join_timeout
+    if given is not None and not given > 0:
+        raise UsageError(f"--join-timeout {given:g}: must be a number of seconds above 0.", "Example: --join-timeout "
+                         f"{DEFAULT_JOIN_TIMEOUT_S:g} (the default: how long the nodes of a job wait for each other).")
+    if nnodes == 1:
+        if given is not None:
+            raise UsageError(f"--join-timeout {given:g} is for jobs of several nodes: one node waits for nobody.",
+                             "Drop --join-timeout, or give --nnodes N (or the job's variables) for several nodes.")
+        return None
+    return float(given if given is not None else DEFAULT_JOIN_TIMEOUT_S)
+
+
+def join_timeout_args(backend: str, seconds: float) -> list[str]:
+    """torchrun's spelling of the join timeout, for the command shown (mgpu's rendezvous watch enforces it): the
+    c10d rendezvous's ``join_timeout``, the static one's store ``timeout``."""
+    key = "join_timeout" if backend == "c10d" else "timeout"
+    return ["--rdzv-conf", f"{key}={seconds:.0f}"]
 
 
 def _given_nnodes(opts: LaunchOptions, job: SchedulerJob | None, nnodes: int) -> str:
@@ -538,9 +567,12 @@ def build_plan(
     selection, opts = _select_for_job(opts, facts, machine, job)
     nproc = 1 if facts.strategy == "dp" else selection.nproc
     nnodes = node_count(opts, job)
-    rdzv = rendezvous(opts, facts, nnodes, job, port_check, new_id, host_check)
+    rdzv = rendezvous(opts, nnodes, job, port_check, new_id, host_check)
+    waits = join_timeout(opts, nnodes)
     notes = _job_notes(job, nnodes, rdzv, machine.environ)
     args = ["--nnodes", str(nnodes), "--nproc-per-node", str(nproc), *rdzv.args]
+    if waits is not None:
+        args += join_timeout_args(rdzv.backend, waits)
     if opts.max_restarts:
         args += ["--max-restarts", str(opts.max_restarts)]
     _check_log_dir(opts)
@@ -564,5 +596,5 @@ def build_plan(
         log_dir=log_dir, launch_json=os.path.join(run_dir, _launch_json_name(nnodes, rdzv.node_rank, machine.hostname)),
         worker_args=worker_argv, torchrun_args=args,
         env=workers_env(opts, facts, machine, selection, nproc, run_dir, rdzv.backend),
-        scheduler=job, notes=notes, script=opts.script, shown_args=shown,
+        scheduler=job, notes=notes, script=opts.script, shown_args=shown, join_timeout=waits,
     )

@@ -95,3 +95,31 @@ def host_problem(host: str, wait_s: float = 0.0, resolve: Callable[[str], str | 
         if why is None or clock() >= deadline:
             return why
         sleep(1.0)
+
+
+def answers(host: str, port: int, timeout_s: float = 1.0) -> bool:
+    """Whether something listens at ``host:port`` now (a plain TCP connection, closed at once: a rendezvous store
+    that is not up yet is waited for this way, without torch's client logging each failed try)."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s):
+            return True
+    except OSError:
+        return False
+
+
+def listens_here(host: str, port: int) -> bool:
+    """Whether ``host`` is this machine (an address of it), so that a store at ``host:port`` is this machine's to
+    host: it can bind there, or something here already does."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except (OSError, UnicodeError):
+        return False
+    for family, _, _, _, address in infos:
+        with socket.socket(family, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind(address)
+                return True
+            except OSError as err:
+                if err.errno == errno.EADDRINUSE:
+                    return True
+    return False

@@ -43,11 +43,12 @@ from torch.distributed.launcher.api import elastic_launch
 from mgpucli import env_vars
 from mgpucli.console import err_console, print_error
 from mgpucli.errors import EXIT_FAILED, EXIT_OK, EXIT_PREEMPTED, EXIT_USAGE
-from mgpucli.launch import hang_verdict, progress_file
+from mgpucli.launch import hang_verdict, progress_file, rendezvous_watch
 from mgpucli.launch.exit_watch import ExitWatch
 from mgpucli.launch.failure_summary import summarize
 from mgpucli.launch.job_source import PET_PREFIX
 from mgpucli.launch.live_view import LiveView
+from mgpucli.launch.meeting import NodesProblem
 from mgpucli.launch.parent_watch import LAUNCH_PID_ENV
 from mgpucli.launch.plan import LaunchPlan
 from mgpucli.launch.restart import stop_reason
@@ -140,9 +141,11 @@ class _Signals:
         if len(self.received) == 1:
             err_console().print(
                 f"[yellow]mgpu launch: {name} received; stopping the workers gracefully (press Ctrl-C again to "
-                "kill them at once).[/]"
+                "kill them at once).[/]" if not rendezvous_watch.meeting() else
+                f"[yellow]mgpu launch: {name} received while the nodes meet; stopping.[/]"
             )
-            if self.record.attempts:  # where each rank was, before they stop (a hung job's only trace)
+            if self.record.attempts and not rendezvous_watch.meeting():  # where each rank was, before
+                # they stop (a hung job's only trace); none runs while the nodes meet
                 self.stacks_asked = time.time()
                 stacks.request_live([f.error_file for f in self.record.attempts[-1].ranks.values()])
             raise SignalException(f"Process {os.getpid()} got signal: {signum}", sigval=signal.Signals(signum))
@@ -305,9 +308,11 @@ def _signalled(plan: LaunchPlan, record: LaunchRecord, err: SignalException, han
     code = 128 + sig
     again = "" if script else "Continue with: mgpu launch ... --resume auto "
     hang, where = _interrupted(handler, watch, record)
+    meeting = rendezvous_watch.waiting_now()  # stopped while the nodes met: where that wait stood
     return Outcome("stopped", code, "\n".join([
         f"mgpu launch: stopped by {signal.Signals(sig).name}; the workers have exited. {again}(logs: {plan.log_dir})",
-        *where]), error=False, details={"signal": signal.Signals(sig).name, "hang": hang})
+        *where, *([f"  while the nodes met: {meeting[0]}"] if meeting else [])]), error=False,
+        details={"signal": signal.Signals(sig).name, "hang": hang, "rendezvous": meeting[1] if meeting else None})
 
 
 def _succeeded(plan: LaunchPlan, record: LaunchRecord, took: float) -> Outcome:
@@ -337,6 +342,9 @@ def _agent_config(plan: LaunchPlan, record: LaunchRecord, live: bool, show_rank:
             os.environ[progress_file.ENV] = progress
         view = LiveView(record, progress, show=show_rank)
     config, cmd, cmd_args = torchrun.config_from_args(args)
+    if plan.nnodes > 1:  # the nodes meet with a voice, a deadline and every signal working, then compare their jobs
+        config.rdzv_backend = rendezvous_watch.watch_plan(plan, abort=lambda: gate is not None and gate.error is not
+                                                          None, last_step=lambda: _last_step(record))
     cmd_args = [*cmd_args, *job_args]  # untouched by torchrun's parser: they come last, as torchrun puts them
     config.logs_specs = IndexingLogsSpecs(
         record, gate, log_dir=args.log_dir, redirects=Std.from_str(args.redirects), tee=Std.from_str(args.tee)
@@ -421,6 +429,8 @@ def run_plan(plan: LaunchPlan, record: LaunchRecord, live: bool = False, show_ra
         outcome = _restart_refused(plan, record, err, total)
     except SignalException as err:
         outcome = _signalled(plan, record, err, handler, watchers.stall, time.monotonic() - start)
+    except NodesProblem as err:  # the nodes never met (or a lost one never came back), or met and differ
+        outcome = Outcome(err.status, err.exit_code, str(err), details={"rendezvous": err.details})
     finally:
         left = kill_children()  # a safety net: torch's agent has stopped its workers on every path above
         if gate is not None:
@@ -463,6 +473,12 @@ def _outputs(run_dir: str) -> list[tuple[str, str]]:
              if p.exists()]
     metrics = os.path.join(run_dir, METRICS)
     return found + ([("metrics", metrics)] if os.path.isfile(metrics) else [])
+
+
+def _last_step(record: LaunchRecord) -> int | None:
+    """The step this node's ranks had reached when the last attempt ended (their failure records), if known."""
+    steps = [r.step for r in failure_records(record.attempts[-1]) if r.step is not None] if record.attempts else []
+    return max(steps, default=None)
 
 
 def _stall_watch(record: LaunchRecord, stall_s: float | None) -> StallWatch | None:

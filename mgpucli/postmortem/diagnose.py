@@ -19,6 +19,7 @@ from mgpucli.postmortem.checkpoint_peek import read_checkpoint_info
 from mgpucli.postmortem.context import launcher_alive, nodes_disagree, resume_command, running_verdict, tailor
 from mgpucli.postmortem.lines import LogLine
 from mgpucli.postmortem.matchers import Match, explain, signal_fix
+from mgpucli.postmortem.meeting import meeting_failure
 from mgpucli.postmortem.pace import straggler_of
 from mgpucli.postmortem.reader import RankRun, RunRecord, rank_runs, read_run, steps_per_epoch
 from mgpucli.postmortem.report import Failure, Preemption, Report, fate, verdict
@@ -226,6 +227,11 @@ def diagnose_run(run_dir: str) -> Report:
         found = diagnose_attempt(run, attempt)
         if found:
             report.earlier_attempts.append(found[0])
+    meeting = meeting_failure(run)  # several nodes: the launch ended while they met (no worker ran then)
+    if meeting is not None:
+        report.first_failure = meeting
+        report.verdict = verdict(report, run, status)
+        return report
     if run.attempts and status != "succeeded":
         found = diagnose_attempt(run, run.attempts[-1], hint if isinstance(hint, int) else None)
         if found:

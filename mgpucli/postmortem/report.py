@@ -65,7 +65,8 @@ class Report:
     """The post-mortem of one run directory (``postmortem.json``)."""
 
     run_dir: str
-    status: str  # succeeded | failed | stopped | preempted | running | launcher_gone | not_started
+    # succeeded | failed | stopped | preempted | unmet | refused | node_lost | running | launcher_gone | not_started
+    status: str
     finished: bool
     verdict: str
     attempts: int
@@ -156,7 +157,8 @@ def verdict(report: Report, run: RunRecord, status: str) -> str:
         return _preempted_verdict(where, report.preemption, report.checkpoint)
     if status == "stalled" and f is not None:
         return f"{where} was stopped by mgpu launch: {f.match.title}."
-    what = {"failed": "failed", "stopped": "was stopped", "preempted": "was preempted", "launcher_gone":
+    what = {"failed": "failed", "stopped": "was stopped", "preempted": "was preempted", "unmet": "did not start",
+            "refused": "did not start", "node_lost": "stopped", "launcher_gone":
             "did not finish: the launcher stopped without recording a result (killed, or the machine went down)"}
     head = f"{where} {what.get(status, 'did not finish')}"
     if f is None:

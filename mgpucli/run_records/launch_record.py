@@ -148,7 +148,8 @@ class LaunchHeader:
 class LaunchResult:
     """How the launch ended (``running`` until it does); a detail that does not apply is left out of the JSON."""
 
-    status: str = "running"  # running | succeeded | failed | stalled | stopped | preempted
+    # running | succeeded | failed | stalled | stopped | preempted | unmet | refused | node_lost
+    status: str = "running"
     exit_code: int | None = None
     finished: str | None = None
     attempts: int | None = None
@@ -160,6 +161,10 @@ class LaunchResult:
     step: int | None = None
     stall: dict[str, Any] | None = None
     hang: str | None = None  # after a Ctrl-C on ranks still a while: who held the others up
+    # Several nodes: how their rendezvous ended when it ended the launch (unmet: they never met; node_lost: a node
+    # lost in training never came back; refused: they met and run different jobs), or where it stood when a signal
+    # stopped the launch while they met.
+    rendezvous: dict[str, Any] | None = None
 
 
 @dataclass

@@ -9,6 +9,7 @@ import pytest
 
 from mgpucli.errors import UsageError
 from mgpucli.launch.plan import (
+    DEFAULT_JOIN_TIMEOUT_S,
     WORKER_MODULE,
     LaunchOptions,
     Machine,
@@ -25,7 +26,7 @@ def machine(gpus: int = 0, cores: int = 8, **env: str) -> Machine:
     return Machine(visible_gpus=gpus, cpu_count=cores, hostname="box", environ=env)
 
 
-FACTS = RecipeFacts(run_dir="runs/q", fingerprint="abc")
+FACTS = RecipeFacts(run_dir="runs/q")
 
 
 def plan_for(machine_=None, facts=FACTS, busy=(), unknown_hosts=(), **opts):
@@ -208,7 +209,7 @@ def test_static_multi_node_node0_checks_the_port_others_do_not():
     assert arg(node1, "--node-rank") == "1" and arg(node1, "--nnodes") == "2"
     assert arg(node0, "--rdzv-id") == arg(node1, "--rdzv-id") != "mgpu-fresh"  # both nodes agree
     assert node0.launch_json.endswith("launch.json") and node1.launch_json.endswith("launch.node1.json")
-    other = plan_for(facts=RecipeFacts(run_dir="runs/q", fingerprint="other"), node_rank=0, **common)
+    other = plan_for(node_rank=0, **{**common, "master_port": 29701})
     assert arg(other, "--rdzv-id") != arg(node0, "--rdzv-id")  # another job, another id
 
 
@@ -233,6 +234,34 @@ def test_c10d_multi_node_and_exclusive_with_static():
     assert plan.launch_json.endswith("launch.box.json")  # node rank unknown: named by host
     assert arg(plan_for(cpu=True, nnodes=2, rdzv_endpoint="n:1", rdzv_id="job7"), "--rdzv-id") == "job7"
     assert "exclude each other" in usage_error(cpu=True, nnodes=2, rdzv_endpoint="n:1", master_port=2)
+
+
+def test_the_run_id_comes_from_the_job_never_from_what_the_nodes_run():
+    """Nodes whose recipes differ must still meet (and then be told how they differ): the id is the job's."""
+    common = {"cpu": True, "nnodes": 2, "master_addr": "10.1.1.1", "master_port": 29700, "node_rank": 1}
+    plain = plan_for(**common)
+    changed = build_plan(LaunchOptions(recipe="other.yaml", overrides=("optim.lr=0.2",), **common),
+                         RecipeFacts(run_dir="runs/elsewhere"), machine(), port_check=lambda port: None,
+                         new_id=lambda: "mgpu-fresh", host_check=lambda host, wait: None)
+    assert arg(changed, "--rdzv-id") == arg(plain, "--rdzv-id") != "mgpu-fresh"
+    assert arg(plan_for(**{**common, "nnodes": 3}), "--rdzv-id") != arg(plain, "--rdzv-id")  # another node count
+    c10d = {"cpu": True, "nnodes": 2, "rdzv_endpoint": "node01:29400"}
+    assert arg(plan_for(**c10d), "--rdzv-id") == arg(plan_for(**c10d, facts=RecipeFacts(run_dir="x")), "--rdzv-id")
+    assert arg(plan_for(**c10d, rdzv_id="job7"), "--rdzv-id") == "job7"  # --rdzv-id wins
+    pet = machine(PET_NNODES="2", PET_RDZV_ENDPOINT="job-worker-0:29400", PET_RDZV_ID="myjob")
+    assert arg(plan_for(pet, cpu=True), "--rdzv-id") == "myjob"
+    assert arg(plan_for(machine(gpus=2, **SLURM)), "--rdzv-id") == "slurm-4321"
+
+
+def test_the_join_timeout_is_the_default_or_given_and_refused_on_one_node():
+    common = {"cpu": True, "nnodes": 2, "master_addr": "10.1.1.1", "master_port": 29700, "node_rank": 1}
+    plan = plan_for(**common)
+    assert plan.join_timeout == DEFAULT_JOIN_TIMEOUT_S and arg(plan, "--rdzv-conf") == "timeout=600"
+    c10d = plan_for(cpu=True, nnodes=2, rdzv_endpoint="node01:29400", join_timeout=90)
+    assert c10d.join_timeout == 90 and arg(c10d, "--rdzv-conf") == "join_timeout=90"  # torchrun's own spelling
+    assert plan_for(cpu=True).join_timeout is None and arg(plan_for(cpu=True), "--rdzv-conf") is None
+    assert "is for jobs of several nodes" in usage_error(cpu=True, join_timeout=30)
+    assert "above 0" in usage_error(join_timeout=0, **common)
 
 
 # --------------------------------------------------------------------------------------------- SLURM

@@ -561,3 +561,34 @@ def test_render_fits_one_screen(tmp_path: Path):
     compact = io.StringIO()
     render(report, Console(file=compact, width=120), compact=True)
     assert len(compact.getvalue().splitlines()) < len(text.splitlines())
+
+
+# ------------------------------------------------------------------------------------ several nodes that never met
+MEETING = {"endpoint": "10.0.0.1:29500", "backend": "static", "nnodes": 2, "entry": 0, "waited_s": 600.0,
+           "join_timeout": 600.0, "reachable": True, "here": ["node 0"], "missing": ["node 1"], "lost": [],
+           "step": None}
+
+
+@pytest.mark.parametrize("status, meeting, said", [
+    ("unmet", {**MEETING, "kind": "timeout"},
+     "did not start: the nodes never met at 10.0.0.1:29500: node 1 never joined within --join-timeout 600 s"),
+    ("unmet", {**MEETING, "kind": "timeout", "reachable": False, "here": ["node 1"], "missing": ["node 0"]},
+     "did not start: the nodes never met: the rendezvous store at 10.0.0.1:29500 never answered"),
+    ("node_lost", {**MEETING, "kind": "lost", "entry": 1, "lost": ["node 1"], "step": 266},
+     "stopped at step 266: node 1 was lost and did not rejoin at 10.0.0.1:29500 within --join-timeout 600 s"),
+    ("refused", {**MEETING, "kind": "differ", "differences": [
+        {"item": "optim.lr", "values": {"node 0": "0.05", "node 1": "0.2"},
+         "said": "optim.lr: 0.05 on node 0, 0.2 on node 1"}]},
+     "did not start: refused: the nodes met, but their jobs differ: optim.lr: 0.05 on node 0, 0.2 on node 1"),
+    ("stopped", {**MEETING, "kind": "waiting"},
+     "was stopped: the launcher was stopped by SIGTERM while the nodes met at 10.0.0.1:29500 (1 of 2 here: node 0; "
+     "missing: node 1)"),
+])
+def test_a_launch_that_ended_while_its_nodes_met_is_told_as_such(tmp_path: Path, status: str, meeting: dict,
+                                                                  said: str):
+    (tmp_path / "run").mkdir()  # no attempt: no worker ever started
+    run = RunDir(tmp_path / "run", attempts=0, status=status, rendezvous=meeting,
+                 **({"signal": "SIGTERM"} if status == "stopped" else {}))
+    report = diagnose_run(str(run.root))
+    assert said in report.verdict, report.verdict
+    assert report.first_failure is not None and report.first_failure.rank is None
