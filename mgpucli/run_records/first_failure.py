@@ -237,17 +237,23 @@ def _waiting_call(trace: str | None) -> tuple[str | None, str | None]:
 
 
 def all_refused(failures: list[RankFailure]) -> bool:
-    """Bad input (a recipe, a checkpoint) that no worker could use: every failed rank exited with EXIT_USAGE.
+    """Bad input (a recipe, a checkpoint) that no worker could use: every rank that failed exited with EXIT_USAGE.
 
     A rank that the agent's teardown signal killed counts too when its own record says it was exiting with
     EXIT_USAGE: once one rank has exited, torch's agent SIGTERMs the others, which may still be on their way out
-    with the same error. A rank killed before it recorded anything was not refused: the input may be bad for one
-    rank only (a dataset only rank 0 builds)."""
-    def refused(f: RankFailure) -> bool:
-        recorded = f.record is not None and f.record.exit_code == EXIT_USAGE
-        return f.exitcode == EXIT_USAGE or (f.category == TEARDOWN_CATEGORY and recorded)
+    with the same error; so does one the teardown ended (:func:`torn_down`) before it recorded anything, still
+    building what the first rank refused. A rank killed first, or before any other failed, was not refused: the
+    input may be bad for one rank only (a dataset only rank 0 builds)."""
+    def code(f: RankFailure) -> int | None:
+        return f.record.exit_code if f.record is not None else None
 
-    return bool(failures) and all(refused(f) for f in failures)
+    def refused(f: RankFailure) -> bool:
+        return f.exitcode == EXIT_USAGE or (f.category == TEARDOWN_CATEGORY and code(f) == EXIT_USAGE)
+
+    def stopped_first(f: RankFailure) -> bool:
+        return f.torn_down and code(f) is None
+
+    return any(refused(f) for f in failures) and all(refused(f) or stopped_first(f) for f in failures)
 
 
 def job_exit_code(failures: list[RankFailure]) -> int:

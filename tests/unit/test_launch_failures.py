@@ -277,3 +277,14 @@ def test_a_rank_that_exited_0_while_another_waited_for_it_is_named(tmp_path: Pat
     torch_error_file(attempt.ranks[0].error_file, "RuntimeError: [gloo] Connection closed by peer", "tb", 101)
     ended(attempt, r1=(0, when + 1))
     assert early_exit(attempt, collect(attempt, {0: 1})) is None
+
+
+def test_bad_input_on_one_rank_while_the_teardown_ended_the_other_still_building(tmp_path: Path):
+    """Rank 0 refused its input (exit 2); rank 1, still building the same datasets, was SIGTERMed by the teardown
+    after it and recorded nothing: the job's own failure is bad input (exit 2). Killed before rank 0 failed, it
+    would have been a failure of its own."""
+    for rank1_ended_at, refused in ((2.0, True), (0.5, False)):
+        attempt = make_attempt(tmp_path / str(refused))
+        ended(attempt, r0=(2, 1.0), r1=(-signal.SIGTERM, rank1_ended_at))
+        Path(attempt.ranks[0].stderr).write_text("error: [rank 0] 1 problem(s) in recipe r.yaml\n")
+        assert all_refused(collect(attempt, {0: 2, 1: -signal.SIGTERM})) is refused
