@@ -72,8 +72,8 @@ class Gate:
         self._thread = threading.Thread(target=run, name="mgpu-recipe-check", daemon=True)
 
     def builds_checked(self, source: str) -> None:
-        """Wait for local rank 0's report on building the recipe's components (:func:`check_builds_here`): that
-        worker imports what building them imports anyway (torch's dynamo, the components' modules), this launcher
+        """Wait for local rank 0's report on building the recipe's components (:func:`check_builds_here`): the
+        workers import what building them imports anyway (torch's dynamo, the components' modules), this launcher
         never does. Raises the problems it found, as :func:`mgpucli.config.components.check_builds` would here."""
         from mgpucli.errors import raise_reported
 
@@ -134,15 +134,17 @@ def _builds_report(verdict: str) -> str:
 
 
 def check_builds_here(source: str, overrides: list[str], environ: dict[str, str] | None = None) -> None:
-    """In local rank 0 of a launch that waits for it, before the verdict: build the recipe's components as the
+    """In every worker of a launch that waits for it, before the verdict: build the recipe's components as the
     launcher's check would (:func:`mgpucli.config.components.check_builds`: nothing written, the model on the meta
-    device) and report what went wrong, or nothing, beside the verdict. The recipe is the one the launcher composed
-    and handed to the workers (:mod:`mgpucli.config.handoff`), or, should that file be missing, composed here."""
+    device); local rank 0 reports what went wrong, or nothing, beside the verdict. The other ranks build them too,
+    for what building imports (a Transformers model's modules take seconds): meanwhile rather than after the
+    verdict, as under plain torchrun. The recipe is the one the launcher composed and handed to the workers
+    (:mod:`mgpucli.config.handoff`), or, should that file be missing, composed here."""
     import traceback
 
     env = os.environ if environ is None else environ
     verdict, launcher = env.get(ENV), env.get(env_vars.LAUNCH_PID)
-    if not verdict or not launcher or str(os.getppid()) != launcher or env.get("LOCAL_RANK") != "0":
+    if not verdict or not launcher or str(os.getppid()) != launcher:
         return
     if os.path.exists(verdict):  # a restart of the job: the launcher gave its verdict already
         return
@@ -161,7 +163,8 @@ def check_builds_here(source: str, overrides: list[str], environ: dict[str, str]
         report = error_report(err)
     except Exception:  # noqa: BLE001 - a bug in a component: the launcher shows its traceback
         report = {"crash": traceback.format_exc()}
-    write_json(_builds_report(verdict), report)
+    if env.get("LOCAL_RANK") == "0":
+        write_json(_builds_report(verdict), report)
 
 
 def wait_for_verdict(environ: dict[str, str] | None = None) -> None:

@@ -100,7 +100,7 @@ def test_local_rank_0_reports_the_components_problems_to_the_launcher(tmp_path, 
     g = gate.Gate()
     try:
         env = {gate.ENV: g.path, "MGPU_LAUNCH_PID": str(os.getppid()), "LOCAL_RANK": "1"}
-        gate.check_builds_here("quickstart", overrides, env)  # not local rank 0: nothing built, nothing reported
+        gate.check_builds_here("quickstart", overrides, env)  # not local rank 0: built (the imports), not reported
         assert not os.path.exists(os.path.join(os.path.dirname(g.path), "builds.json"))
         gate.check_builds_here("quickstart", overrides, {**env, "LOCAL_RANK": "0"})
         with pytest.raises(RecipeError) as err:
