@@ -41,8 +41,14 @@ def validate(folder: Path, checkpoint: str, *args: str) -> dict:
 def test_sequence_classification_trains_validates_exactly_and_resumes_bitwise(text_dir, monkeypatch):
     recipe = str(text_recipe(text_dir, "sequence_classification"))
     env = offline_env(text_dir)
-    full = mgpu("launch", "--cpu", "--nproc", "2", recipe, "run_dir=seq-full", cwd=text_dir, env=env, timeout=180)
+    fresh_cache = {**env, "HF_HOME": str(text_dir / "hf-seq")}  # nothing tokenized yet
+    full = mgpu("launch", "--cpu", "--nproc", "2", recipe, "run_dir=seq-full", cwd=text_dir, env=fresh_cache,
+                timeout=180)
     assert full.returncode == 0, full.output
+    # tokenized once per machine: one process of the two tokenized each file, the other read its result
+    logs = [p.read_text(errors="replace") for p in (text_dir / "seq-full/logs").glob("*/attempt_0/*/stderr.log")]
+    assert len(logs) == 2 and sum(log.count("tokenizing: 100%") for log in logs) == 2, logs
+    assert len(list((text_dir / "hf-seq").rglob("mgpu-tokenized-*.arrow"))) == 2
     vals = [m for m in metrics(text_dir / "seq-full") if m["split"] == "val"]
     assert len(vals) == 2 and vals[-1]["samples"] == 72 and {"loss", "accuracy", "f1"} <= set(vals[-1])
     # exact validation: the run's own, and the checkpoint's on 1 and on 2 processes, bitwise the same
