@@ -69,11 +69,11 @@ class Watching:
         """How many nodes the job needs to (re)start: all of them, or an elastic job's MIN."""
         return self.min_nodes if self.elastic and self.min_nodes is not None else self.nnodes
 
-    def count(self, here: int) -> str:
-        """``1 of 2 here``; an elastic job's ``1 here (it takes 1 to 2)``."""
+    def count(self, here: list[str]) -> str:
+        """``1 of 2 here (node 0)``; an elastic job's ``1 here (node 0; the job takes 1 to 2)``."""
         if self.elastic:
-            return f"{here} here (it takes {self.min_nodes} to {self.nnodes})"
-        return f"{here} of {self.nnodes} here"
+            return f"{len(here)} here ({', '.join(here)}; the job takes {self.min_nodes} to {self.nnodes})"
+        return f"{len(here)} of {self.nnodes} here ({', '.join(here)})"
 
 
 @dataclass(frozen=True)
@@ -139,7 +139,7 @@ class Meeting:
         if not s.reachable:
             return (f"waiting for the nodes to meet at {self.w.endpoint}: its rendezvous store does not "
                     f"answer yet ({self._host()}); {self._left()}.")
-        count = f"{self.w.count(len(s.here))} ({', '.join(self._labels(s.here))})"
+        count = self.w.count(self._labels(s.here))
         if s.lost and self.w.elastic:
             return (f"{self._lost(s)}; the job goes on without it once the nodes here meet at {self.w.endpoint}: "
                     f"{count}; {self._left()}.")
@@ -167,7 +167,7 @@ class Meeting:
         else:
             again = " again" if self.entry else ""
             message = (f"the nodes did not meet{again} at {self.w.endpoint} {waited}: {s.missing_text()} never "
-                       f"joined ({self.w.count(len(s.here))}: {', '.join(self._labels(s.here))}).")
+                       f"joined ({len(s.here)} of {self.w.nnodes} here: {', '.join(self._labels(s.here))}).")
         return NodesMissing(message, self._checks(), self.details("timeout"))
 
     def _too_few(self, s: Standing, waited: str) -> NodesMissing:

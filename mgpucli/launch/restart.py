@@ -28,10 +28,10 @@ LAST_CHECKPOINTS = (LAST_CHECKPOINT, os.path.join(CHECKPOINTS, LAST_SHARDED))
 
 
 def restart_count(environ: Mapping[str, str] | None = None) -> int:
-    """Which start of this node's worker group this is (0: the first, or not under torchrun): ``mgpu launch``'s count
-    (``MGPU_ATTEMPT``, which also counts the restarts torch's agent makes when a node joins), else torch's."""
+    """Which start of this node's worker group this is (0: the first, or not under torchrun). Under ``mgpu launch`` it
+    also counts the restarts torch's agent makes when a node joins an elastic job (:mod:`mgpucli.launch.runner`)."""
     env = os.environ if environ is None else environ
-    raw = env.get(env_vars.ATTEMPT, "") or env.get(RESTART_COUNT_ENV, "")
+    raw = env.get(RESTART_COUNT_ENV, "")
     return int(raw) if raw.isdigit() else 0
 
 
