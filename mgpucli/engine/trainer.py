@@ -308,8 +308,10 @@ class Trainer:
             with torch.autocast(self.runtime.device.type, dtype=self.autocast_dtype):
                 outputs, targets = self._forward_batch(model.train, batch)
                 loss = self.task.loss(outputs, targets)
-        if self._faults and faults.maybe_fault("step", self.runtime.rank, step):
-            loss = loss * float("nan")
+        if self._faults:  # test-only: a held step, a crash, a stuck rank, a NaN
+            faults.hold("hold_step", lambda: self.stop.received is not None, self.runtime.rank, step)
+            if faults.maybe_fault("step", self.runtime.rank, step):
+                loss = loss * float("nan")
         detached = loss.detach()
         self.intervals.add_step(outputs, targets, detached, step)
         scaled = loss / self.settings.grad_accum if self.settings.grad_accum > 1 else loss

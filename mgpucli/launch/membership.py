@@ -66,6 +66,8 @@ def measure(before: Attempt | None, now: Attempt, lost: list[str], joined: list[
         return None
     details = started_details(mark) or {}
     records = failure_records(before) if before is not None else []
+    marks = [started_details(f.error_file) for f in before.ranks.values()] if before is not None else []
+    strategy = next((m.get("strategy") for m in marks if m), None)  # what the lost attempt trained with
     failed = [r.step for r in records if r.step is not None and r.exit_code != EXIT_PREEMPTED]  # the step in progress
     saved = [r.step for r in records if r.step is not None and r.exit_code == EXIT_PREEMPTED]  # a stop's saved step
     stopped = [r.time for r in records]
@@ -74,7 +76,7 @@ def measure(before: Attempt | None, now: Attempt, lost: list[str], joined: list[
         "lost": lost, "joined": joined, "nodes": nodes, "nproc": nproc, "in_step": max(failed, default=None),
         "completed": max([*(step - 1 for step in failed), *saved], default=None), "resumed_after": details.get("step"),
         "world_size": details.get("world_size"), "batch_size": details.get("batch_size"),
-        "grad_accum": details.get("grad_accum"), "strategy": details.get("strategy"),
+        "grad_accum": details.get("grad_accum"), "strategy": strategy,
         "seconds_without_training": round(began - min(stopped), 1) if stopped and began is not None else None,
     }
     if all(isinstance(change[k], int) for k in ("world_size", "batch_size", "grad_accum")):
