@@ -1,9 +1,9 @@
 """Elastic jobs (``--nnodes 1:2``): a lost node costs seconds, not the job and not a step; a node that comes back is
 admitted; under FSDP the job goes on from its latest checkpoint. Each node is an ``mgpu launch`` on this machine in a
 working directory of its own, meeting at a c10d endpoint on 127.0.0.1 (node 0's launcher hosts it: the node lost is
-node 1), the run dir on storage both share. Node 1's worker (rank 1) is held asleep in step 40 by a test-only fault;
-once rank 0 waits for it in that step's gradient all-reduce, node 1's launcher and worker are SIGKILLed: the last step
-both ranks completed is 39."""
+node 1), the run dir on storage both share. Node 1's worker is held asleep in step 40 by a test-only fault; once node
+0's worker waits for it in that step's gradient all-reduce, node 1's launcher and worker are SIGKILLed: the last step
+both ranks completed is 39. (Which node's worker is rank 0 is c10d's choice, by launcher pid: either way.)"""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ QUICK = str(RECIPES / "quickstart.yaml")
 # padding, so every sample is trained exactly once.
 COMMON = ["trainer.epochs=1", "trainer.cpu_threads=1", "trainer.log_every=5"]
 LOST_IN = 40  # the step node 1 is lost in
-HELD = "hold_step@rank=0@step=50"  # node 0, alone after the loss, holds there until the job grows back
+HELD = "hold_step@step=50"  # node 0, alone after the loss, holds there until the job grows back
 EPOCH_ORDER = torch.randperm(4096, generator=torch.Generator().manual_seed(0)).tolist()  # seed 0, epoch 0
 
 
@@ -65,8 +65,9 @@ class Job:
         return node
 
     def lose_node_1_in_step_40(self, node0: Launch, node1: Launch) -> float:
-        """SIGKILL node 1 (launcher and worker) once rank 0 waits for it in step 40's all-reduce; when it was."""
-        def rank0_waits() -> bool:
+        """SIGKILL node 1 (launcher and worker) once node 0's worker waits for it in step 40's all-reduce (node 1's is
+        asleep in that step's forward); when it was."""
+        def node0_waits() -> bool:
             for path in self.run_dir.glob("logs/*/attempt_0/0/mgpu_progress.json"):
                 with open(path) as fh:
                     seen = json.loads(fh.read() or "{}")
@@ -74,9 +75,9 @@ class Job:
                     return True
             return False
 
-        assert wait_until(rank0_waits, 180), node0.output + node1.output
+        assert wait_until(node0_waits, 180), node0.output + node1.output
         workers = node1.workers()
-        assert list(workers) == [1], f"node 1's worker is not rank 1: {workers}"  # c10d ranks the older pid first
+        assert len(workers) == 1, workers
         killed = time.time()
         for pid in (node1.pid, *workers.values()):
             os.kill(pid, signal.SIGKILL)
@@ -92,7 +93,7 @@ def _start_lost_job(tmp_path: Path, tag: str, *extra: str, node0_env: dict[str, 
     node0 = job.start(0, "node0", node0_env)
     # the endpoint's store is the first launcher's here (every one is on the endpoint's host): node 0's, not node 1's
     assert wait_until(lambda: answers("127.0.0.1", job.port), 120), node0.output
-    node1 = job.start(1, "node1", {"MGPU_FAULT": f"sleep@rank=1@step={LOST_IN}", "MGPU_FAULT_SLEEP": "300",
+    node1 = job.start(1, "node1", {"MGPU_FAULT": f"sleep@step={LOST_IN}", "MGPU_FAULT_SLEEP": "300",
                                    "MGPU_FAULT_ONCE": str(tmp_path / "fault-once")})
     return job, node0, node1
 
@@ -125,8 +126,8 @@ def test_a_lost_node_costs_no_step_and_the_survivor_finishes_on_one_node(tmp_pat
     finally:
         job.cleanup()
     assert LOST_LINE.search(node0.output), node0.output
-    assert "mgpu: rank 0 lost its connection to another rank; kept step 39, the last step every rank completed" in \
-        node0.output
+    assert re.search(r"mgpu: rank \d lost its connection to another rank; kept step 39, the last step every rank "
+                     r"completed", node0.output), node0.output
     print(f"from the kill to training again: {_seconds_to_training(job.run_dir, killed):.1f} s")
     change = json.loads((job.run_dir / "launch.json").read_text())["attempts"][1]["membership"]
     assert (change["lost"], change["completed"], change["resumed_after"], change["steps_lost"]) == \
