@@ -396,6 +396,7 @@ def record_header(plan: LaunchPlan, opts: LaunchOptions, argv: list[str] | None 
                         gpu_indices=list(plan.devices.gpu_indices),
                         cuda_visible_devices=plan.devices.cuda_visible_devices),
         nnodes=plan.nnodes,
+        nnodes_min=plan.nnodes_min,
         node_rank=plan.node_rank,
         rendezvous=RendezvousInfo(backend=plan.rdzv_backend, endpoint=plan.rdzv_endpoint, id=plan.rdzv_id),
         max_restarts=opts.max_restarts,

@@ -18,6 +18,9 @@ becomes; the torchrun command shown keeps torch's name), whose handler (:class:`
   store and compares them all (:mod:`mgpucli.launch.node_compare`): any difference stops every node with exit 2;
 * hands torch's agent a store whose waits never block (:class:`mgpucli.launch.store_waits.WatchedStore`): the rank
   assignment and the exit barrier wait in Python too.
+* for an elastic job (``--nnodes MIN:MAX``), enters torch's round only once the nodes have gathered
+  (:mod:`mgpucli.launch.elastic_rounds`), and records every round it completes (:func:`last_round`): who was lost or
+  joined since the round before, and whether the job ran before it (its workers then resume from its checkpoint).
 
 The static handler is mgpu's own (:class:`StaticNodes`, torch's minus the store's wait for its peers, which the
 presence and the comparison do instead); the c10d one is torch's, made with torch's public ``create_backend`` and

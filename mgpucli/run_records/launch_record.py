@@ -137,7 +137,8 @@ class LaunchHeader:
     script: ScriptJob | None = None
     run_dir: str = ""
     devices: Devices = field(default_factory=Devices)
-    nnodes: int = 1
+    nnodes: int = 1  # an elastic job's MAX
+    nnodes_min: int | None = None  # an elastic job's MIN (--nnodes MIN:MAX); None: a fixed count
     node_rank: int | None = None
     rendezvous: RendezvousInfo = field(default_factory=RendezvousInfo)
     max_restarts: int = 0
