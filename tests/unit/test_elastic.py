@@ -169,6 +169,11 @@ def test_below_min_at_the_join_timeout_an_elastic_job_stops_with_its_checkpoint_
                            "at 10.0.0.1:29400 within --join-timeout 600 s (node 0 (a)), so it stops; its checkpoint at "
                            "step 39 is complete. Exit code 75 (requeue).")
     assert "--resume auto" in err.hint and err.details["checkpoint_step"] == 39
+    from mgpucli.postmortem.meeting import _unmet_title
+
+    assert _unmet_title(err.details, " at 10.0.0.1:29400") == (
+        "node 1 (b) lost; fewer than the 2 nodes the elastic job needs met again at 10.0.0.1:29400 within "
+        "--join-timeout 600 s; it stopped with its checkpoint at step 39 (exit 75: requeue it)")
     wait, clock, _ = elastic_meeting(lost_view, 1, met=[A, B], checkpoint=None, low=2, high=3)
     clock.now += 600
     with pytest.raises(NodesMissing) as info:
