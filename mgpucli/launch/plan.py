@@ -575,12 +575,13 @@ def _check_log_dir(opts: LaunchOptions) -> None:
                          "--log-dir out for RUN_DIR/logs.")
 
 
-def _job_notes(job: SchedulerJob | None, nnodes: int, rdzv: Rendezvous, environ: Mapping[str, str]) -> list[str]:
+def _job_notes(job: SchedulerJob | None, nodes: NodeRange, rdzv: Rendezvous, environ: Mapping[str, str]) -> list[str]:
     """What the plan took from the job's engine (the variables read), and the torchrun variables it did not read."""
     notes = [rdzv.note] if rdzv.note else []
     if job is not None:
         where = f"node {rdzv.node_rank}" if rdzv.node_rank is not None else "this node"
-        shape = f"{nnodes} nodes, {where}, rendezvous at {rdzv.endpoint}" if nnodes > 1 else "one node"
+        count = f"{nodes.low} to {nodes.high} nodes (elastic)" if nodes.elastic else f"{nodes.high} nodes"
+        shape = f"{count}, {where}, rendezvous at {rdzv.endpoint}" if nodes.high > 1 else "one node"
         notes.append(f"{job.describe()}: {shape}.")
     unread = unread_torchrun_variables(environ)
     if unread:
@@ -613,7 +614,7 @@ def build_plan(
     rdzv = rendezvous(opts, nnodes, job, port_check, new_id, host_check)
     _check_elastic(nodes, rdzv, opts, job)
     waits = join_timeout(opts, nnodes)
-    notes = _job_notes(job, nnodes, rdzv, machine.environ)
+    notes = _job_notes(job, nodes, rdzv, machine.environ)
     args = ["--nnodes", str(nodes), "--nproc-per-node", str(nproc), *rdzv.args,
             *_restart_args(nodes, rdzv, opts, waits)]
     _check_log_dir(opts)
