@@ -14,6 +14,9 @@ takes the grace for more nodes out of torch's round and keeps it in its own wait
 * a node that finds the job already running (a launcher of it that has met before is alive) enters at once:
   torch's agent admits it at the next round (the running nodes restart their workers for it, which costs no step).
 
+Until this node's presence sees the store (its first beats), it waits too, for up to :data:`UNSEEN_S`: a store that
+never answers is torch's round's to report.
+
 torch's round then closes :data:`LAST_CALL_S` after MIN nodes joined it, enough for nodes that entered a beat apart
 (:data:`mgpucli.launch.node_presence.BEAT_S`); a node that comes later still joins at the next round.
 """
@@ -26,6 +29,7 @@ from mgpucli.launch.node_presence import Member, View
 
 START_GRACE_S = 30.0  # torch's last_call_timeout default: how long MIN nodes wait for more at the job's start
 LAST_CALL_S = 5.0  # torch's round closes this long after MIN nodes joined it (mgpu's wait did the grace)
+UNSEEN_S = 10.0  # the store not answering this node's presence this long: torch's round says what became of it
 KEEP_ALIVE_S = 2  # torch's keep-alive interval: a node dead after KEEP_ALIVE_S x KEEP_ALIVE_TRIES without one
 KEEP_ALIVE_TRIES = 3
 # Restarts an elastic job's membership changes may take beside --max-restarts (torch counts a lost node as a failure
@@ -49,11 +53,13 @@ class Gathering:
     met: list[Member]  # the nodes of this launcher's last round (empty at its first)
     grace_s: float = START_GRACE_S
     _enough_since: float | None = None  # when MIN nodes were first seen here
+    _unseen_since: float | None = None  # since when the store has not answered (this node's presence not connected)
 
     def ready(self, view: View, now: float) -> bool:
         """Whether to enter torch's round now, from the last presence view."""
-        if not view.reachable:
-            return True  # nothing to go by: torch's round says the rest (its store's host, its timeouts)
+        if not view.reachable:  # not connected yet, or the store is gone: torch's round says the rest after a while
+            self._unseen_since = now if self._unseen_since is None else self._unseen_since
+            return now - self._unseen_since >= UNSEEN_S
         others = [s for s in view.seen if s.fresh and (s.member.host, s.member.pid) != (self.me.host, self.me.pid)]
         if not self.met and any(s.met for s in others):
             return True  # the job runs (or ran) elsewhere: torch's wait list admits this node

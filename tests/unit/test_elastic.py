@@ -128,7 +128,9 @@ def test_after_a_restart_a_node_waits_for_every_survivor_of_its_round():
     assert not gathering.ready(survivors, 0.0)
     assert gathering.ready(view((A, True, 1, True), (B, True, 1, True), (C, False, 1, False)), 1.0)
     assert gathering.ready(survivors, 31.0)  # B never comes back to wait: not longer than the grace
-    assert Gathering(1, 2, A, [A, B]).ready(View(False, ()), 0.0)  # no view: torch's round says the rest
+    unseen = Gathering(1, 2, A, [A, B])
+    assert not unseen.ready(View(False, ()), 0.0)  # this node's presence not connected yet
+    assert unseen.ready(View(False, ()), elastic_rounds.UNSEEN_S)  # no store: torch's round says what became of it
 
 
 # --------------------------------------------------------------------------------------- the waiting lines
