@@ -10,10 +10,11 @@ given on the command line wins, with a warning that the global batch changed.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from mgpucli import env_vars
 from mgpucli.errors import UsageError
 
 PINNED_KEYS = ("data.batch_size", "trainer.grad_accum")  # what a command-line override keeps as given
@@ -35,16 +36,25 @@ class Layout:
 
 @dataclass(frozen=True)
 class Segment:
-    """A stretch of the run trained on one layout, from optimizer step ``first_step`` (counted from 1)."""
+    """A stretch of the run trained on one layout, from optimizer step ``first_step`` (counted from 1); ``nodes``:
+    on how many nodes, recorded for a job of several nodes or an elastic one (None: not recorded, one node)."""
 
     first_step: int
     layout: Layout
+    nodes: int | None = None
 
     def record(self) -> dict[str, int]:
         """The checkpoint's plain-ints form (loads with ``weights_only=True`` and without torch)."""
         layout = self.layout
         return {"first_step": self.first_step, "world_size": layout.world_size, "batch_size": layout.batch_size,
-                "grad_accum": layout.grad_accum}
+                "grad_accum": layout.grad_accum, **({"nodes": self.nodes} if self.nodes is not None else {})}
+
+    def where(self) -> str:
+        """``2 process(es)``, or where nodes are recorded ``2 nodes x 1 process(es)``."""
+        if self.nodes is None:
+            return f"{self.layout.world_size} process(es)"
+        per_node = self.layout.world_size // self.nodes if self.nodes else self.layout.world_size
+        return f"{self.nodes} node{'s' if self.nodes != 1 else ''} x {per_node} process(es)"
 
 
 def segments_of(payload: dict[str, Any]) -> list[Segment]:
@@ -55,15 +65,17 @@ def segments_of(payload: dict[str, Any]) -> list[Segment]:
                   for k in ("first_step", "world_size", "batch_size", "grad_accum")]
         if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values):
             return []
-        found.append(Segment(values[0], Layout(*values[1:])))
+        nodes = item.get("nodes")
+        found.append(Segment(values[0], Layout(*values[1:]), nodes if isinstance(nodes, int) and nodes > 0 else None))
     return found
 
 
-def continued(segments: list[Segment], step: int, layout: Layout) -> list[Segment]:
-    """The segments after a (re)start at ``step`` on ``layout``: a new one unless the layout is the last one's."""
-    if segments and segments[-1].layout == layout:
+def continued(segments: list[Segment], step: int, layout: Layout, nodes: int | None = None) -> list[Segment]:
+    """The segments after a (re)start at ``step`` on ``layout`` (and ``nodes``): a new one unless they are the last
+    one's."""
+    if segments and segments[-1].layout == layout and segments[-1].nodes == nodes:
         return list(segments)
-    return [*segments, Segment(step + 1, layout)]
+    return [*segments, Segment(step + 1, layout, nodes)]
 
 
 def describe(segments: list[Segment], last_step: int) -> str:
@@ -73,9 +85,29 @@ def describe(segments: list[Segment], last_step: int) -> str:
         end = segments[i + 1].first_step - 1 if i + 1 < len(segments) else last_step
         steps = (f"from step {seg.first_step}" if end < seg.first_step else f"step {end}" if end == seg.first_step
                  else f"steps {seg.first_step}-{end}")
-        parts.append(f"{steps} on {seg.layout.world_size} process(es) (global batch {seg.layout.global_batch} = "
+        parts.append(f"{steps} on {seg.where()} (global batch {seg.layout.global_batch} = "
                      f"{seg.layout.world_size} x {seg.layout.batch_size} x grad_accum {seg.layout.grad_accum})")
     return ", ".join(parts)
+
+
+def elastic_global_batch(environ: Mapping[str, str]) -> int | None:
+    """The global batch an elastic job keeps on every node count (``mgpu launch --nnodes MIN:MAX`` sets it for a
+    recipe's workers, :mod:`mgpucli.launch.elastic_plan`); None: not an elastic job."""
+    raw = environ.get(env_vars.ELASTIC_GLOBAL_BATCH, "")
+    return int(raw) if raw.isdigit() and int(raw) > 0 else None
+
+
+def elastic_start(global_batch: int, world_size: int, batch_size: int, grad_accum: int) -> Resolution:
+    """The layout an elastic job's fresh start trains on: ``global_batch`` (the recipe's at MAX nodes) on the processes
+    there, ``trainer.grad_accum`` changed to keep it; UsageError when no whole one does (the launch checked it)."""
+    if global_batch % (world_size * batch_size):
+        raise UsageError(f"the elastic job's global batch {global_batch} cannot be kept on {world_size} process(es) "
+                         f"with data.batch_size={batch_size}.", _options(global_batch, world_size, batch_size))
+    layout = Layout(world_size, batch_size, global_batch // (world_size * batch_size))
+    if layout.grad_accum == grad_accum:
+        return Resolution(layout)
+    return Resolution(layout, note=f"elastic job: keeping its global batch {global_batch} on {world_size} "
+                                   f"process(es): {layout} (trainer.grad_accum={layout.grad_accum}).")
 
 
 def pinned_by(overrides: Iterable[str]) -> frozenset[str]:

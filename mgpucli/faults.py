@@ -12,6 +12,8 @@ step unless narrowed). Faults:
 - ``tracker``: an experiment tracker's logging raises at the step (on rank 0's tracking thread).
 - ``hold_last_save``: after the last step, wait before the run's final checkpoint is written until a stop signal
   (SIGINT/SIGTERM/SIGUSR1) arrives, or ``MGPU_FAULT_SLEEP`` seconds.
+- ``hold_step``: in the training step (``@step``), wait until a stop signal arrives (SIGINT/SIGTERM/SIGUSR1, or
+  torch's agent stopping the workers to admit a node) or ``MGPU_FAULT_SLEEP`` seconds: a job held at a known step.
 - ``hold_at_exit``: once the run finished (the final checkpoint complete, every rank agreed), wait before the
   teardown until a stop signal arrives, or ``MGPU_FAULT_SLEEP`` seconds: a job held in its teardown.
 
@@ -31,7 +33,7 @@ from functools import lru_cache
 from mgpucli.errors import UsageError
 
 KNOWN = ("crash", "nan", "sleep", "kill_in_save", "sleep_in_save", "disk_full_in_save", "tracker", "hold_last_save",
-         "hold_at_exit")  # as listed above
+         "hold_step", "hold_at_exit")  # as listed above
 
 
 @lru_cache(maxsize=1)
@@ -111,13 +113,14 @@ def maybe_fault(point: str, rank: int | None = None, step: int | None = None, pa
     return False
 
 
-def hold(name: str, until: Callable[[], bool], rank: int | None = None) -> None:
-    """The hold fault ``name`` (``hold_last_save``, ``hold_at_exit``), where armed: wait until ``until()`` (the caller's
-    "a stop signal arrived") or ``MGPU_FAULT_SLEEP`` seconds. A test holds a job there and signals it, no race."""
+def hold(name: str, until: Callable[[], bool], rank: int | None = None, step: int | None = None) -> None:
+    """The hold fault ``name`` (``hold_last_save``, ``hold_step`` at ``step``, ``hold_at_exit``), where armed: wait
+    until ``until()`` (the caller's "a stop signal arrived") or ``MGPU_FAULT_SLEEP`` seconds. A test holds a job
+    there and signals it, no race."""
     if not enabled():
         return
     rank = rank if rank is not None else int(os.environ.get("RANK", "0"))
-    if _armed(name, rank, None):
+    if _armed(name, rank, step):
         deadline = time.monotonic() + float(os.environ.get("MGPU_FAULT_SLEEP", "3600"))
         while not until() and time.monotonic() < deadline:
             time.sleep(0.05)

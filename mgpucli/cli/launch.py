@@ -48,8 +48,9 @@ _NPROC = typer.Option(
     None, "--nproc", metavar="N", help="Number of CPU processes (with --cpu; default 1)."
 )
 _NNODES = typer.Option(
-    None, "--nnodes", metavar="N",
-    help="Number of nodes (default 1, or from the job: SLURM, PET_NNODES, a pod's WORLD_SIZE)."
+    None, "--nnodes", metavar="N|MIN:MAX",
+    help="Number of nodes (default 1, or from the job: SLURM, PET_NNODES, a pod's WORLD_SIZE); MIN:MAX: an elastic "
+    "job (c10d rendezvous) that goes on when a node is lost and grows when one comes, up to MAX."
 )
 _NODE_RANK = typer.Option(
     None, "--node-rank", metavar="RANK",
@@ -144,7 +145,7 @@ def launch(
     gpus: str | None = _GPUS,
     cpu: bool = _CPU,
     nproc: int | None = _NPROC,
-    nnodes: int | None = _NNODES,
+    nnodes: str | None = _NNODES,
     node_rank: int | None = _NODE_RANK,
     master_addr: str | None = _MASTER_ADDR,
     master_port: int | None = _MASTER_PORT,
@@ -176,13 +177,17 @@ def launch(
     killed by signal N); 2 bad input, nothing started; 75 a recipe preempted with a complete checkpoint.
     """
     from mgpucli.console import print_error
+    from mgpucli.launch.node_range import parse_nnodes
     from mgpucli.launch.plan import LaunchOptions
 
     try:
         script = _script(ctx, recipe, overrides, module)
+        nodes = parse_nnodes(nnodes) if nnodes is not None else None
         opts = LaunchOptions(
             recipe=recipe or "", overrides=tuple(overrides or ()) if script is None else (), gpus=gpus, cpu=cpu,
-            nproc=nproc, nnodes=nnodes, node_rank=node_rank, master_addr=master_addr, master_port=master_port,
+            nproc=nproc, nnodes=nodes.high if nodes else None,
+            nnodes_min=nodes.low if nodes and nodes.elastic else None, node_rank=node_rank, master_addr=master_addr,
+            master_port=master_port,
             rdzv_endpoint=rdzv_endpoint, rdzv_id=rdzv_id, join_timeout=join_timeout, max_restarts=max_restarts,
             log_dir=log_dir, resume=resume,
             overwrite=overwrite, script=script, run_dir=run_dir, local_rank_arg=local_rank_arg, show_rank=show_rank,

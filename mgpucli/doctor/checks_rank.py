@@ -65,8 +65,14 @@ def check_job(obs: Observation) -> CheckResult:
     where = (f"this is node {job.node_rank}" if job.node_rank is not None else
              "the c10d rendezvous assigns this node's rank" if job.rdzv_endpoint else "this node's rank is not said")
     meet = job.rdzv_endpoint or (f"{job.master_addr}:{job.master_port}" if job.master_addr else "not said")
-    shape = (f"{job.describe()}: mgpu launch would start {job.nnodes} node(s) x {nproc} process(es) = world size "
-             f"{job.nnodes * nproc}; {where}; the nodes meet at {meet}")
+    nodes = f"{job.nnodes} node(s)" if job.nnodes_min is None else \
+        f"an elastic job of {job.nnodes_min} to {job.nnodes} node(s)"
+    shape = (f"{job.describe()}: mgpu launch would start {nodes} x {nproc} process(es) = world size "
+             f"{'up to ' if job.nnodes_min is not None else ''}{job.nnodes * nproc}; {where}; the nodes meet at {meet}")
+    if job.nnodes_min is not None and not job.rdzv_endpoint:
+        return fail(name, AREA, f"{shape}. An elastic job needs a c10d rendezvous: a static one cannot take a lost "
+                    "node back", "Set PET_RDZV_BACKEND=c10d and PET_RDZV_ENDPOINT=HOST:PORT (a host that stays), or "
+                    "give mgpu launch --rdzv-endpoint HOST:PORT.")
     if job.node_rank is not None and not 0 <= job.node_rank < job.nnodes:
         return fail(name, AREA, f"{shape}. {job.said('node_rank')} is not below {job.said('nnodes')}",
                     "Fix the job's variables, or give mgpu launch --node-rank and --nnodes.")

@@ -16,6 +16,12 @@ def _first_line(err: BaseException) -> str:
     return re.sub(r"^\[[^\]]*\]\s*", "", text[0]) if text else type(err).__name__
 
 
+def is_collective_failure(err: BaseException) -> bool:
+    """Whether ``err`` is a collective that timed out or lost its connection to another rank (a peer died)."""
+    text = str(err)
+    return isinstance(err, RuntimeError) and bool(_TIMEOUT.search(text) or _PEER_GONE.search(text))
+
+
 def collective_failure(err: BaseException, heartbeat: Heartbeat, timeout_s: int) -> JobFailed | None:
     """A timed-out or broken collective: which one, at which step, and which ranks had not arrived."""
     text = str(err)

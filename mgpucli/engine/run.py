@@ -24,16 +24,18 @@ def ensure_cwd_on_path() -> None:
 
 
 def run_training(recipe: str, overrides: list[str], *, resume: str | None = None, overwrite: bool = False,
-                 env: RankEnv, reporter: Reporter | None = None, started: Callable[[], None] | None = None,
+                 env: RankEnv, reporter: Reporter | None = None,
+                 started: Callable[[dict[str, Any]], None] | None = None,
                  finished: Callable[[], None] | None = None) -> dict[str, Any]:
     """Load and check the recipe, set up the process group, train, and always tear down. ``started`` is called
-    once set-up is done (the run dir taken, a checkpoint loaded) and training begins; ``finished`` once the run has
+    once set-up is done (the run dir taken, a checkpoint loaded) and training begins, with where it starts
+    (:meth:`mgpucli.engine.trainer.Trainer.started_details`); ``finished`` once the run has
     finished on every rank (its final checkpoint complete), before the teardown."""
 
     def train(trainer) -> dict[str, Any]:
         trainer.setup()
         if started is not None:
-            started()
+            started(trainer.started_details())
         settle_gc()  # the start-up's objects are frozen: no collection walks them again (mgpucli/heap.py)
         return trainer.fit()
 

@@ -19,6 +19,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
+import os
+import sys
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -26,11 +28,12 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from mgpucli import faults
+from mgpucli import batch_layout, faults
 from mgpucli.batch_layout import Layout
 from mgpucli.distributed import collectives
 from mgpucli.distributed.heartbeat import Heartbeat
 from mgpucli.distributed.runtime import Runtime
+from mgpucli.engine import clear_errors
 from mgpucli.engine.anatomy import StepClock, StragglerWatch
 from mgpucli.engine.build import build_run
 from mgpucli.engine.checkpoints import state as engine_state
@@ -45,6 +48,7 @@ from mgpucli.engine.stop_requests import StopRequests
 from mgpucli.engine.tasks import forward_batch_of
 from mgpucli.errors import Preempted
 from mgpucli.run_files import checkpoint_dir
+from mgpucli.run_layout import LAST_FULL
 
 
 class Trainer:
@@ -67,6 +71,13 @@ class Trainer:
         self._mid_epoch = False
         self._stop_before_save: bool | None = None  # at this rank's last save: a stop was requested by then
         self._batches_taken = 0  # this epoch's, on each rank, since the sampler's start
+        # An elastic job (mgpu launch --nnodes MIN:MAX): the global batch it keeps over its node range, whatever the
+        # command line pins; and where this rank's last optimizer step left the epoch, for a lost peer (rescue()).
+        self.elastic_batch = batch_layout.elastic_global_batch(os.environ)
+        if self.elastic_batch is not None:
+            self.pinned = frozenset()
+        self._done_batches: int | None = None  # batches taken by this rank's last optimizer step (None: none yet)
+        self._at_epoch_end = False  # since then, the epoch ended (position.epoch counts it)
 
     @property
     def step(self) -> int:
@@ -84,6 +95,10 @@ class Trainer:
         found = None if self.probe else self.checkpoints.check_run_dir(self.resume, self.overwrite)
         if found is not None:
             self._keep_global_batch(found)
+        elif self.elastic_batch is not None and not self.probe:  # a fresh start on the nodes here
+            self._use_layout(batch_layout.elastic_start(self.elastic_batch, runtime.world_size,
+                                                        int(self.cfg.data.batch_size),
+                                                        int(self.cfg.trainer.grad_accum)))
         built = build_run(self.cfg, runtime, self.heartbeat, self.reporter, self.source)
         self.cfg, self.task, self.loaders, self.trained = built.cfg, built.task, built.loaders, built.trained
         self._forward_batch = forward_batch_of(self.task)
@@ -99,7 +114,7 @@ class Trainer:
             self.outputs.stragglers = StragglerWatch(self.loaders.num_workers, self.cfg.data.pin_memory,
                                                      runtime.device.type)
         self.checkpoints.use(self.cfg, Layout(runtime.world_size, int(self.cfg.data.batch_size),
-                                              self.settings.grad_accum))
+                                              self.settings.grad_accum), self._nodes())
         self._backward_phase = ("backward (gradient all-reduce)" if runtime.distributed
                                 and self.trained.model.strategy in ("ddp", "fsdp") else "backward")
         self._faults = faults.enabled()
@@ -114,13 +129,23 @@ class Trainer:
         """Resuming: train on the checkpoint's global batch (``trainer.grad_accum`` changed to keep it on another
         process count), unless the command line sets the batch (mgpucli/batch_layout.py)."""
         batch, accum = int(self.cfg.data.batch_size), int(self.cfg.trainer.grad_accum)
-        kept = self.checkpoints.resolve_layout(found, batch, accum, self.pinned)
+        self._use_layout(self.checkpoints.resolve_layout(found, batch, accum, self.pinned))
+
+    def _use_layout(self, kept: batch_layout.Resolution) -> None:
+        """Train on ``kept``'s layout (its ``trainer.grad_accum``), saying why it changed."""
         if kept.note:
             self.reporter.message(kept.note)
         if kept.warning:
             self.reporter.warn(kept.warning)
-        if kept.layout.grad_accum != accum:
+        if kept.layout.grad_accum != int(self.cfg.trainer.grad_accum):
             self.cfg = OmegaConf.merge(self.cfg, {"trainer": {"grad_accum": kept.layout.grad_accum}})
+
+    def _nodes(self) -> int | None:
+        """On how many nodes this run trains, for its segments: recorded for a job of several nodes or an elastic
+        one (None: one node)."""
+        env = self.runtime.env
+        nodes = env.world_size // env.local_world_size if env.local_world_size else 1
+        return nodes if nodes > 1 or self.elastic_batch is not None else None
 
     def _take_run_dir(self, found) -> None:
         """Load the checkpoint to resume from (``found``, None: a fresh start), then take the run dir (rank 0), open
@@ -139,6 +164,14 @@ class Trainer:
         self.outputs.open(self.cfg, run_dir, runtime, tags, self.step if found is not None else None,
                           self._resumed.trackers if self._resumed is not None else None)
         self.checkpoints.tracker_ids = self.outputs.tracker_ids  # their run ids go into every checkpoint
+        segment = self.checkpoints.segments[-1]
+        if segment.first_step == self.step + 1 and (found is not None or self.elastic_batch is not None):
+            self.outputs.write({"split": "event", "event": "segment", **segment.record(), "step": self.step,
+                                "time": time.time()})  # where this stretch of the run trains, from the next step
+
+    def started_details(self) -> dict[str, Any]:
+        """What the launcher's line about a restart says: the step training starts after, and on what layout."""
+        return {"step": self.step, **self.checkpoints.segments[-1].record(), "strategy": self.trained.model.strategy}
 
     # ------------------------------------------------------------------------------------------ loop
     def fit(self) -> dict[str, Any]:
@@ -275,8 +308,10 @@ class Trainer:
             with torch.autocast(self.runtime.device.type, dtype=self.autocast_dtype):
                 outputs, targets = self._forward_batch(model.train, batch)
                 loss = self.task.loss(outputs, targets)
-        if self._faults and faults.maybe_fault("step", self.runtime.rank, step):
-            loss = loss * float("nan")
+        if self._faults:  # test-only: a held step, a crash, a stuck rank, a NaN
+            faults.hold("hold_step", lambda: self.stop.received is not None, self.runtime.rank, step)
+            if faults.maybe_fault("step", self.runtime.rank, step):
+                loss = loss * float("nan")
         detached = loss.detach()
         self.intervals.add_step(outputs, targets, detached, step)
         scaled = loss / self.settings.grad_accum if self.settings.grad_accum > 1 else loss
@@ -304,6 +339,7 @@ class Trainer:
         if self.clock is not None:
             self.clock.add_optimizer(started, self.clock.mark())
         position.step += 1
+        self._done_batches, self._at_epoch_end = self._batches_taken, False  # a step every rank completed
         if trained.ema is not None:
             trained.ema.update(position.step)
         self.intervals.steps += 1
@@ -324,6 +360,7 @@ class Trainer:
         number = position.epoch + 1
         if not ended_early:
             position.epoch += 1
+            self._at_epoch_end = True
         last = self._done() or position.epoch >= total_epochs
         val = None
         if self.loaders.val is not None and settings.val_every and (position.epoch % settings.val_every == 0 or last):
@@ -419,7 +456,50 @@ class Trainer:
             yield
         except Exception as err:
             err.mgpu_step = self.step + 1
+            self.rescue(err)
             raise
+
+    def rescue(self, err: Exception) -> None:
+        """An elastic job's rank whose collective failed (a peer lost): keep the last step every rank completed as
+        ``last.pt``, so that the restart on the nodes still there loses no step (see
+        :mod:`mgpucli.engine.checkpoints.rescue` for what that guarantees and when it is not written). Said in this
+        rank's log; a rescue that fails leaves the error that ended the run as it is."""
+        if self.elastic_batch is None or self._done_batches is None or not clear_errors.is_collective_failure(err):
+            return
+        rank = self.runtime.rank
+        why = self._no_rescue()
+        try:
+            wrote = why is None and self.checkpoints.save_alone(self.trained, self.position, self.intervals.epoch_sums,
+                                                                self._rescue_position())
+        except Exception as failed:  # noqa: BLE001 - the run's own error is the one to report
+            why = f"writing it failed ({type(failed).__name__}: {failed})"
+            wrote = False
+        where = checkpoint_dir(self.checkpoints.run_dir) / LAST_FULL
+        said = (f"kept step {self.step}, the last step every rank completed, in {where}" if wrote else
+                f"did not keep step {self.step}: {why or 'a survivor already kept it (or a later one)'}")
+        print(f"mgpu: rank {rank} lost its connection to another rank; {said}.", file=sys.stderr, flush=True)
+
+    def _no_rescue(self) -> str | None:
+        """Why this rank cannot keep its state as the last step every rank completed (None: it can)."""
+        if self.trained.model.is_fsdp:
+            return "under FSDP each rank holds only its shards, and the lost node's are gone; the restart continues " \
+                   "from the latest checkpoint"
+        if self.checkpoints.sharded_format:
+            return ("trainer.checkpoint_format=sharded needs every rank; the restart continues from the latest "
+                    "checkpoint")
+        if self.heartbeat.phase == "optimizer step":
+            return "the failure came inside an optimizer step"
+        if not all(bool(torch.isfinite(p).all()) for p in self.trained.model.raw.parameters()):
+            return "its weights hold a non-finite value (a NaN not yet checked); the latest checkpoint is the last good"
+        return None
+
+    def _rescue_position(self) -> dict[str, int] | None:
+        """The data position after this rank's last optimizer step (None: at an epoch's end)."""
+        if self._at_epoch_end:
+            return None
+        sampler = self.loaders.sampler
+        return {"skipped": sampler.skipped,
+                "consumed": samples_consumed(sampler, self._done_batches or 0, int(self.cfg.data.batch_size))}
 
     # ------------------------------------------------------------------------------------ validation
     def evaluate(self, epoch: int) -> dict[str, Any]:

@@ -24,6 +24,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from mgpucli.errors import UsageError
+from mgpucli.launch.node_range import NodeRange, parse_nnodes
 from mgpucli.launch.slurm import read_slurm
 
 # Torch's defaults plus SIGUSR1, SLURM's early-warning signal (sbatch --signal=USR1@60): forwarded to the
@@ -56,6 +57,7 @@ class SchedulerJob:
     signals: str | None = None  # torch's --signals-to-handle under this engine (None: torch's default)
     nproc_per_node: str | None = None  # as given (a count, or torchrun's "auto"/"gpu"); None: not said
     rdzv_endpoint: str | None = None  # a c10d rendezvous's HOST:PORT (None: static, at master_addr)
+    nnodes_min: int | None = None  # an elastic range's MIN (PET_NNODES=MIN:MAX; nnodes is its MAX); None: fixed
     variables: tuple[tuple[str, str], ...] = ()
 
     def said(self, field: str) -> str:
@@ -104,15 +106,10 @@ def _port(environ: Mapping[str, str], name: str) -> int:
     return TORCHRUN_DEFAULT_PORT if found is None else found
 
 
-def _node_count(environ: Mapping[str, str]) -> int:
-    """``PET_NNODES``: a count (default 1), or torchrun's ``MIN:MAX`` with MIN = MAX (an elastic range is refused)."""
+def _node_range(environ: Mapping[str, str]) -> NodeRange:
+    """``PET_NNODES``: a count (default 1), or torchrun's ``MIN:MAX`` (an elastic job when MIN < MAX)."""
     raw = environ.get("PET_NNODES", "").strip()
-    low, sep, high = raw.partition(":")
-    if sep and low != high:
-        raise UsageError(f"PET_NNODES={raw}: mgpu launches a fixed number of nodes, not an elastic range.",
-                         "Give the job a fixed size (minReplicas = maxReplicas), or pass --nnodes N.")
-    found = _int({"PET_NNODES": low}, "PET_NNODES")
-    return 1 if found is None else found
+    return parse_nnodes(raw, "PET_NNODES=") if raw else NodeRange(1, 1)
 
 
 def from_torchrun(environ: Mapping[str, str]) -> SchedulerJob | None:
@@ -125,11 +122,12 @@ def from_torchrun(environ: Mapping[str, str]) -> SchedulerJob | None:
         raise UsageError(f"PET_RDZV_BACKEND={backend}: mgpu's nodes meet through a static or a c10d rendezvous.",
                          "Set PET_RDZV_BACKEND=c10d (or unset it), or pass --rdzv-endpoint HOST:PORT yourself.")
     endpoint = environ.get("PET_RDZV_ENDPOINT", "").strip() or None
+    nodes = _node_range(environ)
     if backend == "static":
         endpoint = None  # torchrun's static rendezvous is at --master-addr:--master-port
     return SchedulerJob(
         name=PET_NAME, job_id=environ.get("PET_RDZV_ID", "").strip(),
-        nnodes=_node_count(environ), node_rank=_int(environ, "PET_NODE_RANK"),
+        nnodes=nodes.high, nnodes_min=nodes.low if nodes.elastic else None, node_rank=_int(environ, "PET_NODE_RANK"),
         master_addr=environ.get("PET_MASTER_ADDR", "").strip() or None,
         master_port=_port(environ, "PET_MASTER_PORT"),
         rdzv_id=environ.get("PET_RDZV_ID", "").strip() or None,

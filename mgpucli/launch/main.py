@@ -14,6 +14,7 @@ from dataclasses import replace
 from mgpucli import __version__
 from mgpucli.cpus import available_cores, omp_threads_problem
 from mgpucli.errors import UsageError
+from mgpucli.launch.elastic_plan import add_global_batch
 from mgpucli.launch.plan import (
     LaunchOptions,
     LaunchPlan,
@@ -106,6 +107,7 @@ def _prepare(opts: LaunchOptions, claim_run_dir: bool = False, deep: bool = True
     facts, cfg = _check_recipe(opts) if deep else _compose(opts, composing)
     machine = this_machine(need_gpus=not opts.cpu and facts.device != "cpu")
     plan = build_plan(opts, facts, machine)
+    add_global_batch(plan, cfg, opts.resume)  # an elastic job's, over its node range (mgpucli/launch/elastic_plan.py)
     if plan.node_rank == 0:  # this node's rank 0 takes the run dir: refuse here what it would refuse there
         found = check_run_dir(plan.run_dir, opts, sharded=str(cfg.trainer.checkpoint_format) == "sharded")
         if found is not None:
@@ -205,7 +207,9 @@ def _banner(plan: LaunchPlan, opts: LaunchOptions) -> list[str]:
         what = (f"1 worker on GPUs {gpus} (DataParallel)" if plan.nproc_per_node == 1 and len(devices.gpu_indices) > 1
                 else f"{plan.nproc_per_node} GPU worker(s) on GPU(s) {gpus}")
     node = plan.node_rank if plan.node_rank is not None else "?"
-    nodes = f", node {node} of {plan.nnodes}" if plan.nnodes > 1 else ""
+    nodes = f", node {node} of {plan.nodes}" if plan.nnodes > 1 else ""
+    if plan.nodes.elastic:
+        nodes = f", node {node} of an elastic job of {plan.nodes.low} to {plan.nodes.high} nodes"
     job = f"; script {script.shown}" if script is not None else ""
     shown = {None: "local rank 0", "all": "every rank"}.get(opts.show_rank, f"local rank {opts.show_rank}")
     lines = [f"mgpu launch: {what}{nodes}{job}; run dir {plan.run_dir}",
@@ -392,6 +396,7 @@ def record_header(plan: LaunchPlan, opts: LaunchOptions, argv: list[str] | None 
                         gpu_indices=list(plan.devices.gpu_indices),
                         cuda_visible_devices=plan.devices.cuda_visible_devices),
         nnodes=plan.nnodes,
+        nnodes_min=plan.nnodes_min,
         node_rank=plan.node_rank,
         rendezvous=RendezvousInfo(backend=plan.rdzv_backend, endpoint=plan.rdzv_endpoint, id=plan.rdzv_id),
         max_restarts=opts.max_restarts,

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from mgpucli.errors import EXIT_FAILED, EXIT_USAGE, MgpuError
+from mgpucli.errors import EXIT_FAILED, EXIT_PREEMPTED, EXIT_USAGE, MgpuError
 from mgpucli.launch.node_presence import Member, View, labels
 
 FIRST_LINE_S = 5.0  # the first waiting line: a rendezvous whose nodes are all up is over before it
@@ -25,10 +25,13 @@ class NodesProblem(MgpuError):
 
     status = "unmet"  # unmet: they never met (or not again after a restart); node_lost: a node lost in training
 
-    def __init__(self, message: str, hint: str, details: dict[str, Any], status: str | None = None):
+    def __init__(self, message: str, hint: str, details: dict[str, Any], status: str | None = None,
+                 exit_code: int | None = None):
         super().__init__(message, hint)
         self.details = details
         self.status = status or self.status
+        if exit_code is not None:
+            self.exit_code = exit_code
 
 
 class NodesMissing(NodesProblem):
@@ -47,13 +50,30 @@ class Watching:
     backend: str  # static | c10d (torch's names)
     endpoint: str  # HOST:PORT where the nodes meet
     run_id: str
-    nnodes: int
+    nnodes: int  # an elastic job's MAX
     node_rank: int | None  # as the job gives it; None: c10d, where torch's agent assigns one
     join_timeout: float
+    min_nodes: int | None = None  # an elastic job's MIN (--nnodes MIN:MAX); None: a fixed count
     compared: dict[str, str] = field(default_factory=dict)  # what this node runs (node_compare.job_items)
     abort: Callable[[], bool] = lambda: False  # the launch is being refused meanwhile (the recipe's check)
     last_step: Callable[[], int | None] = lambda: None  # the step this node's workers reached before a restart
+    checkpoint_step: Callable[[], int | None] = lambda: None  # the step of the run's latest checkpoint, if any
     say: Callable[[str], None] = print
+
+    @property
+    def elastic(self) -> bool:
+        return self.min_nodes is not None and self.min_nodes < self.nnodes
+
+    @property
+    def needed(self) -> int:
+        """How many nodes the job needs to (re)start: all of them, or an elastic job's MIN."""
+        return self.min_nodes if self.elastic and self.min_nodes is not None else self.nnodes
+
+    def count(self, here: list[str]) -> str:
+        """``1 of 2 here (node 0)``; an elastic job's ``1 here (node 0; the job takes 1 to 2)``."""
+        if self.elastic:
+            return f"{len(here)} here ({', '.join(here)}; the job takes {self.min_nodes} to {self.nnodes})"
+        return f"{len(here)} of {self.nnodes} here ({', '.join(here)})"
 
 
 @dataclass(frozen=True)
@@ -104,12 +124,13 @@ class Meeting:
         missing = [] if None in ranks else [f"node {r}" for r in range(self.w.nnodes) if r not in ranks]
         lost = [m for m in self.met if (m.host, m.pid) != (self.me.host, self.me.pid) and view.reachable
                 and view.gone(m)] if self.entry else []
-        return Standing(view.reachable, here, missing, max(0, self.w.nnodes - len(here)), lost)
+        return Standing(view.reachable, here, missing, max(0, self.w.needed - len(here)), lost)
 
     def again_line(self) -> str:
         """Said at once when a restart's rendezvous starts."""
-        return (f"mgpu launch: the workers stopped; waiting for the {self.w.nnodes} nodes to meet again at "
-                f"{self.w.endpoint} before they restart ({self._left()}).")
+        nodes = f"the nodes (at least {self.w.min_nodes})" if self.w.elastic else f"the {self.w.nnodes} nodes"
+        return (f"mgpu launch: the workers stopped; waiting for {nodes} to meet again at {self.w.endpoint} before "
+                f"they restart ({self._left()}).")
 
     def line(self) -> str:
         """Where the wait stands (said as ``mgpu launch: LINE``): where, how many are here, who is missing or lost,
@@ -118,17 +139,22 @@ class Meeting:
         if not s.reachable:
             return (f"waiting for the nodes to meet at {self.w.endpoint}: its rendezvous store does not "
                     f"answer yet ({self._host()}); {self._left()}.")
-        count = f"{len(s.here)} of {self.w.nnodes} here ({', '.join(self._labels(s.here))})"
+        count = self.w.count(self._labels(s.here))
+        if s.lost and self.w.elastic:
+            return (f"{self._lost(s)}; the job goes on without it once the nodes here meet at {self.w.endpoint}: "
+                    f"{count}; {self._left()}.")
         if s.lost:
             them = "it" if len(s.lost) == 1 else "them"
             return (f"{self._lost(s)}; waiting for {them} to rejoin at {self.w.endpoint}: {count}; "
                     f"{self._left()}.")
-        missing = f"; missing: {s.missing_text()}" if len(s.here) < self.w.nnodes else ""
+        missing = f"; missing: {s.missing_text()}" if len(s.here) < self.w.needed else ""
         return f"waiting for the nodes to meet at {self.w.endpoint}: {count}{missing}; {self._left()}."
 
     def missing(self) -> NodesMissing:
         """The join timeout has passed: who never came, and what to check."""
         s, waited = self.standing(), f"within --join-timeout {self.w.join_timeout:g} s"
+        if self.w.elastic and self.entry:
+            return self._too_few(s, waited)
         if s.lost:
             message = f"{self._lost(s)} and did not rejoin at {self.w.endpoint} {waited}, so the job stops."
             hint = ("Start its launcher again with the same command within the join timeout (a c10d rendezvous, "
@@ -144,6 +170,22 @@ class Meeting:
                        f"joined ({len(s.here)} of {self.w.nnodes} here: {', '.join(self._labels(s.here))}).")
         return NodesMissing(message, self._checks(), self.details("timeout"))
 
+    def _too_few(self, s: Standing, waited: str) -> NodesMissing:
+        """An elastic job's restart found fewer than MIN nodes until the join timeout: stopped with its checkpoint
+        (exit 75, for a scheduler to requeue), or without one (exit 1)."""
+        lost = f"{self._lost(s)}; " if s.lost else ""
+        saved = self.w.checkpoint_step()
+        message = (f"{lost}the job needs at least {self.w.min_nodes} nodes (--nnodes {self.w.min_nodes}:"
+                   f"{self.w.nnodes}) and {len(s.here)} met again at {self.w.endpoint} {waited} "
+                   f"({', '.join(self._labels(s.here))}), so it stops")
+        if saved is None:
+            return NodesMissing(message + ".", self._checks(), self.details("too_few"), status="node_lost")
+        hint = (f"Requeue the job with the same command plus --resume auto once at least {self.w.min_nodes} nodes can "
+                "run it: it continues from that checkpoint.")
+        return NodesMissing(f"{message}; its checkpoint at step {saved} is complete. Exit code {EXIT_PREEMPTED} "
+                            "(requeue).", hint, {**self.details("too_few"), "checkpoint_step": saved},
+                            status="node_lost", exit_code=EXIT_PREEMPTED)
+
     def failed(self, why: str, hint: str | None = None) -> NodesMissing:
         """The rendezvous itself ended the wait (closed by the others, its store gone)."""
         return NodesMissing(f"the nodes could not meet at {self.w.endpoint}: {why}.", hint or self._checks(),
@@ -152,6 +194,7 @@ class Meeting:
     def details(self, kind: str = "waiting") -> dict[str, Any]:
         s = self.standing()
         return {"kind": kind, "endpoint": self.w.endpoint, "backend": self.w.backend, "nnodes": self.w.nnodes,
+                "min_nodes": self.w.min_nodes,
                 "entry": self.entry, "waited_s": round(self._clock() - self.started, 1),
                 "join_timeout": self.w.join_timeout, "reachable": s.reachable, "here": self._labels(s.here),
                 "missing": s.missing or s.missing_count, "lost": self._labels(s.lost), "step": self._step}

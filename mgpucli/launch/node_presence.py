@@ -4,10 +4,10 @@ Neither of torch's rendezvous says who has joined while it waits (the static one
 constructor; the c10d one keeps its state private). So every launcher of a job keeps its own small record in the
 rendezvous store, on a connection of its own, from a daemon thread (:class:`Presence`): who it is (host, pid, the
 node rank the job gives it, if any), whether it is waiting for the others now, which rendezvous of its own this is,
-and a beat it renews every :data:`BEAT_S`. Each launcher reads every record at each beat, so the waiting line (and the
-report when the wait ends) can say how many nodes are here, which are missing, and which one was lost: a record
-whose beat stopped for :data:`STALE_S` is a launcher that is gone (killed, or cut off). The main thread reads only
-the last :class:`View`: it never waits on the store for it.
+how many times its nodes have met, and a beat it renews every :data:`BEAT_S`. Each launcher reads every record at
+each beat, so the waiting line (and the report when the wait ends) can say how many nodes are here, which are
+missing, and which one was lost: a record whose beat stopped for :data:`STALE_S` is a launcher that is gone (killed,
+or cut off). The main thread reads only the last :class:`View`: it never waits on the store for it.
 
 The records live under ``mgpu/presence/<run id>/``: a counter hands each launcher a slot, ``.../<slot>`` holds its
 record as JSON.
@@ -57,6 +57,7 @@ class Seen:
     waiting: bool
     entry: int  # which rendezvous of that launcher (0: its first)
     fresh: bool  # renewed within STALE_S (or first read less than STALE_S ago)
+    met: int = 0  # how many times that launcher's nodes have met (its rounds completed): the job ran with it
 
 
 @dataclass(frozen=True)
@@ -88,6 +89,7 @@ class _Slot:
 class _State:
     waiting: bool = False
     entry: int = 0
+    met: int = 0
     slots: dict[int, _Slot] = field(default_factory=dict)
 
 
@@ -114,6 +116,11 @@ class Presence(threading.Thread):
             if entry is not None:
                 self._state.entry = entry
 
+    def met(self) -> None:
+        """This launcher's nodes have met (one more round completed)."""
+        with self._lock:
+            self._state.met += 1
+
     def run(self) -> None:
         while True:
             try:
@@ -128,7 +135,8 @@ class Presence(threading.Thread):
         store = self._connect()
         with self._lock:
             record = {"host": self._me.host, "pid": self._me.pid, "node": self._me.node_rank,
-                      "waiting": self._state.waiting, "entry": self._state.entry, "beat": self._beat}
+                      "waiting": self._state.waiting, "entry": self._state.entry, "met": self._state.met,
+                      "beat": self._beat}
         self._beat += 1
         if self._slot is None:
             self._slot = int(store.add(f"{self._base}/count", 1)) - 1
@@ -163,6 +171,7 @@ class Presence(threading.Thread):
                 known = slots.get(slot)
                 changed = now if known is None or known.beat != beat else known.changed
                 fresh = slot == self._slot or now - changed < STALE_S
-                slots[slot] = _Slot(beat, changed, Seen(member, bool(rec.get("waiting")), int(rec.get("entry") or 0),
-                                                        fresh))
+                seen = Seen(member, bool(rec.get("waiting")), int(rec.get("entry") or 0), fresh,
+                            int(rec.get("met") or 0))
+                slots[slot] = _Slot(beat, changed, seen)
             self._view = View(True, tuple(s.seen for _, s in sorted(slots.items())))

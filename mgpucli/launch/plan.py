@@ -34,7 +34,9 @@ from dataclasses import dataclass, field, replace
 from mgpucli import env_vars
 from mgpucli.distributed.select import DeviceSelection, select_devices
 from mgpucli.errors import UsageError
+from mgpucli.launch import elastic_rounds
 from mgpucli.launch.job_source import SchedulerJob, read_scheduler, unread_torchrun_variables
+from mgpucli.launch.node_range import NodeRange
 from mgpucli.launch.ports import check_port_number, host_problem, port_problem, require_free_port
 from mgpucli.launch.script import ScriptTarget
 from mgpucli.run_files import unwritable
@@ -60,7 +62,8 @@ class LaunchOptions:
     gpus: str | None = None
     cpu: bool = False
     nproc: int | None = None
-    nnodes: int | None = None
+    nnodes: int | None = None  # the node count; for an elastic job (--nnodes MIN:MAX) its MAX
+    nnodes_min: int | None = None  # an elastic job's MIN (--nnodes MIN:MAX); None: a fixed count
     node_rank: int | None = None
     master_addr: str | None = None
     master_port: int | None = None
@@ -124,7 +127,13 @@ class LaunchPlan:
     script: ScriptTarget | None = None  # the user's script, when the job is one (else a recipe)
     shown_args: list[str] | None = None  # a script: what a user would give torchrun without mgpu
     join_timeout: float | None = None  # several nodes: how long they wait for each other (None: one node)
+    nnodes_min: int | None = None  # an elastic job's MIN (nnodes is its MAX); None: a fixed node count
     compared: dict[str, str] = field(default_factory=dict)  # what this node runs, compared with the other nodes'
+
+    @property
+    def nodes(self) -> NodeRange:
+        """The node range: ``nnodes`` alone for a fixed count, ``nnodes_min``..``nnodes`` for an elastic job."""
+        return NodeRange(self.nnodes_min or self.nnodes, self.nnodes)
 
     def split_at_job(self) -> tuple[list[str], list[str]]:
         """(torchrun's options up to the worker's job name, the job's own arguments). Only the first part goes
@@ -405,11 +414,34 @@ def join_timeout(opts: LaunchOptions, nnodes: int) -> float | None:
     return float(given if given is not None else DEFAULT_JOIN_TIMEOUT_S)
 
 
-def join_timeout_args(backend: str, seconds: float) -> list[str]:
+def join_timeout_args(backend: str, seconds: float, elastic: bool = False) -> list[str]:
     """torchrun's spelling of the join timeout, for the command shown (mgpu's rendezvous watch enforces it): the
-    c10d rendezvous's ``join_timeout``, the static one's store ``timeout``."""
+    c10d rendezvous's ``join_timeout``, the static one's store ``timeout``; an elastic job's round settings with it
+    (:func:`mgpucli.launch.elastic_rounds.rendezvous_conf`)."""
     key = "join_timeout" if backend == "c10d" else "timeout"
-    return ["--rdzv-conf", f"{key}={seconds:.0f}"]
+    conf = {key: f"{seconds:.0f}", **(elastic_rounds.rendezvous_conf() if elastic else {})}
+    return ["--rdzv-conf", ",".join(f"{k}={v}" for k, v in conf.items())]
+
+
+def _restart_args(nodes: NodeRange, rdzv: Rendezvous, opts: LaunchOptions, waits: float | None) -> list[str]:
+    """torchrun's rendezvous settings and restarts: the join timeout (several nodes), and ``--max-restarts``; an
+    elastic job's membership changes take restarts of torch's beside the job's own (``--max-restarts``, which mgpu
+    counts itself: :mod:`mgpucli.launch.restart`)."""
+    args = join_timeout_args(rdzv.backend, waits, nodes.elastic) if waits is not None else []
+    restarts = opts.max_restarts + (elastic_rounds.NODE_CHANGES if nodes.elastic else 0)
+    return args + (["--max-restarts", str(restarts)] if restarts else [])
+
+
+def _check_elastic(nodes: NodeRange, rdzv: Rendezvous, opts: LaunchOptions, job: SchedulerJob | None) -> None:
+    """An elastic range needs a c10d rendezvous (a static one has fixed node ranks: it cannot take a node back)."""
+    if not nodes.elastic or rdzv.backend == "c10d":
+        return
+    given = f"--nnodes {nodes}" if opts.nnodes is not None or job is None else job.said("nnodes")
+    raise UsageError(
+        f"{given} is an elastic job, and its nodes meet through a static rendezvous (--master-addr/--master-port, "
+        "fixed node ranks), which cannot take a lost node back nor admit a new one.",
+        "Give every node the same c10d endpoint instead: --rdzv-endpoint HOST:PORT (a host that stays for the whole "
+        "job: its launcher keeps the rendezvous), or set PET_RDZV_BACKEND=c10d and PET_RDZV_ENDPOINT=HOST:PORT.")
 
 
 def _given_nnodes(opts: LaunchOptions, job: SchedulerJob | None, nnodes: int) -> str:
@@ -419,9 +451,19 @@ def _given_nnodes(opts: LaunchOptions, job: SchedulerJob | None, nnodes: int) ->
 
 
 def node_count(opts: LaunchOptions, job: SchedulerJob | None) -> int:
-    """``--nnodes``, else the job's count, else 1; the node options (and the job's node rank) checked against it."""
-    nnodes = opts.nnodes if opts.nnodes is not None else (job.nnodes if job else 1)
-    if nnodes < 1:
+    """The node count (an elastic job's MAX): :func:`node_range`'s."""
+    return node_range(opts, job).high
+
+
+def node_range(opts: LaunchOptions, job: SchedulerJob | None) -> NodeRange:
+    """``--nnodes`` (N or MIN:MAX), else the job's count (or range), else 1; the node options (and the job's node rank)
+    checked against it."""
+    if opts.nnodes is not None:
+        nodes = NodeRange(opts.nnodes_min or opts.nnodes, opts.nnodes)
+    else:
+        nodes = NodeRange(job.nnodes_min or job.nnodes, job.nnodes) if job else NodeRange(1, 1)
+    nnodes = nodes.high
+    if nodes.low < 1:
         raise UsageError(f"{_given_nnodes(opts, job, nnodes)}: must be at least 1.", "Example: --nnodes 2.")
     if opts.master_port is not None:
         check_port_number(opts.master_port, "--master-port")
@@ -441,7 +483,7 @@ def node_count(opts: LaunchOptions, job: SchedulerJob | None) -> int:
             f"{job.said('node_rank')} is not below {_given_nnodes(opts, job, nnodes)}: node ranks run from 0 to "
             f"{nnodes - 1}.", "Fix the job's variables, or give this node --node-rank and --nnodes yourself.",
         )
-    return nnodes
+    return nodes
 
 
 def job_nproc(opts: LaunchOptions, facts: RecipeFacts, job: SchedulerJob | None) -> tuple[LaunchOptions, int | None]:
@@ -499,12 +541,12 @@ def _check_job_nproc(opts: LaunchOptions, job: SchedulerJob | None, count: int |
 
 
 def workers_env(opts: LaunchOptions, facts: RecipeFacts, machine: Machine, selection: DeviceSelection,
-                nproc: int, run_dir: str, backend: str) -> dict[str, str]:
+                nproc: int, run_dir: str, backend: str, restarts: bool = False) -> dict[str, str]:
     """The environment mgpu sets for the workers (shown in the torchrun command too)."""
     # A script may write its own files there: an absolute path, whatever directory it changes to.
     env = {env_vars.LOG_LINE_PREFIX: LOG_PREFIX_TEMPLATE,
            env_vars.RUN_DIR: run_dir if opts.script is None else os.path.abspath(run_dir)}
-    if backend == "c10d" and opts.max_restarts > 0:
+    if backend == "c10d" and (restarts or opts.max_restarts > 0):
         # torch 2.13's c10d rendezvous hands every restart round the same bootstrap TCPStore, so the restarted
         # workers read the previous attempt's gloo/NCCL addresses and fail to connect ("Connection refused";
         # plain `torchrun --standalone --max-restarts 1` fails the same way). Opting out of the shared store
@@ -533,12 +575,13 @@ def _check_log_dir(opts: LaunchOptions) -> None:
                          "--log-dir out for RUN_DIR/logs.")
 
 
-def _job_notes(job: SchedulerJob | None, nnodes: int, rdzv: Rendezvous, environ: Mapping[str, str]) -> list[str]:
+def _job_notes(job: SchedulerJob | None, nodes: NodeRange, rdzv: Rendezvous, environ: Mapping[str, str]) -> list[str]:
     """What the plan took from the job's engine (the variables read), and the torchrun variables it did not read."""
     notes = [rdzv.note] if rdzv.note else []
     if job is not None:
         where = f"node {rdzv.node_rank}" if rdzv.node_rank is not None else "this node"
-        shape = f"{nnodes} nodes, {where}, rendezvous at {rdzv.endpoint}" if nnodes > 1 else "one node"
+        count = f"{nodes.low} to {nodes.high} nodes (elastic)" if nodes.elastic else f"{nodes.high} nodes"
+        shape = f"{count}, {where}, rendezvous at {rdzv.endpoint}" if nodes.high > 1 else "one node"
         notes.append(f"{job.describe()}: {shape}.")
     unread = unread_torchrun_variables(environ)
     if unread:
@@ -566,15 +609,14 @@ def build_plan(
     job = read_scheduler(machine.environ)
     selection, opts = _select_for_job(opts, facts, machine, job)
     nproc = 1 if facts.strategy == "dp" else selection.nproc
-    nnodes = node_count(opts, job)
+    nodes = node_range(opts, job)
+    nnodes = nodes.high
     rdzv = rendezvous(opts, nnodes, job, port_check, new_id, host_check)
+    _check_elastic(nodes, rdzv, opts, job)
     waits = join_timeout(opts, nnodes)
-    notes = _job_notes(job, nnodes, rdzv, machine.environ)
-    args = ["--nnodes", str(nnodes), "--nproc-per-node", str(nproc), *rdzv.args]
-    if waits is not None:
-        args += join_timeout_args(rdzv.backend, waits)
-    if opts.max_restarts:
-        args += ["--max-restarts", str(opts.max_restarts)]
+    notes = _job_notes(job, nodes, rdzv, machine.environ)
+    args = ["--nnodes", str(nodes), "--nproc-per-node", str(nproc), *rdzv.args,
+            *_restart_args(nodes, rdzv, opts, waits)]
     _check_log_dir(opts)
     tee = _tee(opts.show_rank, nproc)
     run_dir = facts.run_dir
@@ -589,12 +631,14 @@ def build_plan(
         args += ["--signals-to-handle", job.signals]
     worker_argv = worker_args(opts)
     shown = None if opts.script is None else [*args, *opts.script.words()]
+    restarts = opts.max_restarts > 0 or nodes.elastic
     args += ["-m", WORKER_MODULE, *worker_argv]
     return LaunchPlan(
         devices=selection, nproc_per_node=nproc, nnodes=nnodes, node_rank=rdzv.node_rank,
         rdzv_backend=rdzv.backend, rdzv_endpoint=rdzv.endpoint, rdzv_id=rdzv.rdzv_id, run_dir=run_dir,
         log_dir=log_dir, launch_json=os.path.join(run_dir, _launch_json_name(nnodes, rdzv.node_rank, machine.hostname)),
         worker_args=worker_argv, torchrun_args=args,
-        env=workers_env(opts, facts, machine, selection, nproc, run_dir, rdzv.backend),
+        env=workers_env(opts, facts, machine, selection, nproc, run_dir, rdzv.backend, restarts=restarts),
         scheduler=job, notes=notes, script=opts.script, shown_args=shown, join_timeout=waits,
+        nnodes_min=nodes.low if nodes.elastic else None,
     )

@@ -18,6 +18,9 @@ becomes; the torchrun command shown keeps torch's name), whose handler (:class:`
   store and compares them all (:mod:`mgpucli.launch.node_compare`): any difference stops every node with exit 2;
 * hands torch's agent a store whose waits never block (:class:`mgpucli.launch.store_waits.WatchedStore`): the rank
   assignment and the exit barrier wait in Python too.
+* for an elastic job (``--nnodes MIN:MAX``), enters torch's round only once the nodes have gathered
+  (:mod:`mgpucli.launch.elastic_rounds`), and records every round it completes (:func:`last_round`): who was lost or
+  joined since the round before, and whether the job ran before it (its workers then resume from its checkpoint).
 
 The static handler is mgpu's own (:class:`StaticNodes`, torch's minus the store's wait for its peers, which the
 presence and the comparison do instead); the c10d one is torch's, made with torch's public ``create_backend`` and
@@ -31,6 +34,7 @@ import json
 import os
 import socket
 import time
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -48,6 +52,7 @@ from torch.distributed.elastic.rendezvous import (
 )
 
 from mgpucli.launch import node_compare
+from mgpucli.launch.elastic_rounds import Gathering
 from mgpucli.launch.meeting import Meeting, NodesDiffer, Watching
 from mgpucli.launch.node_presence import Member, Presence, labels
 from mgpucli.launch.ports import answers, listens_here
@@ -61,8 +66,35 @@ _STORE_GONE = ("A c10d rendezvous keeps its store in the launcher on the endpoin
                "auto); keep the endpoint on a node that stays.")
 
 
+_GATHER_EVERY_S = 0.25  # an elastic job's wait before torch's round: how often it looks again
+
+
+@dataclass(frozen=True)
+class Round:
+    """One rendezvous this launcher completed: who met, and how that differs from its round before."""
+
+    entry: int  # which rendezvous of this launcher (0: its first)
+    members: tuple[Member, ...]
+    lost: tuple[Member, ...]  # in this launcher's round before, not in this one
+    joined: tuple[Member, ...]  # in this one, not in the round before (none at this launcher's first)
+    continues: bool  # a node of it had met before: the job ran, and its workers resume from its checkpoint
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.lost or self.joined)
+
+    def labels(self, members: tuple[Member, ...]) -> list[str]:
+        return labels(list(members), [*self.members, *self.lost])
+
+
 _watching: Watching | None = None
 _meeting: Meeting | None = None  # the wait in progress, for a signal's report (:func:`waiting_now`)
+_rounds: list[Round] = []  # the rendezvous this launcher completed, in order
+
+
+def last_round() -> Round | None:
+    """The rendezvous this launcher completed last (None: none yet)."""
+    return _rounds[-1] if _rounds else None
 
 
 def prepare(watching: Watching) -> str:
@@ -183,6 +215,7 @@ class WatchedRendezvous(RendezvousHandler):
         self._entries = 0
         self._met: list[Member] = []  # the nodes of the last rendezvous: after a restart, who was lost
         self._refused = False  # the nodes differ: every one stops, nothing to close
+        self._gathering: Gathering | None = None  # an elastic job's wait before torch's round (elastic_rounds)
 
     def next_rendezvous(self) -> RendezvousInfo:
         global _meeting
@@ -193,10 +226,13 @@ class WatchedRendezvous(RendezvousHandler):
             self._w.say(meeting.again_line())
         _meeting = meeting  # kept when the wait ends otherwise: a signal's report says where it stood
         presence.waiting(entry)
+        if self._w.elastic:
+            self._gathering = Gathering(self._w.needed, self._w.nnodes, self._me, list(self._met))
         try:
             info = self._join(meeting)
             try:
                 self._met = self._compare(info, entry, meeting)
+                presence.met()
             except RuntimeError as err:  # the store's host left (its own join timeout, a refusal, a crash)
                 raise meeting.failed(f"the rendezvous store went away while they compared their jobs ({err})") \
                     from None
@@ -232,6 +268,11 @@ class WatchedRendezvous(RendezvousHandler):
     def _inner_rendezvous(self, deadline: float) -> RendezvousInfo:
         if self._inner is None:
             self._inner = self._open(deadline)
+        gathering, self._gathering = self._gathering, None
+        while gathering is not None and not gathering.ready(self._presence_started().view(), time.monotonic()):
+            if time.monotonic() >= deadline:  # (in the waiting thread) said as the meeting's own timeout
+                raise TimeoutError("the nodes never gathered")
+            time.sleep(_GATHER_EVERY_S)
         return self._inner.next_rendezvous()
 
     def _compare(self, info: RendezvousInfo, entry: int, meeting: Meeting) -> list[Member]:
@@ -240,7 +281,8 @@ class WatchedRendezvous(RendezvousHandler):
         store = info.store
         prefix = "mgpu/compare/" + (f"{entry}/" if self._w.backend == "static" else "")  # c10d: a store per round
         node = self._me.node_rank if self._me.node_rank is not None else info.rank
-        mine = {"host": self._me.host, "pid": self._me.pid, "node": node, "items": self._w.compared}
+        mine = {"host": self._me.host, "pid": self._me.pid, "node": node, "met": len(_rounds),
+                "items": self._w.compared}
         call(store.set, f"{prefix}{info.rank}", json.dumps(mine), tick=meeting.tick)
         keys = [f"{prefix}{rank}" for rank in range(info.world_size)]
         wait_for_keys(store, keys, float("inf"), tick=meeting.tick)  # the meeting's deadline ends it
@@ -255,6 +297,7 @@ class WatchedRendezvous(RendezvousHandler):
             message, hint = node_compare.refusal(found)
             raise NodesDiffer(message, hint, {**meeting.details("differ"), "differences": [
                 {"item": d.item, "values": d.values, "said": d.describe()} for d in found]})
+        _note_round(entry, self._met, members, any(int(r.get("met") or 0) > 0 for r in records))
         return members
 
     def _leave_after_all_read(self, store, prefix: str, info: RendezvousInfo) -> None:
@@ -301,10 +344,22 @@ class WatchedRendezvous(RendezvousHandler):
         return bool(call(self._inner.shutdown))
 
 
-def watch_plan(plan, abort, last_step) -> str:
+def _note_round(entry: int, before: list[Member], members: list[Member], continues: bool) -> None:
+    """Record a completed rendezvous (:func:`last_round`), with who was lost and who joined since the one before."""
+    def key(m: Member) -> tuple[str, int]:
+        return m.host, m.pid
+
+    now, then = {key(m) for m in members}, {key(m) for m in before}
+    lost = tuple(m for m in before if key(m) not in now)
+    joined = tuple(m for m in members if key(m) not in then) if entry else ()
+    _rounds.append(Round(entry, tuple(members), lost, joined, continues))
+
+
+def watch_plan(plan, abort, last_step, checkpoint_step=lambda: None) -> str:
     """Watch the rendezvous of ``plan`` (a :class:`mgpucli.launch.plan.LaunchPlan` of several nodes): the backend name
     torch's launch config takes instead of its own. ``abort()``: the launch is being refused meanwhile;
-    ``last_step()``: the step this node's workers reached, for the line after a restart."""
+    ``last_step()``: the step this node's workers reached, for the line after a restart; ``checkpoint_step()``: the
+    step of the run's latest checkpoint (an elastic job's stop below its MIN nodes says it)."""
     from mgpucli.console import err_console
 
     def say(line: str) -> None:
@@ -314,4 +369,5 @@ def watch_plan(plan, abort, last_step) -> str:
         raise ValueError("a plan of one node has no rendezvous to watch")
     return prepare(Watching(backend=plan.rdzv_backend, endpoint=plan.rdzv_endpoint, run_id=plan.rdzv_id,
                             nnodes=plan.nnodes, node_rank=plan.node_rank, join_timeout=plan.join_timeout,
-                            compared=dict(plan.compared), abort=abort, last_step=last_step, say=say))
+                            min_nodes=plan.nnodes_min, compared=dict(plan.compared), abort=abort,
+                            last_step=last_step, checkpoint_step=checkpoint_step, say=say))

@@ -2,7 +2,8 @@
 
 torch's elastic agent restarts the whole worker group after a failure (``--max-restarts K``) and tells the
 new workers which attempt they are in through ``TORCHELASTIC_RESTART_COUNT``. A fresh launch (count 0) does
-exactly what the user typed, so it never picks up a stale checkpoint by itself; a restart (count > 0)
+exactly what the user typed, so it never picks up a stale checkpoint by itself; a restart (count > 0, or, under
+``mgpu launch``, any start that continues the job: :func:`continues`, e.g. a node that joins an elastic job)
 continues from the run's latest checkpoint (``--resume auto``: ``checkpoints/last.pt``, or ``last.dcp`` when
 sharded) and never re-applies ``--overwrite``, which would delete the very checkpoint it should continue from.
 
@@ -27,10 +28,20 @@ LAST_CHECKPOINTS = (LAST_CHECKPOINT, os.path.join(CHECKPOINTS, LAST_SHARDED))
 
 
 def restart_count(environ: Mapping[str, str] | None = None) -> int:
-    """Which restart this worker group is (0: the first start, or not under torchrun)."""
+    """Which start of this node's worker group this is (0: the first, or not under torchrun). Under ``mgpu launch`` it
+    also counts the restarts torch's agent makes when a node joins an elastic job (:mod:`mgpucli.launch.runner`)."""
     env = os.environ if environ is None else environ
     raw = env.get(RESTART_COUNT_ENV, "")
     return int(raw) if raw.isdigit() else 0
+
+
+def continues(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether this start continues a job that already ran, and resumes from its latest checkpoint: a restart of this
+    node's worker group, or (``MGPU_CONTINUES``, said by ``mgpu launch``) a node that joins an elastic job that the
+    other nodes have been running."""
+    env = os.environ if environ is None else environ
+    said = env.get(env_vars.CONTINUES)
+    return said == "1" if said in ("0", "1") else restart_count(env) > 0
 
 
 def resume_arg_for_restart(
@@ -44,7 +55,7 @@ def resume_arg_for_restart(
     ``run_dir`` defaults to ``$MGPU_RUN_DIR`` (set by ``mgpu launch``); when unknown, a restart uses "auto".
     """
     env = os.environ if environ is None else environ
-    if restart_count(env) == 0:
+    if not continues(env):
         return resume
     if resume in (None, "auto"):
         return "auto"
@@ -56,7 +67,7 @@ def resume_arg_for_restart(
 
 def overwrite_for_restart(overwrite: bool, environ: Mapping[str, str] | None = None) -> bool:
     """``--overwrite`` applies to the first start only: on a restart it would delete the checkpoint to resume."""
-    return overwrite and restart_count(environ) == 0
+    return overwrite and not continues(environ)
 
 
 def stop_reason(previous: Sequence[FailureRecord], earlier: Sequence[FailureRecord]) -> str | None:

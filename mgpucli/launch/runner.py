@@ -43,12 +43,13 @@ from torch.distributed.launcher.api import elastic_launch
 from mgpucli import env_vars
 from mgpucli.console import err_console, print_error
 from mgpucli.errors import EXIT_FAILED, EXIT_OK, EXIT_PREEMPTED, EXIT_USAGE
-from mgpucli.launch import hang_verdict, progress_file, rendezvous_watch
+from mgpucli.launch import elastic_rounds, hang_verdict, progress_file, rendezvous_watch
 from mgpucli.launch.exit_watch import ExitWatch
 from mgpucli.launch.failure_summary import summarize
 from mgpucli.launch.job_source import PET_PREFIX
 from mgpucli.launch.live_view import LiveView
 from mgpucli.launch.meeting import NodesProblem
+from mgpucli.launch.membership import MembershipWatch
 from mgpucli.launch.parent_watch import LAUNCH_PID_ENV
 from mgpucli.launch.plan import LaunchPlan
 from mgpucli.launch.restart import stop_reason
@@ -83,28 +84,60 @@ class RestartRefused(Exception):
 
 
 class IndexingLogsSpecs(DefaultLogsSpecs):
-    """torch's default log layout, plus the launch.json index and the repeat check at every attempt."""
+    """torch's default log layout, plus the launch.json index and the repeat check at every attempt.
 
-    def __init__(self, record: LaunchRecord, gate=None, **kwargs):
+    Attempts are this node's starts of its worker group, counted here: torch's own count
+    (``TORCHELASTIC_RESTART_COUNT``) leaves out the restarts its agent makes when a node joins an elastic job, and
+    would reuse (and empty) the last attempt's log folder. The workers get this count as theirs, and
+    ``MGPU_CONTINUES=1`` when their start continues a job that already ran (a restart, or a node that joins the
+    running job): they resume from its latest checkpoint (:mod:`mgpucli.launch.restart`). ``elastic_restarts``: an
+    elastic job's ``--max-restarts``, counted here for the job's own failures only (a restart on other nodes than
+    the round before is the job's membership)."""
+
+    def __init__(self, record: LaunchRecord, gate=None, elastic_restarts: int | None = None, **kwargs):
         super().__init__(**kwargs)
         self._record = record
         self._gate = gate  # the recipe's check still running (mgpucli.launch.gate): the record waits for its go
+        self._elastic_restarts = elastic_restarts
+        self._failures = 0  # an elastic job's restarts after its own failures
+        self.membership = None  # an elastic job's MembershipWatch (mgpucli.launch.membership)
+        self.world_size: int | None = None  # the latest attempt's
 
     def reify(self, envs):
-        first_env = next(iter(envs.values()), {})
-        attempt = int(first_env.get(env_vars.RESTART_COUNT, "0") or 0)
-        if attempt > 0 and self._gate is not None and self._gate.error is not None:
-            raise RestartRefused("the launch was refused", attempt - 1)
+        attempt = len(self._record.attempts)
         if attempt > 0:
-            reason = stop_reason(self._records(attempt - 1), self._records(attempt - 2))
-            if reason:
-                raise RestartRefused(reason, attempt - 1)
+            self._check_restart(attempt)
+        met = rendezvous_watch.last_round()
+        continues = "1" if attempt > 0 or (met is not None and met.continues) else "0"
+        for env in envs.values():  # each worker's environment, as torch's own log spec sets its error file in it
+            env.update({env_vars.RESTART_COUNT: str(attempt), env_vars.CONTINUES: continues})
         dest = super().reify(envs)
+        first_env = next(iter(envs.values()), {})
+        self.world_size = int(first_env.get("WORLD_SIZE", "0") or 0) or None
         with self._gate.lock if self._gate is not None else contextlib.nullcontext():
             self._record.add_attempt(build_attempt(attempt, envs, dest.stdouts, dest.stderrs, dest.error_files))
             if self._gate is None or self._gate.passed:
                 self._record.write()
+        if attempt > 0 and met is not None and met.changed and self.membership is not None:
+            self.membership.changed(attempt, met.labels(met.lost), met.labels(met.joined), len(met.members),
+                                    len(envs))
         return dest
+
+    def _check_restart(self, attempt: int) -> None:
+        """RestartRefused when the restart that starts attempt ``attempt`` would only repeat the failure before it."""
+        if self._gate is not None and self._gate.error is not None:
+            raise RestartRefused("the launch was refused", attempt - 1)
+        if self._elastic_restarts is not None:
+            met = rendezvous_watch.last_round()
+            if met is not None and met.changed:
+                return  # a node lost or joined: the job goes on on the nodes here, which is no failure of its own
+            self._failures += 1
+            if self._failures > self._elastic_restarts:
+                raise RestartRefused(f"its --max-restarts {self._elastic_restarts} are used up (a restart after a node "
+                                     "was lost or joined does not count)", attempt - 1)
+        reason = stop_reason(self._records(attempt - 1), self._records(attempt - 2))
+        if reason:
+            raise RestartRefused(reason, attempt - 1)
 
     def _records(self, number: int):
         found = self._record.attempt(number) if number >= 0 else None
@@ -315,10 +348,11 @@ def _signalled(plan: LaunchPlan, record: LaunchRecord, err: SignalException, han
         details={"signal": signal.Signals(sig).name, "hang": hang, "rendezvous": meeting[1] if meeting else None})
 
 
-def _succeeded(plan: LaunchPlan, record: LaunchRecord, took: float) -> Outcome:
+def _succeeded(plan: LaunchPlan, record: LaunchRecord, took: float, world: int | None = None) -> Outcome:
+    """``world``: the last attempt's world size (an elastic job's may be fewer than all its nodes')."""
     idle = never_trained(record.attempts[-1]) if plan.script is not None and record.attempts else None
     return Outcome("succeeded", EXIT_OK, (
-        f"mgpu launch: {plan.nnodes * plan.nproc_per_node} worker(s) finished in {took:.1f} s"
+        f"mgpu launch: {world or plan.nnodes * plan.nproc_per_node} worker(s) finished in {took:.1f} s"
         + (f" after {len(record.attempts) - 1} restart(s)" if len(record.attempts) > 1 else "") + ". "
         + "".join(f"{what}: {path}; " for what, path in _outputs(plan.run_dir))
         + f"logs: {plan.log_dir} (index: {record.path})"
@@ -344,10 +378,13 @@ def _agent_config(plan: LaunchPlan, record: LaunchRecord, live: bool, show_rank:
     config, cmd, cmd_args = torchrun.config_from_args(args)
     if plan.nnodes > 1:  # the nodes meet with a voice, a deadline and every signal working, then compare their jobs
         config.rdzv_backend = rendezvous_watch.watch_plan(plan, abort=lambda: gate is not None and gate.error is not
-                                                          None, last_step=lambda: _last_step(record))
+                                                          None, last_step=lambda: _last_step(record),
+                                                          checkpoint_step=lambda: _checkpoint_step(plan.run_dir))
     cmd_args = [*cmd_args, *job_args]  # untouched by torchrun's parser: they come last, as torchrun puts them
+    own_restarts = int(args.max_restarts) - elastic_rounds.NODE_CHANGES if plan.nodes.elastic else None
     config.logs_specs = IndexingLogsSpecs(
-        record, gate, log_dir=args.log_dir, redirects=Std.from_str(args.redirects), tee=Std.from_str(args.tee)
+        record, gate, own_restarts, log_dir=args.log_dir, redirects=Std.from_str(args.redirects),
+        tee=Std.from_str(args.tee)
     )
     config.signals_to_handle = _signals_for_torch(args.signals_to_handle or _TORCH_DEFAULT_SIGNALS)
     return config, cmd, cmd_args, 1 + int(args.max_restarts), view
@@ -382,9 +419,15 @@ class _Watchers:
         if self.stall is not None:
             self.stall.start()
         self.audit = _audit_watch(plan, record)
+        self.membership = None
+        if plan.nodes.elastic:  # each change of the nodes said and recorded (mgpucli.launch.membership)
+            self.membership = MembershipWatch(record, _say)
+            self.membership.start()
 
     def finish(self, plan: LaunchPlan) -> None:
         self.promoter.finish()
+        if self.membership is not None:
+            self.membership.finish()
         self.exits.finish()
         if self.stall is not None:
             self.stall.finish()
@@ -412,6 +455,7 @@ def run_plan(plan: LaunchPlan, record: LaunchRecord, live: bool = False, show_ra
     handler = _Signals(record)
     handler.install()
     watchers = _Watchers(plan, record, view, stall_s, handler)
+    config.logs_specs.membership = watchers.membership
     start = time.monotonic()
     try:
         handler.active = True
@@ -422,7 +466,7 @@ def run_plan(plan: LaunchPlan, record: LaunchRecord, live: bool = False, show_ra
         finally:
             handler.active = False
             watchers.finish(plan)
-        outcome = _succeeded(plan, record, time.monotonic() - start)
+        outcome = _succeeded(plan, record, time.monotonic() - start, config.logs_specs.world_size)
     except ChildFailedError as err:
         outcome = _child_failed(plan, record, err, watchers.stall, total)
     except RestartRefused as err:
@@ -473,6 +517,19 @@ def _outputs(run_dir: str) -> list[tuple[str, str]]:
              if p.exists()]
     metrics = os.path.join(run_dir, METRICS)
     return found + ([("metrics", metrics)] if os.path.isfile(metrics) else [])
+
+
+def _say(line: str) -> None:
+    err_console().print(line, markup=False, highlight=False)
+
+
+def _checkpoint_step(run_dir: str) -> int | None:
+    """The step of the run's latest checkpoint on this node (None: none it can read)."""
+    from mgpucli.postmortem.checkpoint_peek import read_checkpoint_info
+
+    steps = [info.step for path in (last_checkpoint(run_dir), last_checkpoint(run_dir, sharded=True))
+             if path.exists() and (info := read_checkpoint_info(str(path))) is not None]
+    return max(steps, default=None)
 
 
 def _last_step(record: LaunchRecord) -> int | None:

@@ -214,6 +214,8 @@ def diagnose_run(run_dir: str) -> Report:
     unfinished = status != "succeeded"  # a finished run has nothing to resume
     report.resume_command = resume_command(launch) if run.checkpoint and not run.is_script and unfinished else None
     report.segments = _segments(run.checkpoint)
+    report.membership = [str(a["membership"]["said"]) for a in launch.get("attempts") or [] if isinstance(a, dict)
+                         and isinstance(a.get("membership"), dict) and a["membership"].get("said")]
     report.straggler = straggler_of(run)
     idle = never_trained(run.attempts[-1]) if run.is_script and status == "succeeded" and run.attempts else None
     report.never_trained = idle.describe() if idle is not None else None

@@ -48,6 +48,12 @@ def _differ(meet: dict[str, Any], source: str) -> Match:
 def _unmet_title(meet: dict[str, Any], where: str) -> str:
     timeout = f"--join-timeout {meet.get('join_timeout'):g} s" if isinstance(meet.get("join_timeout"),
                                                                           int | float) else "the join timeout"
+    if meet.get("kind") == "too_few":  # an elastic job below its MIN nodes
+        saved = meet.get("checkpoint_step")
+        kept = f"; it stopped with its checkpoint at step {saved} (exit 75: requeue it)" if saved is not None else ""
+        lost = f"{_names(meet.get('lost'))} lost; " if meet.get("lost") else ""
+        return (f"{lost}fewer than the {meet.get('min_nodes')} nodes the elastic job needs met again{where} within "
+                f"{timeout}{kept}")
     if meet.get("kind") == "lost":  # the verdict says at which step
         return f"{_names(meet.get('lost'))} was lost and did not rejoin{where} within {timeout}"
     if meet.get("kind") == "failed":

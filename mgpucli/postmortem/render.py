@@ -106,6 +106,8 @@ def render(report: Report, console: Console | None = None, compact: bool = False
     for e in report.earlier_attempts[:3]:
         step = f" at step {e.step}" if e.step is not None else ""
         console.print(Text(f"  attempt {e.attempt + 1}: rank {e.rank}{step}: {e.match.title}", style="dim"))
+    for said in report.membership:
+        console.print(Text(f"  nodes: {said}", style="dim"))
     if report.segments:
         console.print(Text(f"  trained: {report.segments}", style="dim"))
     if report.last_train:

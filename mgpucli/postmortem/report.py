@@ -85,6 +85,7 @@ class Report:
     stacks: dict[int, Any] = field(default_factory=dict)  # rank -> its stacks dump (run_records.stacks.Dump)
     audit: dict[str, Any] | None = None  # mgpu launch --audit's findings (audit.json); None: not audited
     segments: str | None = None  # on how many processes each stretch of the run trained (its last checkpoint's)
+    membership: list[str] = field(default_factory=list)  # an elastic job's node changes, as this node's launcher said
     straggler: dict[str, Any] | None = None  # the rank the others waited for (postmortem/pace.py); None: none
     never_trained: str | None = None  # a script that exited 0 on every rank without ever training: what it did
 
@@ -113,7 +114,7 @@ class Report:
             "last_metrics": {"train": self.last_train, "val": self.last_val},
             "checkpoint": self.checkpoint, "resume_command": self.resume_command, "logs": self.logs,
             "launch_json": self.launch_json, "trackers": self.trackers, "audit": self.audit,
-            "segments": self.segments,
+            "segments": self.segments, "membership": self.membership,
             "straggler": self.straggler, "never_trained": self.never_trained,
             "stacks": {str(rank): dump.to_json() for rank, dump in sorted(self.stacks.items())},
             "diagnosed_at": _iso(time.time()),

@@ -71,11 +71,15 @@ class Attempt:
     dir: str = ""
     ranks: dict[int, RankFiles] = field(default_factory=dict)
     exits: dict[int, RankExit] = field(default_factory=dict)  # global rank -> how it ended (mgpucli.launch.exit_watch)
+    # An elastic job's attempt that started on other nodes than the one before: who was lost or joined, the step it
+    # went on after, its layout, what it cost, and the line said (mgpucli.launch.membership).
+    membership: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {"attempt": self.attempt, "dir": self.dir,
                 "ranks": {str(r): asdict(f) for r, f in sorted(self.ranks.items())},
-                "exits": {str(r): asdict(e) for r, e in sorted(self.exits.items())}}
+                "exits": {str(r): asdict(e) for r, e in sorted(self.exits.items())},
+                **({"membership": self.membership} if self.membership is not None else {})}
 
 
 def build_attempt(attempt: int, envs: Mapping[int, Mapping[str, str]], stdouts: Mapping[int, str],
@@ -133,7 +137,8 @@ class LaunchHeader:
     script: ScriptJob | None = None
     run_dir: str = ""
     devices: Devices = field(default_factory=Devices)
-    nnodes: int = 1
+    nnodes: int = 1  # an elastic job's MAX
+    nnodes_min: int | None = None  # an elastic job's MIN (--nnodes MIN:MAX); None: a fixed count
     node_rank: int | None = None
     rendezvous: RendezvousInfo = field(default_factory=RendezvousInfo)
     max_restarts: int = 0

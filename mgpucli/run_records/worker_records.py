@@ -10,11 +10,13 @@ captures output itself.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
+from typing import Any
 
 from mgpucli.env_vars import ERROR_FILE
 from mgpucli.errors import EXIT_PREEMPTED, EXIT_USAGE, Preempted
@@ -85,11 +87,14 @@ def record_path(error_file: str) -> str:
     return os.path.join(os.path.dirname(error_file), RECORD_NAME)
 
 
-def mark_started(environ: Mapping[str, str] | None = None) -> None:
+def mark_started(details: Mapping[str, Any] | None = None, environ: Mapping[str, str] | None = None) -> None:
     """Under torchrun, leave ``mgpu_started`` beside this worker's error file: its training started. The launcher
     makes this launch the run dir's record of the run only then, so a launch that fails before training never
-    replaces an earlier run's ``launch.json`` (see :meth:`mgpucli.run_records.launch_record.LaunchRecord.promote`)."""
-    _mark(STARTED_NAME, environ)  # the log dir gone or read-only: the launcher keeps the record where it started it
+    replaces an earlier run's ``launch.json`` (see :meth:`mgpucli.run_records.launch_record.LaunchRecord.promote`).
+    ``details`` (a recipe's: the step training starts after, its layout) go on the mark's second line, as JSON
+    (:func:`started_details`)."""
+    # the log dir gone or read-only: the launcher keeps the record where it started it
+    _mark(STARTED_NAME, environ, json.dumps(dict(details)) if details else "")
 
 
 def mark_finished(environ: Mapping[str, str] | None = None) -> None:
@@ -99,14 +104,14 @@ def mark_finished(environ: Mapping[str, str] | None = None) -> None:
     _mark(FINISHED_NAME, environ)
 
 
-def _mark(name: str, environ: Mapping[str, str] | None) -> None:
+def _mark(name: str, environ: Mapping[str, str] | None, more: str = "") -> None:
     error_file = (os.environ if environ is None else environ).get(ERROR_FILE_ENV)
     if not error_file:
         return
     try:
         os.makedirs(os.path.dirname(error_file), exist_ok=True)
         with open(os.path.join(os.path.dirname(error_file), name), "w") as fh:
-            fh.write(f"{time.time()}\n")
+            fh.write(f"{time.time()}\n" + (f"{more}\n" if more else ""))
     except OSError:
         pass
 
@@ -122,9 +127,23 @@ def started_at(error_file: str) -> float | None:
         return None
     try:
         with open(os.path.join(os.path.dirname(error_file), STARTED_NAME)) as fh:
-            return float(fh.read().strip())
+            return float(fh.readline().strip())
     except (OSError, ValueError):
         return None
+
+
+def started_details(error_file: str) -> dict[str, Any] | None:
+    """What the worker whose error file is ``error_file`` said as its training started (:func:`mark_started`), or
+    None (no mark, none said)."""
+    if not error_file:
+        return None
+    try:
+        with open(os.path.join(os.path.dirname(error_file), STARTED_NAME)) as fh:
+            fh.readline()
+            found = json.loads(fh.readline() or "null")
+    except (OSError, ValueError):
+        return None
+    return found if isinstance(found, dict) else None
 
 
 def log_tail(path: str, lines: int = 10, max_bytes: int = 65536) -> list[str]:

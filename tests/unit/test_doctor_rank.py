@@ -43,8 +43,13 @@ def test_the_job_names_its_engine_and_the_shape_mgpu_launch_would_start(env, sai
 def test_a_job_that_cannot_be_launched_is_a_failure_naming_the_variables():
     bad = check_job(obs({**PET, "PET_NODE_RANK": "2"}, gpus=4))
     assert bad.status == "fail" and "PET_NODE_RANK=2 is not below PET_NNODES=2" in bad.detail
-    unreadable = check_job(obs({**PET, "PET_NNODES": "1:4"}, gpus=4))
-    assert unreadable.status == "fail" and "elastic range" in unreadable.detail
+    unreadable = check_job(obs({**PET, "PET_NNODES": "1:x"}, gpus=4))
+    assert unreadable.status == "fail" and "PET_NNODES=1:x" in unreadable.detail
+    static = check_job(obs({**PET, "PET_NNODES": "1:4"}, gpus=4))
+    assert static.status == "fail" and "An elastic job needs a c10d rendezvous" in static.detail
+    elastic = check_job(obs({**PET, "PET_NNODES": "1:4", "PET_RDZV_BACKEND": "c10d",
+                             "PET_RDZV_ENDPOINT": "job-master-0:29400"}, gpus=4))
+    assert elastic.status == "ok" and "an elastic job of 1 to 4 node(s)" in elastic.detail
     short = check_job(obs(PET, gpus=2))
     assert short.status == "warn" and "torch sees 2 GPU(s)" in short.detail and "PET_NPROC_PER_NODE" in short.hint
 

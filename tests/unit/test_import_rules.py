@@ -75,8 +75,9 @@ def test_only_a_script_worker_with_audit_imports_the_audit_and_arming_it_imports
 
 def test_the_job_source_is_standard_library_only():
     """``mgpu doctor`` reads the job's engine with the launcher's own reader, and the doctor never imports torch."""
-    allowed = ("mgpucli.errors", "mgpucli.launch.slurm")
-    for path in (PACKAGE / "launch" / "job_source.py", PACKAGE / "launch" / "slurm.py"):
+    allowed = ("mgpucli.errors", "mgpucli.launch.slurm", "mgpucli.launch.node_range")
+    for path in (PACKAGE / "launch" / "job_source.py", PACKAGE / "launch" / "slurm.py",
+                 PACKAGE / "launch" / "node_range.py"):
         for name in imports_of(path):
             assert name.split(".")[0] in sys.stdlib_module_names or name.startswith(allowed), (path.name, name)
 

@@ -46,6 +46,12 @@ def _load():
     return _dcp().StateDictOptions(full_state_dict=True)
 
 
+def _held():
+    """This process's state as it holds it, on the CPU, with no collective: the full state under DDP and the
+    single-process strategies, which hold all of it (not under FSDP, whose shards are spread over the ranks)."""
+    return _dcp().StateDictOptions(full_state_dict=False, cpu_offload=True)
+
+
 def capture_rng(device: torch.device) -> dict[str, Any]:
     """This process's RNG states as checkpoint-safe values (plain ints and tensors: weights_only loads them)."""
     name, key, pos, has_gauss, gauss = np.random.get_state()
@@ -76,14 +82,15 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def model_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The full weights on the CPU, on rank 0 (``{}`` on the other ranks under a process group)."""
-    return _dcp().get_model_state_dict(model, options=_full())
+def model_state(model: torch.nn.Module, alone: bool = False) -> dict[str, torch.Tensor]:
+    """The full weights on the CPU, on rank 0 (``{}`` on the other ranks under a process group). ``alone``: the
+    weights this process holds, on any rank, with no collective (DDP and single-process strategies only)."""
+    return _dcp().get_model_state_dict(model, options=_held() if alone else _full())
 
 
-def optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+def optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, alone: bool = False) -> dict[str, Any]:
     """The optimizer's full state keyed by parameter name (the same for every strategy), as ``model_state``."""
-    return _dcp().get_optimizer_state_dict(model, optimizer, options=_full())
+    return _dcp().get_optimizer_state_dict(model, optimizer, options=_held() if alone else _full())
 
 
 def load_model_state(model: torch.nn.Module, state: dict[str, Any], source: str) -> None:

@@ -76,6 +76,7 @@ class Checkpoints:
         self.run_dir = Path(cfg.run_dir)
         self.recipe_yaml = OmegaConf.to_yaml(cfg, resolve=True)
         self.layout: Layout | None = None  # this segment's (set by use())
+        self.nodes: int | None = None  # on how many nodes (set by use(); None: not recorded)
         self.segments: list[Segment] = []  # the run's, this one last
         self._accum_said = False  # resolve_layout's note already says trainer.grad_accum changed
         trainer = cfg.trainer
@@ -90,10 +91,11 @@ class Checkpoints:
         self.best: float | None = None
         self.tracker_ids: Callable[[], dict[str, str]] | None = None  # rank 0's experiment trackers' run ids
 
-    def use(self, cfg: DictConfig, layout: Layout) -> None:
-        """The recipe as built (its run length resolved) and the layout this run trains on: what checkpoints record."""
+    def use(self, cfg: DictConfig, layout: Layout, nodes: int | None = None) -> None:
+        """The recipe as built (its run length resolved) and the layout this run trains on (on ``nodes``, recorded
+        for a job of several nodes or an elastic one): what checkpoints record."""
         self.recipe_yaml = OmegaConf.to_yaml(cfg, resolve=True)
-        self.layout, self.segments = layout, [Segment(1, layout)]
+        self.layout, self.nodes, self.segments = layout, nodes, [Segment(1, layout, nodes)]
 
     def resolve_layout(self, found: Path, batch_size: int, grad_accum: int, pinned: frozenset[str]) -> Resolution:
         """The layout a resume from ``found`` trains on (:func:`mgpucli.batch_layout.keep_global_batch`), decided by
@@ -159,17 +161,7 @@ class Checkpoints:
             mine = {"rng": engine_state.capture_rng(self.runtime.device),
                     "loader": trained.train_loader.state_dict() if mid_epoch else None}
             per_rank = collectives.all_gather_objects(mine, self.runtime)
-        meta = engine_state.build_payload(
-            scheduler=trained.scheduler.state_dict() if trained.scheduler is not None else None,
-            scaler=trained.scaler.state_dict() if trained.scaler is not None else None,
-            epoch=position.epoch, step=position.step, mid_epoch=mid_epoch, per_rank=per_rank,
-            world_size=self.runtime.world_size, recipe=self.recipe_yaml, metrics=position.last_val,
-            best=self.best, best_metric=self.best_metric,
-            epoch_sums=list(epoch_sums) if mid_epoch else None, data_position=data_position,
-            segments=[segment.record() for segment in self.segments],
-            trackers=self.tracker_ids() if self.tracker_ids is not None else None,
-            early_stopping=trained.early_stopping.state_dict() if trained.early_stopping is not None else None,
-        )
+        meta = self._meta(trained, position, epoch_sums, data_position, per_rank)
         ckpts = checkpoint_dir(self.run_dir)
         if sharded:
             with self.heartbeat.in_phase("checkpoint: writing shards"):
@@ -188,6 +180,37 @@ class Checkpoints:
             copy_atomic(ckpts / LAST_FULL, ckpts / step_name(position.step, sharded=False))
             for old in sorted(ckpts.glob("step-*.pt"))[: -self.keep]:
                 old.unlink(missing_ok=True)
+
+    def _meta(self, trained: Trained, position: Position, epoch_sums: list[float],
+              data_position: dict[str, int] | None, per_rank: list[dict[str, Any]] | None) -> dict[str, Any]:
+        """Everything a checkpoint holds but the tensors of the model, the optimizer and the EMA."""
+        mid_epoch = data_position is not None
+        return engine_state.build_payload(
+            scheduler=trained.scheduler.state_dict() if trained.scheduler is not None else None,
+            scaler=trained.scaler.state_dict() if trained.scaler is not None else None,
+            epoch=position.epoch, step=position.step, mid_epoch=mid_epoch, per_rank=per_rank,
+            world_size=self.runtime.world_size, recipe=self.recipe_yaml, metrics=position.last_val,
+            best=self.best, best_metric=self.best_metric,
+            epoch_sums=list(epoch_sums) if mid_epoch else None, data_position=data_position,
+            segments=[segment.record() for segment in self.segments],
+            trackers=self.tracker_ids() if self.tracker_ids is not None else None,
+            early_stopping=trained.early_stopping.state_dict() if trained.early_stopping is not None else None,
+        )
+
+    def save_alone(self, trained: Trained, position: Position, epoch_sums: list[float],
+                   data_position: dict[str, int] | None) -> bool:
+        """This rank alone writes ``last.pt`` from the state it holds, with no collective (the other ranks may be
+        gone): the last step every rank completed, kept by a survivor of a lost node
+        (:mod:`mgpucli.engine.checkpoints.rescue`). Every rank's per-rank state (loader position, RNG) is left out:
+        a resume goes on from the epoch's data position, on any process count. Returns whether it wrote it."""
+        from mgpucli.engine.checkpoints import rescue
+
+        tensors = {"model": engine_state.model_state(trained.model.raw, alone=True),
+                   "optimizer": engine_state.optimizer_state(trained.model.raw, trained.optimizer, alone=True)}
+        if trained.ema is not None:
+            tensors["ema"] = trained.ema.full_state(tensors["model"])
+        meta = self._meta(trained, position, epoch_sums, data_position, per_rank=None)
+        return rescue.write_if_newer({**meta, **tensors}, checkpoint_dir(self.run_dir) / LAST_FULL, position.step)
 
     def load(self, path: Path, trained: Trained, position: Position) -> Resumed:
         """Restore the weights, the optimizer, the schedules and ``position`` from ``path``; returns this rank's
@@ -218,7 +241,7 @@ class Checkpoints:
                    if not (self._accum_said and key == "trainer.grad_accum")]
         if changed:
             self.reporter.warn(f"the recipe changed since {path} was saved: {', '.join(changed)}")
-        self.segments = batch_layout.continued(batch_layout.segments_of(ckpt), position.step, self.layout)
+        self.segments = batch_layout.continued(batch_layout.segments_of(ckpt), position.step, self.layout, self.nodes)
         self.reporter.message(f"resumed from {path} at step {position.step} "
                               f"({engine_state.epoch_label(position.epoch, mid_epoch)}): "
                               f"{batch_layout.describe(self.segments, position.step)}")
