@@ -133,12 +133,13 @@ def _tasks() -> list[str]:
 def _schedules() -> list[str]:
     """The run-length interpolations (mgpucli.config.run_length): how a scheduler follows the run's length."""
     from mgpucli.config.run_length import ALLOWED_SECTIONS, MEANINGS
+    from mgpucli.run_layout import RECIPE
 
     lines = ["## Schedules that follow the run's length", "",
              "A scheduler's length (`CosineAnnealingLR`'s `T_max`, `OneCycleLR`'s `total_steps`) depends on the "
              "dataset size, `data.batch_size`, the number of processes, `trainer.grad_accum` and "
              "`trainer.epochs`/`max_steps`. Write one of these instead of a number: each worker resolves it from "
-             "its real train loader before it builds the scheduler, and the recipe it saves (`RUN_DIR/recipe.yaml`, "
+             f"its real train loader before it builds the scheduler, and the recipe it saves (`RUN_DIR/{RECIPE}`, "
              "checkpoints) holds the number.", "",
              "| interpolation | value |", "|---|---|"]
     lines += [f"| `${{{name}:}}` | {meaning} |" for name, meaning in MEANINGS.items()]

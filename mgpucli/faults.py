@@ -30,6 +30,7 @@ import time
 from collections.abc import Callable
 from functools import lru_cache
 
+from mgpucli import env_vars
 from mgpucli.errors import UsageError
 
 KNOWN = ("crash", "nan", "sleep", "kill_in_save", "sleep_in_save", "disk_full_in_save", "tracker", "hold_last_save",
@@ -94,7 +95,7 @@ def maybe_fault(point: str, rank: int | None = None, step: int | None = None, pa
     """Fire the faults armed for ``point``; returns True when the caller should inject a NaN."""
     if not enabled():
         return False
-    rank = rank if rank is not None else int(os.environ.get("RANK", "0"))
+    rank = rank if rank is not None else int(os.environ.get(env_vars.RANK, "0"))
     if point == "step":
         if _armed("crash", rank, step):
             raise RuntimeError(f"injected fault: crash at step {step} on rank {rank}")
@@ -119,7 +120,7 @@ def hold(name: str, until: Callable[[], bool], rank: int | None = None, step: in
     there and signals it, no race."""
     if not enabled():
         return
-    rank = rank if rank is not None else int(os.environ.get("RANK", "0"))
+    rank = rank if rank is not None else int(os.environ.get(env_vars.RANK, "0"))
     if _armed(name, rank, step):
         deadline = time.monotonic() + float(os.environ.get("MGPU_FAULT_SLEEP", "3600"))
         while not until() and time.monotonic() < deadline:

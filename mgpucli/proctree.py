@@ -42,6 +42,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import IO, Any
 
+from mgpucli import procfs
+
 __all__ = ["Finished", "adopt_orphans", "children", "descendants", "end_descendants", "kill_children", "kill_tree",
            "run_bounded", "start"]
 
@@ -98,21 +100,10 @@ def run_bounded(cmd: Sequence[str], timeout: float, *, env: Mapping[str, str] | 
 def _parents() -> dict[int, list[int]]:
     """Parent pid -> its live (non-zombie) children, from /proc ({} where there is no /proc)."""
     tree: dict[int, list[int]] = {}
-    try:
-        entries = os.listdir("/proc")
-    except OSError:
-        return tree
-    for entry in entries:
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", encoding="utf-8", errors="replace") as f:
-                stat = f.read()
-        except OSError:
-            continue  # it exited while we looked
-        fields = stat.rsplit(")", 1)[-1].split()  # [state, ppid, ...] after the command name
-        if len(fields) > 1 and fields[0] != "Z":
-            tree.setdefault(int(fields[1]), []).append(int(entry))
+    for pid in procfs.pids():
+        found = procfs.state_and_parent(pid)  # None: it exited while we looked
+        if found is not None and found[0] != "Z":
+            tree.setdefault(found[1], []).append(pid)
     return tree
 
 

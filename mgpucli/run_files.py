@@ -11,9 +11,19 @@ import os
 from pathlib import Path
 
 from mgpucli.errors import UsageError
-from mgpucli.run_layout import CHECKPOINTS, LAUNCH_JSON, METRICS, last_name
-from mgpucli.run_layout import LAST_FULL as LAST_FULL  # the run dir's names, for the callers that import them here
-from mgpucli.run_layout import LAST_SHARDED as LAST_SHARDED
+from mgpucli.run_layout import (
+    CHECKPOINTS,
+    FULL_SUFFIX,
+    LAST_FULL,
+    LAST_SHARDED,
+    LAUNCH_JSON,
+    METRICS,
+    SHARDED_META,
+    SHARDED_SUFFIX,
+    best_name,
+    last_name,
+    step_glob,
+)
 
 
 def checkpoint_dir(run_dir: str | Path) -> Path:
@@ -21,13 +31,24 @@ def checkpoint_dir(run_dir: str | Path) -> Path:
 
 
 def last_checkpoint(run_dir: str | Path, sharded: bool = False) -> Path:
-    """Where the run's latest checkpoint is (a file, or a directory of shards)."""
+    """Where the run's latest checkpoint of a format goes (a file, or a directory of shards), there or not."""
     return checkpoint_dir(run_dir) / last_name(sharded)
+
+
+def saved_checkpoint(run_dir: str | Path, which: str = "last") -> Path | None:
+    """The run's newest (``last``: what ``--resume auto`` continues from) or ``best`` checkpoint, either format: the
+    full file, else a sharded run's directory holding its meta file; None when the run has none. The one lookup of
+    a run's checkpoint: the post-mortem, restarts, the launcher's summary, the trackers' last record and export."""
+    name = {"last": last_name, "best": best_name}[which]
+    full, sharded = checkpoint_dir(run_dir) / name(False), checkpoint_dir(run_dir) / name(True)
+    if full.is_file():
+        return full
+    return sharded if (sharded / SHARDED_META).is_file() else None
 
 
 def existing_checkpoints(run_dir: str | Path) -> list[Path]:
     ckpt = checkpoint_dir(run_dir)
-    return sorted([*ckpt.glob("*.pt"), *ckpt.glob("*.dcp")]) if ckpt.is_dir() else []
+    return sorted([*ckpt.glob(f"*{FULL_SUFFIX}"), *ckpt.glob(f"*{SHARDED_SUFFIX}")]) if ckpt.is_dir() else []
 
 
 def holds_a_run(run_dir: str | Path) -> bool:
@@ -74,8 +95,9 @@ def check_start(run_dir: str | Path, resume: str | None, overwrite: bool, sharde
         problem = resume_problem(str(found))
         if problem:
             raise UsageError(f"--resume{' auto' if resume == 'auto' else ''}: {problem}.",
-                             f"Resume from another checkpoint (RUN_DIR/{CHECKPOINTS}/{LAST_FULL}, a step-*.pt, or a "
-                             f"sharded run's {LAST_SHARDED}), or start afresh without --resume.")
+                             f"Resume from another checkpoint (RUN_DIR/{CHECKPOINTS}/{LAST_FULL}, a "
+                             f"{step_glob(sharded=False)}, or a sharded run's {LAST_SHARDED}), or start afresh "
+                             "without --resume.")
     existing = existing_checkpoints(run_dir)
     if existing and found is None and not overwrite:
         names = ", ".join(p.name for p in existing[:3]) + (", ..." if len(existing) > 3 else "")

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, Optional
 from urllib.parse import urlsplit
 
-from mgpucli.run_layout import TRACKERS
+from mgpucli.run_layout import MLFLOW_DB, TRACKERS
 
 STATE_FILE = TRACKERS  # in the run dir: each tracker's run id, mode, status and failure
 TENSORBOARD = "tensorboard"  # the one logger that is no tracker (RUN_DIR/tensorboard, written without importing it)
@@ -222,7 +222,7 @@ register(Spec(
 # ------------------------------------------------------------------------------------------------- MLflow
 def mlflow_default_uri(run_dir: str | Path) -> str:
     """MLflow's own kind of default store (SQLite), in the run dir."""
-    return f"sqlite:///{Path(run_dir).resolve() / 'mlflow.db'}"
+    return f"sqlite:///{Path(run_dir).resolve() / MLFLOW_DB}"
 
 
 def mlflow_uri(tracking_uri: str | None, environ: Mapping[str, str], run_dir: str | Path) -> tuple[str, str]:
@@ -249,7 +249,7 @@ class MLflowOptions:
 def _observe_mlflow(environ: Mapping[str, str]) -> Observed:
     uri, why = mlflow_uri(None, environ, "RUN_DIR")
     if why.startswith("the default"):
-        uri, why = "sqlite:///RUN_DIR/mlflow.db", "the default, a SQLite store in each run dir"
+        uri, why = f"sqlite:///RUN_DIR/{MLFLOW_DB}", "the default, a SQLite store in each run dir"
     missing = [m for m in MLFLOW_SQL_MODULES if module_problem(m, importing=False)]
     return Observed(uri, why, f"{uri} needs {' and '.join(missing)}, which mlflow-skinny leaves out"
                     if missing and mlflow_needs_sql(uri) else "")

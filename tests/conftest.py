@@ -29,14 +29,24 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+def _failing_packages(where: Path, names: tuple[str, ...]) -> dict[str, str]:
+    """A PYTHONPATH (at ``where``) where importing each of ``names`` fails loudly."""
+    for name in names:
+        (where / name).mkdir(parents=True)
+        (where / name / "__init__.py").write_text(f"raise ImportError('{name} must not be imported here')\n")
+    return {"PYTHONPATH": str(where)}
+
+
 @pytest.fixture
 def no_heavy_imports(tmp_path):
     """A PYTHONPATH where importing torch, omegaconf or hydra fails loudly."""
-    blocker = tmp_path / "blocker"
-    for name in ("torch", "omegaconf", "hydra"):
-        (blocker / name).mkdir(parents=True)
-        (blocker / name / "__init__.py").write_text(f"raise ImportError('{name} must not be imported here')\n")
-    return {"PYTHONPATH": str(blocker)}
+    return _failing_packages(tmp_path / "blocker", ("torch", "omegaconf", "hydra"))
+
+
+@pytest.fixture
+def no_torch(tmp_path):
+    """A PYTHONPATH where importing torch fails loudly."""
+    return _failing_packages(tmp_path / "torch_blocker", ("torch",))
 
 
 @pytest.fixture

@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,6 +16,20 @@ from mgpucli import proctree
 
 REPO = Path(__file__).resolve().parents[1]
 RECIPES = REPO / "recipes"
+# Every process an end-to-end test starts carries a unique value of this variable (workers inherit it), so the
+# test's teardown finds whatever it left behind (tests/e2e/conftest.py's ``tag``).
+TAG = "MGPU_E2E_TAG"
+
+
+def wait_until(predicate, timeout: float, every: float = 0.1):
+    """``predicate()``'s first true value within ``timeout`` seconds, polled every ``every``; else its last value."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(every)
+    return predicate()
 
 
 def free_port() -> int:

@@ -19,10 +19,10 @@ import os
 import threading
 
 import torch
-import torch.distributed as dist
 
 from mgpucli.audit.session import Session
 from mgpucli.audit.where import user_where
+from mgpucli.torch_parts import replace
 
 TENSOR_WINDOW = 2000  # Tensor.to/.cuda calls checked, then unpatched
 
@@ -63,32 +63,36 @@ class Devices:
 
     # ------------------------------------------------------------------------------------------ set_device, init
     def _wrap_set_device(self) -> None:
-        original = torch.cuda.set_device
         checks = self
 
-        @functools.wraps(original)
-        def set_device(device):
-            original(device)
-            try:
-                checks.device_set = torch.cuda.current_device()
-            except Exception:  # noqa: BLE001
-                pass
+        def recorded(original):
+            @functools.wraps(original)
+            def set_device(device):
+                original(device)
+                try:
+                    checks.device_set = torch.cuda.current_device()
+                except Exception:  # noqa: BLE001
+                    pass
 
-        torch.cuda.set_device = set_device
+            return set_device
+
+        replace("torch.cuda.set_device", recorded)
 
     def _wrap_init(self) -> None:
-        original = dist.init_process_group
         checks = self
 
-        @functools.wraps(original)
-        def init_process_group(backend=None, *args, **kwargs):
-            try:
-                checks.before_init(backend, kwargs)
-            except Exception as err:  # noqa: BLE001
-                checks.s.note(f"init_process_group not checked ({type(err).__name__}: {err})")
-            return original(backend, *args, **kwargs)
+        def checked(original):
+            @functools.wraps(original)
+            def init_process_group(backend=None, *args, **kwargs):
+                try:
+                    checks.before_init(backend, kwargs)
+                except Exception as err:  # noqa: BLE001
+                    checks.s.note(f"init_process_group not checked ({type(err).__name__}: {err})")
+                return original(backend, *args, **kwargs)
 
-        dist.init_process_group = init_process_group
+            return init_process_group
+
+        replace("torch.distributed.init_process_group", checked)
 
     def current_device(self) -> int:
         """The device NCCL would bind to now, without initialising CUDA (uninitialised: device 0)."""
@@ -119,46 +123,43 @@ class Devices:
     # ------------------------------------------------------------------------------------------ placements
     def _wrap_module_moves(self) -> None:
         checks = self
+
+        def placed(original):
+            @functools.wraps(original)
+            def move(module, *args, **kwargs):
+                checks._inside_module.active = True
+                try:
+                    out = original(module, *args, **kwargs)
+                finally:
+                    checks._inside_module.active = False
+                checks.placed_module(module)
+                return out
+
+            return move
+
         for name in ("to", "cuda"):
-            original = getattr(torch.nn.Module, name)
-
-            def make(original):
-                @functools.wraps(original)
-                def move(module, *args, **kwargs):
-                    checks._inside_module.active = True
-                    try:
-                        out = original(module, *args, **kwargs)
-                    finally:
-                        checks._inside_module.active = False
-                    checks.placed_module(module)
-                    return out
-                return move
-
-            setattr(torch.nn.Module, name, make(original))
+            replace(f"torch.nn.Module.{name}", placed)
 
     def _wrap_tensor_moves(self) -> None:
         checks = self
+
+        def placed(original):
+            @functools.wraps(original)
+            def move(tensor, *args, **kwargs):
+                out = original(tensor, *args, **kwargs)
+                checks.placed_tensor(out)
+                return out
+
+            return move
+
         for name in ("to", "cuda"):
-            had = name in vars(torch.Tensor)
-            original = getattr(torch.Tensor, name)
-
-            def make(original):
-                @functools.wraps(original)
-                def move(tensor, *args, **kwargs):
-                    out = original(tensor, *args, **kwargs)
-                    checks.placed_tensor(out)
-                    return out
-                return move
-
-            setattr(torch.Tensor, name, make(original))
-            self._restore.append((name, original if had else None))
+            done = replace(f"torch.Tensor.{name}", placed)
+            if done is not None:
+                self._restore.append(done)
 
     def _unwrap_tensor_moves(self) -> None:
-        for name, original in self._restore:
-            if original is None:
-                delattr(torch.Tensor, name)
-            else:
-                setattr(torch.Tensor, name, original)
+        for done in self._restore:
+            done.restore()
         self._restore.clear()
 
     def _device_count(self) -> int:

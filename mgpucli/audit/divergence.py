@@ -34,6 +34,7 @@ from mgpucli.audit import libraries
 from mgpucli.audit.session import Session
 from mgpucli.audit.where import user_where
 from mgpucli.run_records.audit_records import Where
+from mgpucli.torch_parts import is_fsdp1_flat, replace
 
 RAMP_UNTIL = 64  # compare at optimizer steps 1, 2, 4, ..., 64, then every 64 steps
 BUDGET = 0.005  # the share of training time the comparisons may take; a slower one backs off
@@ -93,7 +94,9 @@ def agreement(found: list[list[int]]) -> str:
 
 def sharded(p: torch.Tensor) -> bool:
     """A parameter that holds only this rank's part (FSDP's flat or flattened parameters, a DTensor)."""
-    return type(p).__name__ in ("DTensor", "FlatParameter") or bool(getattr(p, "_fsdp_flattened", False))
+    from torch.distributed.tensor import DTensor
+
+    return isinstance(p, DTensor) or is_fsdp1_flat(p)
 
 
 class Pending:
@@ -180,15 +183,17 @@ class Divergence:
     def install(self) -> None:
         if not self.s.distributed:
             return
-        original = torch.optim.Optimizer.__init__
         sites = self._sites
 
-        @functools.wraps(original)
-        def __init__(opt, *args, **kwargs):
-            original(opt, *args, **kwargs)
-            sites[opt] = user_where()
+        def placed(original):
+            @functools.wraps(original)
+            def __init__(opt, *args, **kwargs):
+                original(opt, *args, **kwargs)
+                sites[opt] = user_where()
 
-        torch.optim.Optimizer.__init__ = __init__
+            return __init__
+
+        replace("torch.optim.Optimizer.__init__", placed)
         register_optimizer_step_post_hook(self.after_step)
         self.s.at_finish(self.finish)
 

@@ -35,6 +35,7 @@ from torch.utils.data import (
 from mgpucli.audit import libraries
 from mgpucli.audit.session import Session
 from mgpucli.audit.where import user_where
+from mgpucli.torch_parts import replace
 
 _PLAIN = (SequentialSampler, RandomSampler, SubsetRandomSampler, WeightedRandomSampler)
 
@@ -94,22 +95,27 @@ class Loaders:
     def install(self) -> None:
         if not self.s.distributed:
             return
-        original_init, original_iter = DataLoader.__init__, DataLoader.__iter__
         checks = self
 
-        @functools.wraps(original_init)
-        def __init__(loader, *args, **kwargs):
-            original_init(loader, *args, **kwargs)
-            checks.created(loader)
+        def made(original):
+            @functools.wraps(original)
+            def __init__(loader, *args, **kwargs):
+                original(loader, *args, **kwargs)
+                checks.created(loader)
 
-        @functools.wraps(original_iter)
-        def __iter__(loader):
-            if loader not in checks._seen:
-                checks.first_iter(loader)
-            return original_iter(loader)
+            return __init__
 
-        DataLoader.__init__ = __init__
-        DataLoader.__iter__ = __iter__
+        def iterated(original):
+            @functools.wraps(original)
+            def __iter__(loader):
+                if loader not in checks._seen:
+                    checks.first_iter(loader)
+                return original(loader)
+
+            return __iter__
+
+        replace("torch.utils.data.DataLoader.__init__", made)
+        replace("torch.utils.data.DataLoader.__iter__", iterated)
 
     def created(self, loader: DataLoader) -> None:
         where = user_where()

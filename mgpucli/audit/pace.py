@@ -28,10 +28,10 @@ from typing import Any
 
 import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
-from torch.utils.data import DataLoader
 
 from mgpucli.audit.session import Session
 from mgpucli.run_records import step_anatomy
+from mgpucli.torch_parts import replace
 
 INTERVAL_STEPS = 10  # optimizer steps per published interval
 KEEP = 20  # the latest intervals the straggler is judged on
@@ -75,13 +75,16 @@ class Pace:
     def install(self) -> None:
         if not self.s.distributed:
             return
-        original_iter, pace = DataLoader.__iter__, self
+        pace = self
 
-        @functools.wraps(original_iter)
-        def __iter__(loader):
-            return _TimedBatches(original_iter(loader), pace)
+        def timed(original):
+            @functools.wraps(original)
+            def __iter__(loader):
+                return _TimedBatches(original(loader), pace)
 
-        DataLoader.__iter__ = __iter__
+            return __iter__
+
+        replace("torch.utils.data.DataLoader.__iter__", timed)
         register_optimizer_step_pre_hook(self._before_step)
         register_optimizer_step_post_hook(self._after_step)
 

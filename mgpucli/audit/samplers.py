@@ -25,6 +25,7 @@ from torch.utils.data import DistributedSampler
 
 from mgpucli.audit import libraries
 from mgpucli.audit.session import Session
+from mgpucli.torch_parts import replace
 
 
 @dataclass
@@ -68,31 +69,37 @@ class Samplers:
         self._states: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
     def install(self) -> None:
-        original_init, original_iter = DistributedSampler.__init__, DistributedSampler.__iter__
-        original_set_epoch = DistributedSampler.set_epoch
         states = self._states
         checks = self
 
-        @functools.wraps(original_init)
-        def __init__(sampler, *args, **kwargs):
-            original_init(sampler, *args, **kwargs)
-            states[sampler] = _State(libraries.here())
+        def made(original):
+            @functools.wraps(original)
+            def __init__(sampler, *args, **kwargs):
+                original(sampler, *args, **kwargs)
+                states[sampler] = _State(libraries.here())
 
-        @functools.wraps(original_iter)
-        def __iter__(sampler):
-            checks.iterating(sampler)
-            return checks.passing(sampler, original_iter(sampler))
+            return __init__
 
-        @functools.wraps(original_set_epoch)
-        def set_epoch(sampler, epoch):
-            original_set_epoch(sampler, epoch)
-            state = states.get(sampler)
-            if state is not None:
-                state.set_epoch_calls += 1
+        def iterated(original):
+            @functools.wraps(original)
+            def __iter__(sampler):
+                checks.iterating(sampler)
+                return checks.passing(sampler, original(sampler))
 
-        DistributedSampler.__init__ = __init__
-        DistributedSampler.__iter__ = __iter__
-        DistributedSampler.set_epoch = set_epoch
+            return __iter__
+
+        def epoch_set(original):
+            @functools.wraps(original)
+            def set_epoch(sampler, epoch):
+                original(sampler, epoch)
+                state = states.get(sampler)
+                if state is not None:
+                    state.set_epoch_calls += 1
+
+            return set_epoch
+
+        for name, wrap in (("__init__", made), ("__iter__", iterated), ("set_epoch", epoch_set)):
+            replace(f"torch.utils.data.distributed.DistributedSampler.{name}", wrap)
 
     def _state(self, sampler: DistributedSampler) -> _State:
         state = self._states.get(sampler)

@@ -14,10 +14,9 @@ import os
 import socket
 from typing import Any
 
-import torch
-
 from mgpucli.audit import libraries
 from mgpucli.audit.session import Session
+from mgpucli.torch_parts import replace
 
 
 def saved_path(f: Any) -> str | None:
@@ -37,18 +36,20 @@ class Saves:
     def install(self) -> None:
         if not self.s.distributed:
             return
-        original = torch.save
         checks = self
 
-        @functools.wraps(original)
-        def save(obj, f, *args, **kwargs):
-            try:
-                checks.saving(f)
-            except Exception as err:  # noqa: BLE001 - never stand between the script and its file
-                checks.s.note(f"torch.save not checked ({type(err).__name__}: {err})")
-            return original(obj, f, *args, **kwargs)
+        def checked(original):
+            @functools.wraps(original)
+            def save(obj, f, *args, **kwargs):
+                try:
+                    checks.saving(f)
+                except Exception as err:  # noqa: BLE001 - never stand between the script and its file
+                    checks.s.note(f"torch.save not checked ({type(err).__name__}: {err})")
+                return original(obj, f, *args, **kwargs)
 
-        torch.save = save
+            return save
+
+        replace("torch.save", checked)
 
     def saving(self, f: Any) -> None:
         path = saved_path(f)

@@ -19,10 +19,10 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from datetime import timedelta
 from typing import Any
 
 from mgpucli import env_vars
+from mgpucli.distributed.store_client import connect_job_store
 from mgpucli.run_records.audit_records import Finding, Where, append, findings_path
 from mgpucli.run_records.worker_records import ERROR_FILE_ENV
 
@@ -43,16 +43,16 @@ class Session:
 
     def __init__(self, environ=None, store_factory: Callable[[], Any] | None = None):
         env = os.environ if environ is None else environ
-        self.rank = _int_env(env, "RANK", 0)
-        self.local_rank = _int_env(env, "LOCAL_RANK", 0)
-        self.world_size = _int_env(env, "WORLD_SIZE", 1)
-        self.local_world_size = _int_env(env, "LOCAL_WORLD_SIZE", 1)
+        self.rank = _int_env(env, env_vars.RANK, 0)
+        self.local_rank = _int_env(env, env_vars.LOCAL_RANK, 0)
+        self.world_size = _int_env(env, env_vars.WORLD_SIZE, 1)
+        self.local_world_size = _int_env(env, env_vars.LOCAL_WORLD_SIZE, 1)
         self.attempt = _int_env(env, env_vars.RESTART_COUNT, 0)
         error_file = env.get(ERROR_FILE_ENV)
         self.path = findings_path(error_file) if error_file else None
         self.cwd = os.getcwd()
-        self.prefix = f"mgpu/audit/{env.get('TORCHELASTIC_RUN_ID', 'run')}/{self.attempt}/"
-        self._master = (env.get("MASTER_ADDR"), env.get("MASTER_PORT"))
+        self.prefix = f"mgpu/audit/{env.get(env_vars.RUN_ID, 'run')}/{self.attempt}/"
+        self._environ = env  # where the job's store is (mgpucli.distributed.store_client)
         self._store_factory = store_factory
         self._store: Any = None
         self.store_problem: str | None = None
@@ -136,13 +136,7 @@ class Session:
             if self._store_factory is not None:
                 raw = self._store_factory()
             else:
-                addr, port = self._master
-                if not addr or not port:
-                    raise RuntimeError("MASTER_ADDR/MASTER_PORT are not set")
-                import torch.distributed as dist
-
-                raw = dist.TCPStore(addr, int(port), is_master=False, timeout=timedelta(seconds=STORE_TIMEOUT_S),
-                                    wait_for_workers=False)
+                raw = connect_job_store(STORE_TIMEOUT_S, environ=self._environ)
             import torch.distributed as dist
 
             self._store = dist.PrefixStore(self.prefix, raw)

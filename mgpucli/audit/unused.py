@@ -27,6 +27,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from mgpucli.audit import libraries
 from mgpucli.audit.session import Session
+from mgpucli.torch_parts import at_backward_end, replace
 
 WINDOW = 50  # backward passes watched per DDP model
 MIN_PASSES = 2  # a find_unused_parameters=True verdict needs at least this many
@@ -59,18 +60,20 @@ class Unused:
         self._watches: list[Watch] = []
 
     def install(self) -> None:
-        original = DistributedDataParallel.__init__
         checks = self
 
-        @functools.wraps(original)
-        def __init__(ddp, *args, **kwargs):
-            original(ddp, *args, **kwargs)
-            try:
-                checks.built(ddp)
-            except Exception as err:  # noqa: BLE001
-                checks.s.note(f"a DDP model not watched ({type(err).__name__}: {err})")
+        def watched(original):
+            @functools.wraps(original)
+            def __init__(ddp, *args, **kwargs):
+                original(ddp, *args, **kwargs)
+                try:
+                    checks.built(ddp)
+                except Exception as err:  # noqa: BLE001
+                    checks.s.note(f"a DDP model not watched ({type(err).__name__}: {err})")
 
-        DistributedDataParallel.__init__ = __init__
+            return __init__
+
+        replace("torch.nn.parallel.DistributedDataParallel.__init__", watched)
         self.s.at_finish(self.finish)
 
     def built(self, ddp: DistributedDataParallel) -> None:
@@ -95,7 +98,7 @@ class Unused:
         watch.fired.add(id(param))
         if not watch.queued:
             watch.queued = True
-            torch.autograd.Variable._execution_engine.queue_callback(functools.partial(self._backward_done, watch))
+            at_backward_end(functools.partial(self._backward_done, watch))
 
     def _backward_done(self, watch: Watch) -> None:
         watch.queued = False

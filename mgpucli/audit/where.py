@@ -8,34 +8,23 @@ from __future__ import annotations
 
 import linecache
 import os
-import re
 import sys
 from types import FrameType
 
 from mgpucli.run_records.audit_records import Where
 from mgpucli.run_records.stacks import Frame, ThreadStack, user_frame
+from mgpucli.training_libraries import package_of
 
 started_in = os.getcwd()  # the worker's directory when the script started (mgpucli.audit.arm sets it)
 
-_PACKAGES = re.compile(r"/(?:site|dist)-packages/([^/]+)")
 _MGPU_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
-
-
-def library_of(path: str) -> str | None:
-    """The installed package a file belongs to (``torch``, ``torchdata``), None for the user's own code, mgpu's, or
-    the standard library's."""
-    found = _PACKAGES.search(path)
-    if found is None:
-        return None
-    name = found.group(1)
-    return name[:-3] if name.endswith(".py") else name
 
 
 def _library_frame(frames: list[Frame]) -> tuple[Frame, str] | None:
     """The innermost frame of an installed package other than torch, else torch's own: (frame, package)."""
     fallback = None
     for f in frames:
-        library = library_of(f.file)
+        library = package_of(f.file)
         if library is None or os.path.abspath(f.file).startswith(_MGPU_DIR):
             continue
         if library != "torch":

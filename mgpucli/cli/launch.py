@@ -9,9 +9,10 @@ from dataclasses import dataclass
 
 import typer
 
+from mgpucli import env_vars
 from mgpucli.cli.train import PROBE_STEPS, PROBE_STEPS_OPTION, probe_only_problem
 from mgpucli.errors import MgpuError
-from mgpucli.run_layout import LAST_FULL, LAST_SHARDED
+from mgpucli.run_layout import AUDIT_JSON, LAST_FULL, LAST_SHARDED, LAUNCH_JSON, LOGS, POSTMORTEM_JSON
 
 
 @dataclass(frozen=True)
@@ -101,8 +102,8 @@ _CHECK = typer.Option(
 )
 _RUN_DIR = typer.Option(
     None, "--run-dir", metavar="DIR", show_default=False,
-    help="A script's run dir: launch.json, logs/, postmortem.json (default: a new runs/SCRIPT-DATE-TIME per "
-    "launch; the script gets it as MGPU_RUN_DIR). A recipe's is run_dir=PATH.",
+    help=f"A script's run dir: {LAUNCH_JSON}, {LOGS}/, {POSTMORTEM_JSON} (default: a new runs/SCRIPT-DATE-TIME per "
+    f"launch; the script gets it as {env_vars.RUN_DIR}). A recipe's is run_dir=PATH.",
 )
 _LOCAL_RANK_ARG = typer.Option(
     False, "--local-rank-arg", help="Pass a script --local_rank=N (or --local-rank=N: the spelling it declares) "
@@ -124,7 +125,7 @@ _STALL_S = typer.Option(
 _AUDIT = typer.Option(
     False, "--audit", help="Run your script with checks for the DDP tutorial's traps (a model not wrapped in DDP, "
     "no DistributedSampler, no set_epoch, padded evaluation, every rank saving one file, unused parameters, "
-    "devices): each finding shown as found, a summary at the end, RUN_DIR/audit.json.",
+    f"devices): each finding shown as found, a summary at the end, RUN_DIR/{AUDIT_JSON}.",
 )
 _PROBE = typer.Option(
     False, "--probe", help="Will it fit? Every worker builds everything and times a few optimizer steps "

@@ -11,6 +11,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from mgpucli.env_vars import LOCAL_RANK, LOCAL_WORLD_SIZE, RANK, WORLD_SIZE
 from mgpucli.errors import UsageError
 
 _legacy_local_rank: int | None = None
@@ -57,9 +58,9 @@ def read_rank_env(environ: Mapping[str, str] | None = None, legacy_local_rank: i
     """Parse the rank variables; a single process when none is set."""
     env = os.environ if environ is None else environ
     legacy = _legacy_local_rank if legacy_local_rank is None else legacy_local_rank
-    rank = _int(env, "RANK")
-    world = _int(env, "WORLD_SIZE")
-    local_rank = _int(env, "LOCAL_RANK")
+    rank = _int(env, RANK)
+    world = _int(env, WORLD_SIZE)
+    local_rank = _int(env, LOCAL_RANK)
     if local_rank is None:
         local_rank = legacy
     if local_rank is not None and local_rank < 0:
@@ -67,11 +68,11 @@ def read_rank_env(environ: Mapping[str, str] | None = None, legacy_local_rank: i
             f"LOCAL_RANK={local_rank} is negative (local ranks run from 0 to the processes per node - 1).",
             "Unset the stale variables (`unset RANK WORLD_SIZE LOCAL_RANK`) or launch with `mgpu launch`.",
         )
-    local_world = _int(env, "LOCAL_WORLD_SIZE")
+    local_world = _int(env, LOCAL_WORLD_SIZE)
     if world is None and rank is None:
         return RankEnv(0, local_rank or 0, 1, 1)
     if world is None or rank is None:
-        missing = "WORLD_SIZE" if world is None else "RANK"
+        missing = WORLD_SIZE if world is None else RANK
         raise UsageError(
             f"RANK and WORLD_SIZE must be set together; {missing} is missing.",
             "Start workers with `mgpu launch` or torchrun, or unset the stale variables "

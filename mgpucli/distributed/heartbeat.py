@@ -17,8 +17,8 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from datetime import timedelta
 
+from mgpucli.distributed.store_client import connect_job_store, job_store_address
 from mgpucli.run_records.json_files import write_json
 from mgpucli.run_records.worker_records import ENDED as ENDED
 from mgpucli.run_records.worker_records import ERROR_FILE_ENV, progress_path
@@ -62,12 +62,9 @@ class Heartbeat:
 
     def connect(self) -> None:
         """Publish to the job's store too, from the next beat on (imports torch.distributed)."""
-        if self._store is None and self.world_size > 1 and "MASTER_ADDR" in os.environ:
-            import torch.distributed as dist
-
+        if self._store is None and self.world_size > 1 and job_store_address() is not None:
             try:
-                self._store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
-                                            is_master=False, timeout=timedelta(seconds=10), wait_for_workers=False)
+                self._store = connect_job_store(timeout_s=10)
             except Exception:  # progress reporting is best effort: never fail a run for it
                 self._store = None
 

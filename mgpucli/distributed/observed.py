@@ -21,7 +21,8 @@ import resource
 from collections.abc import Callable
 
 INIT = "init_process_group"
-# The public torch.distributed functions that wait for other ranks (those a version lacks are left out).
+# The public torch.distributed functions that wait for other ranks (those a version lacks are left out; each is in
+# mgpucli.torch_parts.REPLACED).
 WAITING = (INIT, "new_group", "barrier", "monitored_barrier", "all_reduce", "all_gather", "all_gather_into_tensor",
            "all_gather_object", "all_to_all", "all_to_all_single", "broadcast", "broadcast_object_list", "gather",
            "gather_object", "reduce", "reduce_scatter", "reduce_scatter_tensor", "scatter", "scatter_object_list",
@@ -50,10 +51,14 @@ def snapshot() -> dict:
             "optimizer_steps": state.optimizer_steps, "children_cpu_s": round(used.ru_utime + used.ru_stime, 2)}
 
 
-def install() -> None:
-    """Observe this process's optimizer steps and waiting ``torch.distributed`` calls (torch is imported)."""
+def install(stall_watch: bool = True) -> None:
+    """Observe this process's optimizer steps and waiting ``torch.distributed`` calls (torch is imported). Without
+    the launcher's stall watch (``--stall-s 0``) only ``init_process_group`` is wrapped: whether the rank joined a
+    process group is still said of a script that never trained; which collective it is in would be read by nobody."""
     import torch
     from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    from mgpucli.torch_parts import replace
 
     register_optimizer_step_post_hook(_stepped)
     import torch.distributed as dist
@@ -61,10 +66,13 @@ def install() -> None:
     if not dist.is_available():
         return
     compiling = torch.compiler.is_compiling
-    for name in WAITING:
-        original = getattr(dist, name, None)
-        if callable(original) and not getattr(original, "_mgpu_observed", False):
-            setattr(dist, name, observe(name, original, compiling))
+    for name in WAITING if stall_watch else (INIT,):
+        replace(f"torch.distributed.{name}", functools.partial(_observed_once, name, compiling=compiling))
+
+
+def _observed_once(name: str, original: Callable, compiling: Callable[[], bool]) -> Callable:
+    """``original`` observed, unless it already is (installed twice)."""
+    return original if getattr(original, "_mgpu_observed", False) else observe(name, original, compiling)
 
 
 def _stepped(optimizer, args, kwargs) -> None:

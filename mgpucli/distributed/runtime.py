@@ -18,6 +18,7 @@ import torch.distributed as dist
 from mgpucli import env_vars
 from mgpucli.cpus import omp_threads_problem, threads_per_process
 from mgpucli.distributed.env import RankEnv
+from mgpucli.distributed.store_client import connect_job_store
 from mgpucli.errors import UsageError
 
 
@@ -126,9 +127,7 @@ def _attempt_store(env: RankEnv, timeout_s: int):
     if os.environ.get(env_vars.USE_AGENT_STORE) != "True":
         return None
     attempt = os.environ.get(env_vars.RESTART_COUNT, "0")
-    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), env.world_size,
-                          is_master=False, timeout=timedelta(seconds=timeout_s))
-    return dist.PrefixStore(f"mgpu/attempt_{attempt}", store)
+    return connect_job_store(timeout_s, prefix=f"mgpu/attempt_{attempt}")
 
 
 def teardown() -> None:

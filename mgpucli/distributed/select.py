@@ -44,6 +44,14 @@ def parse_gpus(spec: str) -> str | int | tuple[int, ...]:
         ) from None
 
 
+def check_device_options(gpus: str | None, cpu: bool, nproc: int | None) -> None:
+    """The device options' rules that need nothing of the machine: UsageError."""
+    if cpu and gpus is not None:
+        raise UsageError("--cpu and --gpus exclude each other.", "Pick one: --gpus N for GPUs, --cpu --nproc N.")
+    if nproc is not None and nproc < 1:
+        raise UsageError(f"--nproc {nproc}: the process count must be at least 1.", "Example: --cpu --nproc 2.")
+
+
 def select_devices(
     gpus: str | None,
     cpu: bool,
@@ -52,10 +60,7 @@ def select_devices(
     cuda_visible_raw: str | None = None,
 ) -> DeviceSelection:
     """Validate the device options against what is visible; UsageError names what is visible and the fix."""
-    if cpu and gpus is not None:
-        raise UsageError("--cpu and --gpus exclude each other.", "Pick one: --gpus N for GPUs, --cpu --nproc N.")
-    if nproc is not None and nproc < 1:
-        raise UsageError(f"--nproc {nproc}: the process count must be at least 1.", "Example: --cpu --nproc 2.")
+    check_device_options(gpus, cpu, nproc)
     if cpu:
         return DeviceSelection(kind="cpu", nproc=nproc or 1)
     if nproc is not None:

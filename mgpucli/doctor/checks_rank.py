@@ -10,6 +10,7 @@ engine that describes the job (:mod:`mgpucli.launch.job_source`, the reader ``mg
 
 from __future__ import annotations
 
+from mgpucli import env_vars
 from mgpucli.distributed.env import read_rank_env
 from mgpucli.doctor.host import TORCHRUN_DEFAULT_PORT
 from mgpucli.doctor.observation import Observation
@@ -18,7 +19,7 @@ from mgpucli.errors import UsageError
 from mgpucli.launch.job_source import PET_NAME, POD_NAME, POD_VARS, SchedulerJob, read_scheduler
 
 AREA = "rank setup"
-RANK_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+RANK_VARS = (*env_vars.ROLE, "MASTER_ADDR", "MASTER_PORT")
 HOLDER_HINT = "see who holds it: `ss -ltnp 'sport = :{port}'`"
 
 
@@ -34,10 +35,11 @@ def _inconsistency(obs: Observation) -> str:
         return err.message
     if env.local_world_size > env.world_size:
         return f"LOCAL_WORLD_SIZE={env.local_world_size} exceeds WORLD_SIZE={env.world_size}."
-    if "LOCAL_RANK" in obs.env and "LOCAL_WORLD_SIZE" in obs.env and env.local_rank >= env.local_world_size:
+    local_given = env_vars.LOCAL_RANK in obs.env
+    if local_given and env_vars.LOCAL_WORLD_SIZE in obs.env and env.local_rank >= env.local_world_size:
         return f"LOCAL_RANK={env.local_rank} does not fit LOCAL_WORLD_SIZE={env.local_world_size}."
     gpus = obs.torch.device_count
-    if "LOCAL_RANK" in obs.env and gpus and env.local_rank >= gpus:
+    if local_given and gpus and env.local_rank >= gpus:
         return f"LOCAL_RANK={env.local_rank}, but only {gpus} GPU(s) are visible: cuda:{env.local_rank} does not exist."
     return ""
 

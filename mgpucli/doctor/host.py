@@ -11,10 +11,10 @@ import socket
 import sys
 from collections.abc import Iterable, Mapping
 
+from mgpucli import procfs
 from mgpucli.cpus import available_cores
 from mgpucli.doctor.observation import HostInfo
-
-TORCHRUN_DEFAULT_PORT = 29500
+from mgpucli.launch.job_source import IN_A_POD, TORCHRUN_DEFAULT_PORT
 
 
 def _read(path: str) -> str | None:
@@ -63,7 +63,7 @@ def cpu_quota() -> float | None:
 
 def container_kind(environ: Mapping[str, str]) -> str | None:
     """Which container runtime we are inside, if any (they cap /dev/shm, limits and visible GPUs)."""
-    if "KUBERNETES_SERVICE_HOST" in environ:
+    if IN_A_POD in environ:
         return "kubernetes"
     if os.path.exists("/.dockerenv"):
         return "docker"
@@ -71,7 +71,7 @@ def container_kind(environ: Mapping[str, str]) -> str | None:
         return "podman"
     if environ.get("container"):
         return environ["container"]
-    cgroup = _read("/proc/1/cgroup") or ""
+    cgroup = procfs.text(1, "cgroup") or ""
     markers = (("kubepods", "kubernetes"), ("docker", "docker"), ("containerd", "containerd"), ("lxc", "lxc"))
     for marker, kind in markers:
         if marker in cgroup:
@@ -81,7 +81,7 @@ def container_kind(environ: Mapping[str, str]) -> str | None:
 
 def iommu_state() -> tuple[bool | None, bool]:
     """(IOMMU translating DMA?, passthrough mode?). Passthrough (iommu=pt) leaves GPU peer-to-peer alone."""
-    cmdline = (_read("/proc/cmdline") or "").split()
+    cmdline = (procfs.text("cmdline") or "").split()
     passthrough = "iommu=pt" in cmdline or "iommu.passthrough=1" in cmdline
     try:
         units = os.listdir("/sys/class/iommu")

@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from mgpucli import env_vars
 from mgpucli.doctor.observation import Plan
 from mgpucli.proctree import run_bounded
 
@@ -24,10 +25,7 @@ CPU_SIZES, CPU_ITERS = (64 * 2**10, 2**20, 8 * 2**20), 5
 GPU_SIZES, GPU_ITERS = (2**20, 32 * 2**20, 256 * 2**20), 10
 # Launcher state a user's shell may still hold; the launcher sets its own for the workers.
 SCRUB = (
-    "RANK",
-    "LOCAL_RANK",
-    "WORLD_SIZE",
-    "LOCAL_WORLD_SIZE",
+    *env_vars.ROLE,
     "MASTER_ADDR",
     "MASTER_PORT",
     "GROUP_RANK",
@@ -36,7 +34,7 @@ SCRUB = (
     "ROLE_WORLD_SIZE",
     "ROLE_NAME",
 )
-SCRUB_PREFIXES = ("PET_", "TORCHELASTIC_")  # torchrun reads PET_<OPTION> as a default for --<option>
+SCRUB_PREFIXES = (env_vars.PET_PREFIX, "TORCHELASTIC_")  # torchrun reads PET_<OPTION> as a default for --<option>
 
 
 @dataclass(frozen=True)

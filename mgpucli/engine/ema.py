@@ -1,9 +1,9 @@
 """An exponential moving average of the weights (``trainer.ema``), kept on every rank without communication.
 
 After each optimizer step every rank applies ``ema = decay * ema + (1 - decay) * weights`` to its own copy, in
-one fused device op (``torch._foreach_lerp_``): no host sync, no collective. Under DDP the ranks hold the same
-weights after every step, so they hold the same average; under FSDP each rank averages its own shard of every
-parameter (the average is sharded like the weights it follows). Until ``start_step`` the average is the weights
+one fused device op (:func:`mgpucli.torch_parts.foreach_lerp_`): no host sync, no collective. Under DDP the ranks
+hold the same weights after every step, so they hold the same average; under FSDP each rank averages its own shard
+of every parameter (the average is sharded like the weights it follows). Until ``start_step`` the average is the weights
 themselves; from then on it is updated every ``every`` steps.
 
 Checkpoints hold the average as a full state dict beside the model's (``ema``: the EMA parameters with the
@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from mgpucli.engine.checkpoints import state as engine_state
+from mgpucli.torch_parts import foreach_copy_, foreach_lerp_
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
@@ -55,10 +56,10 @@ class EMA:
         """After optimizer step ``step`` (numbered from 1): device ops only."""
         if step <= self.start_step:
             params, shadow = self._locals()
-            torch._foreach_copy_(shadow, params)
+            foreach_copy_(shadow, params)
         elif (step - self.start_step) % self.every == 0:
             params, shadow = self._locals()
-            torch._foreach_lerp_(shadow, params, 1.0 - self.decay)
+            foreach_lerp_(shadow, params, 1.0 - self.decay)
 
     @contextlib.contextmanager
     def swapped_in(self):
@@ -67,13 +68,13 @@ class EMA:
         with torch.no_grad():
             backup = [p.clone() for p in params]
             self._reshard()
-            torch._foreach_copy_(params, shadow)
+            foreach_copy_(params, shadow)
         try:
             yield
         finally:
             with torch.no_grad():
                 self._reshard()  # FSDP keeps the root's gathered parameters after a forward: drop the EMA's
-                torch._foreach_copy_(params, backup)
+                foreach_copy_(params, backup)
 
     def _reshard(self) -> None:
         """Free every parameter FSDP has gathered, so the next forward gathers them from the shards again."""
@@ -120,4 +121,4 @@ class EMA:
     def restart(self) -> None:
         """Start the average from the current weights (a checkpoint without one was loaded)."""
         params, shadow = self._locals()
-        torch._foreach_copy_(shadow, params)
+        foreach_copy_(shadow, params)

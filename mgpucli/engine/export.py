@@ -15,10 +15,9 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from mgpucli.errors import CheckpointError, UsageError
-from mgpucli.run_files import checkpoint_dir
-from mgpucli.run_layout import BEST_FULL, BEST_SHARDED, LAST_FULL, LAST_SHARDED
+from mgpucli.run_files import checkpoint_dir, saved_checkpoint
 
-WHICH = {"last": (LAST_FULL, LAST_SHARDED), "best": (BEST_FULL, BEST_SHARDED)}
+WHICH = ("last", "best")
 
 
 @dataclass
@@ -35,20 +34,21 @@ def checkpoint_of(run_dir: str, which: str) -> Path:
     """The run's ``last`` or ``best`` full checkpoint; exit 2 naming what is there instead."""
     if which not in WHICH:
         raise UsageError(f"--checkpoint {which!r}: choose last or best.")
-    full, sharded = WHICH[which]
-    folder = checkpoint_dir(run_dir)
     if not Path(run_dir).is_dir():
         raise UsageError(f"{run_dir} is not a run dir (it does not exist).", "Pass the run dir a run trained into, "
                          "e.g. runs/NAME.")
-    if (folder / full).is_file():
-        return folder / full
-    if (folder / sharded).exists():
-        raise CheckpointError(f"{folder / sharded} is a sharded checkpoint; export reads full ones.",
+    found = saved_checkpoint(run_dir, which)
+    if found is not None and found.is_file():
+        return found
+    if found is not None:
+        raise CheckpointError(f"{found} is a sharded checkpoint; export reads full ones.",
                               "Train with trainer.checkpoint_format=full (the default), or resume the run with it "
                               "for one more save.")
-    found = sorted(p.name for p in folder.glob("*")) if folder.is_dir() else []
-    held = f"its checkpoints: {', '.join(found)}" if found else "no checkpoints at all"
-    raise CheckpointError(f"{run_dir} has no {full} ({held}).", "Export another one with --checkpoint last|best.")
+    folder = checkpoint_dir(run_dir)
+    held = sorted(p.name for p in folder.glob("*")) if folder.is_dir() else []
+    said = f"its checkpoints: {', '.join(held)}" if held else "no checkpoints at all"
+    raise CheckpointError(f"{run_dir} has no {which} checkpoint ({said}).",
+                          "Export another one with --checkpoint last|best.")
 
 
 def _free_out_dir(out_dir: str) -> Path:

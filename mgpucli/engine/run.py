@@ -23,14 +23,27 @@ def ensure_cwd_on_path() -> None:
         sys.path.insert(0, cwd)
 
 
+def composed(recipe: str, overrides: list[str]) -> tuple[Any, bool]:
+    """(the recipe this process runs, whether ``mgpu launch`` checked it): the one the launcher handed over, else
+    composed here and checked against the schema. Neither imports torch: a typo in a key or an override, a file that
+    is no recipe, is refused before torch is imported (seconds sooner)."""
+    from mgpucli.config import handoff, load_recipe
+
+    ensure_cwd_on_path()
+    cfg = handoff.read(recipe, overrides)  # launched by `mgpu launch`: the recipe it checked, as is
+    if cfg is not None:
+        return cfg, True
+    return load_recipe(recipe, overrides), False
+
+
 def run_training(recipe: str, overrides: list[str], *, resume: str | None = None, overwrite: bool = False,
-                 env: RankEnv, reporter: Reporter | None = None,
+                 env: RankEnv, reporter: Reporter | None = None, recipe_cfg: tuple[Any, bool] | None = None,
                  started: Callable[[dict[str, Any]], None] | None = None,
                  finished: Callable[[], None] | None = None) -> dict[str, Any]:
-    """Load and check the recipe, set up the process group, train, and always tear down. ``started`` is called
-    once set-up is done (the run dir taken, a checkpoint loaded) and training begins, with where it starts
-    (:meth:`mgpucli.engine.trainer.Trainer.started_details`); ``finished`` once the run has
-    finished on every rank (its final checkpoint complete), before the teardown."""
+    """Load and check the recipe (``recipe_cfg``: as :func:`composed` gave it), set up the process group, train,
+    and always tear down. ``started`` is called once set-up is done (the run dir taken, a checkpoint loaded) and
+    training begins, with where it starts (:meth:`mgpucli.engine.trainer.Trainer.started_details`); ``finished`` once
+    the run has finished on every rank (its final checkpoint complete), before the teardown."""
 
     def train(trainer) -> dict[str, Any]:
         trainer.setup()
@@ -46,12 +59,13 @@ def run_training(recipe: str, overrides: list[str], *, resume: str | None = None
 
     from mgpucli.batch_layout import pinned_by
 
-    return _with_trainer(recipe, overrides, env, reporter, train, resume=resume, overwrite=overwrite, ended=ended,
-                         pinned=pinned_by(overrides))
+    return _with_trainer(recipe, overrides, env, reporter, train, recipe_cfg, resume=resume, overwrite=overwrite,
+                         ended=ended, pinned=pinned_by(overrides))
 
 
 def run_probe(recipe: str, overrides: list[str], *, env: RankEnv, reporter: Reporter | None = None,
-              steps: int = 20, warmup: int | None = None) -> dict[str, Any] | None:
+              steps: int = 20, warmup: int | None = None,
+              recipe_cfg: tuple[Any, bool] | None = None) -> dict[str, Any] | None:
     """``mgpu train --probe``: build everything, measure ``steps`` optimizer steps after a warm-up on every rank,
     write nothing (see engine/probe.py). Returns the report on rank 0 (None on the others)."""
     import torch
@@ -74,26 +88,25 @@ def run_probe(recipe: str, overrides: list[str], *, env: RankEnv, reporter: Repo
         ranks = collectives.all_gather_objects(mine, trainer.runtime)
         return probe.report(ranks, trainer, steps, warmup) if env.rank == 0 else None
 
-    return _with_trainer(recipe, overrides, env, reporter, measure, probe=True)
+    return _with_trainer(recipe, overrides, env, reporter, measure, recipe_cfg, probe=True)
 
 
 def _with_trainer(recipe: str, overrides: list[str], env: RankEnv, reporter: Reporter | None,
-                  body: Callable[[Any], Any], ended: Callable[[Any], None] | None = None, **trainer_args: Any) -> Any:
-    """The recipe (handed over by ``mgpu launch``, or composed and checked here), the process group, a Trainer
-    given to ``body``; every rank meets at a barrier after it (then ``ended(trainer)``), and on every exit path the
-    trainer is closed and the process group destroyed."""
+                  body: Callable[[Any], Any], recipe_cfg: tuple[Any, bool] | None,
+                  ended: Callable[[Any], None] | None = None, **trainer_args: Any) -> Any:
+    """The recipe (:func:`composed`, then checked unless ``mgpu launch`` did), the process group, a Trainer given to
+    ``body``; every rank meets at a barrier after it (then ``ended(trainer)``), and on every exit path the trainer is
+    closed and the process group destroyed."""
     import torch
 
-    from mgpucli.config import check_recipe, handoff, load_recipe
+    from mgpucli.config import check_recipe
     from mgpucli.distributed import collectives
     from mgpucli.distributed.runtime import setup_process_group, teardown
     from mgpucli.engine import clear_errors
     from mgpucli.engine.trainer import Trainer
 
-    ensure_cwd_on_path()
-    cfg = handoff.read(recipe, overrides)  # launched by `mgpu launch`: the recipe it checked, as is
-    if cfg is None:
-        cfg = load_recipe(recipe, overrides)
+    cfg, checked = recipe_cfg if recipe_cfg is not None else composed(recipe, overrides)
+    if not checked:
         # Trackers: a job's ranks only look them up (rank 1 must not import one, and every rank must reach the same
         # verdict before the process group exists); a single process imports them, as the launcher does.
         check_recipe(cfg, recipe, trackers="find" if env.distributed else "import")

@@ -18,7 +18,7 @@ from mgpucli.engine.anatomy import StragglerWatch
 from mgpucli.engine.checkpoints import state as engine_state
 from mgpucli.engine.reporter import Reporter
 from mgpucli.engine.rundir import MetricsWriter
-from mgpucli.run_files import checkpoint_dir
+from mgpucli.run_files import saved_checkpoint
 
 
 class RunOutputs:
@@ -83,6 +83,5 @@ class RunOutputs:
         """The run's last and best checkpoints that exist (full files or sharded directories)."""
         if self.run_dir is None:
             return {}
-        folder = checkpoint_dir(self.run_dir).resolve()
-        return {what: str(path) for what in ("last", "best") for path in (folder / f"{what}.pt", folder / f"{what}.dcp")
-                if path.exists()}
+        saved = {which: saved_checkpoint(self.run_dir, which) for which in ("last", "best")}
+        return {which: str(path.parent.resolve() / path.name) for which, path in saved.items() if path is not None}

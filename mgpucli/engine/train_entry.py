@@ -71,12 +71,13 @@ def train_recipe(recipe: str, overrides: list[str], *, resume: str | None = None
 def _train(recipe: str, overrides: list[str], resume: str | None, overwrite: bool, env: RankEnv,
            rank0_reporter: Callable[[], Reporter]) -> None:
     """Train, under :func:`_recorded`."""
-    from mgpucli.engine.run import run_training
+    from mgpucli.engine.run import composed, run_training
     from mgpucli.run_records.worker_records import mark_finished, mark_started
 
+    recipe_cfg = composed(recipe, overrides)  # bad input is refused before torch is imported
     reporter = rank0_reporter() if env.rank == 0 else None
     _recorded(lambda: run_training(recipe, overrides, resume=resume, overwrite=overwrite, env=env, reporter=reporter,
-                                   started=mark_started, finished=mark_finished))
+                                   started=mark_started, finished=mark_finished, recipe_cfg=recipe_cfg))
 
 
 def _recorded(body: Callable[[], T]) -> T:
@@ -110,10 +111,12 @@ def probe_recipe(recipe: str, overrides: list[str], *, steps: int, result_file: 
     report: dict = {}
 
     def probe(env: RankEnv) -> None:
-        from mgpucli.engine.run import run_probe
+        from mgpucli.engine.run import composed, run_probe
 
+        recipe_cfg = composed(recipe, overrides)  # bad input is refused before torch is imported
         reporter = rank0_reporter() if env.rank == 0 else None
-        found = _recorded(lambda: run_probe(recipe, overrides, env=env, reporter=reporter, steps=steps))
+        found = _recorded(lambda: run_probe(recipe, overrides, env=env, reporter=reporter, steps=steps,
+                                            recipe_cfg=recipe_cfg))
         if found is not None:
             report.update(found)
             if result_file:

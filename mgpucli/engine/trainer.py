@@ -47,8 +47,7 @@ from mgpucli.engine.run_outputs import RunOutputs
 from mgpucli.engine.stop_requests import StopRequests
 from mgpucli.engine.tasks import forward_batch_of
 from mgpucli.errors import Preempted
-from mgpucli.run_files import checkpoint_dir
-from mgpucli.run_layout import LAST_FULL
+from mgpucli.run_files import checkpoint_dir, saved_checkpoint
 
 
 class Trainer:
@@ -474,7 +473,7 @@ class Trainer:
         except Exception as failed:  # noqa: BLE001 - the run's own error is the one to report
             why = f"writing it failed ({type(failed).__name__}: {failed})"
             wrote = False
-        where = checkpoint_dir(self.checkpoints.run_dir) / LAST_FULL
+        where = saved_checkpoint(self.checkpoints.run_dir)
         said = (f"kept step {self.step}, the last step every rank completed, in {where}" if wrote else
                 f"did not keep step {self.step}: {why or 'a survivor already kept it (or a later one)'}")
         print(f"mgpu: rank {rank} lost its connection to another rank; {said}.", file=sys.stderr, flush=True)

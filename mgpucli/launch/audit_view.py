@@ -5,8 +5,9 @@ Each worker appends its findings to ``mgpu_audit.jsonl`` beside its error file
 (:mod:`mgpucli.run_records.audit_records`). A thread follows those files for every attempt the launch record indexes
 and prints each kind of finding the first time any rank reports it: the rank, the user's file:line, the finding, what
 it costs and the fix. Torch's tutorial has rank 0 print every rank's findings; here the launcher does it for every
-rank of its node (on several nodes, each node's launcher shows its own ranks'). When the job ends: a table, one line
-per kind with its count and places, and ``audit.json`` beside ``launch.json``.
+rank of its node (on several nodes, each node's launcher shows its own ranks'), each after an empty line: without a
+terminal, torch's tee copies rank 0's output as it comes, a progress bar's partial line too. When the job ends: a
+table, one line per kind with its count and places, and ``audit.json`` beside ``launch.json``.
 """
 
 from __future__ import annotations
@@ -64,6 +65,7 @@ class AuditWatch(threading.Thread):
     def _show(self, f: Finding) -> None:
         from rich.text import Text
 
+        self.console.print()  # off any partial line on the same stream (torch's tee copies a progress bar's)
         where = f", {f.where.cite()}" if f.where is not None else ""
         self.console.print(Text(f"mgpu audit: rank {f.rank}{where}: ", style="bold yellow") + Text(f.title))
         if f.where is not None and f.where.code:
@@ -110,7 +112,7 @@ class AuditWatch(threading.Thread):
                 table.add_row(g["name"], ", ".join(map(str, g["ranks"])), str(g["count"]),
                               ", ".join(g["where"][:3]) + (" ..." if len(g["where"]) > 3 else ""))
             self.console.print(table)
-            self.console.print(Text("  each kind's cost and fix: shown above when found, in audit.json, and in "
+            self.console.print(Text(f"  each kind's cost and fix: shown above when found, in {AUDIT_JSON}, and in "
                                     "mgpu doctor RUN_DIR", style="dim"))
         for note in notes(self.statuses):
             self.console.print(Text(f"  note: {note}", style="dim"))

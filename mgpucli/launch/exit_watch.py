@@ -31,7 +31,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from mgpucli import env_vars, proctree
+from mgpucli import env_vars, procfs, proctree
 from mgpucli.console import err_console
 from mgpucli.errors import EXIT_PREEMPTED
 from mgpucli.run_records.first_failure import failure_record_of
@@ -147,14 +147,7 @@ def _error_file_of(pid: int) -> str | None:
     """The error file torch's agent gave a worker (``TORCHELASTIC_ERROR_FILE``, one per worker and attempt), which
     says which rank of which attempt it is; None for any other child, or one still between fork and exec (its
     environment is still this process's)."""
-    try:
-        with open(f"/proc/{pid}/environ", "rb") as fh:
-            raw = fh.read()
-    except OSError:
-        return None
-    key = env_vars.ERROR_FILE.encode() + b"="
-    found = next((item[len(key):] for item in raw.split(b"\0") if item.startswith(key)), None)
-    return os.fsdecode(found) if found else None
+    return procfs.environ_value(pid, env_vars.ERROR_FILE) or None
 
 
 def _leads_its_session(pid: int) -> bool:
@@ -191,13 +184,5 @@ def _kill_group(fd: int) -> bool:
 
 
 def _pid_of(fd: int) -> int | None:
-    """The pid a pidfd refers to (its ``Pid:`` line in /proc/self/fdinfo)."""
-    try:
-        with open(f"/proc/self/fdinfo/{fd}") as fh:
-            for line in fh:
-                if line.startswith("Pid:"):
-                    pid = int(line.split()[1])
-                    return pid if pid > 0 else None
-    except (OSError, ValueError):
-        return None
-    return None
+    """The pid a pidfd refers to."""
+    return procfs.pidfd_pid(fd)

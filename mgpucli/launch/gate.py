@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable
 
 from mgpucli import env_vars
+from mgpucli.distributed.env import read_rank_env
 from mgpucli.run_records.json_files import read_json_object, write_json
 
 ENV = "MGPU_LAUNCH_VERDICT"
@@ -163,7 +164,7 @@ def check_builds_here(source: str, overrides: list[str], environ: dict[str, str]
         report = error_report(err)
     except Exception:  # noqa: BLE001 - a bug in a component: the launcher shows its traceback
         report = {"crash": traceback.format_exc()}
-    if env.get("LOCAL_RANK") == "0":
+    if read_rank_env(env).local_rank == 0:
         write_json(_builds_report(verdict), report)
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from mgpucli.env_vars import LOCAL_RANK, PET_PREFIX, RANK, RUN_ID, WORLD_SIZE
 from mgpucli.errors import UsageError
 from mgpucli.launch.node_range import NodeRange, parse_nnodes
 from mgpucli.launch.slurm import read_slurm
@@ -31,15 +32,16 @@ from mgpucli.launch.slurm import read_slurm
 # workers instead of killing the launcher outright.
 SLURM_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"
 TORCHRUN_DEFAULT_PORT = 29500  # torchrun's --master-port default, also for a pod without MASTER_PORT
-PET_PREFIX = "PET_"  # torchrun: every option's default is PET_<OPTION> (torch/distributed/argparse_util.py)
 # The variables read, each with the SchedulerJob field it fills (messages name the variable behind a value).
 PET_READ = {"PET_NNODES": "nnodes", "PET_NODE_RANK": "node_rank", "PET_NPROC_PER_NODE": "nproc_per_node",
             "PET_MASTER_ADDR": "master_addr", "PET_MASTER_PORT": "master_port", "PET_RDZV_ENDPOINT": "rdzv_endpoint",
             "PET_RDZV_BACKEND": "rdzv_backend", "PET_RDZV_ID": "rdzv_id"}
-POD_VARS = {"MASTER_ADDR": "master_addr", "MASTER_PORT": "master_port", "WORLD_SIZE": "nnodes", "RANK": "node_rank"}
+# A pod's WORLD_SIZE and RANK (a PyTorchJob's operator sets them) are the node count and the node's rank.
+POD_VARS = {"MASTER_ADDR": "master_addr", "MASTER_PORT": "master_port", WORLD_SIZE: "nnodes",
+            RANK: "node_rank"}
 SLURM_NAME, PET_NAME, POD_NAME = "SLURM", "torchrun's PET_* variables", "the pod's variables"
 IN_A_POD = "KUBERNETES_SERVICE_HOST"  # set by Kubernetes in every container of every pod
-WORKER_MARKS = ("LOCAL_RANK", "TORCHELASTIC_RUN_ID")  # torch's agent sets them for each worker it starts
+WORKER_MARKS = (LOCAL_RANK, RUN_ID)  # torch's agent sets them for each worker it starts
 
 
 @dataclass(frozen=True)
@@ -141,12 +143,12 @@ def from_pod(environ: Mapping[str, str]) -> SchedulerJob | None:
     this is no pod of a job of several (see the module docstring for why the rule is that strict)."""
     if not environ.get(IN_A_POD) or _is_worker(environ) or not environ.get("MASTER_ADDR", "").strip():
         return None
-    pods = _int(environ, "WORLD_SIZE")
-    if pods is None or pods < 2 or not environ.get("RANK", "").strip():
+    pods = _int(environ, WORLD_SIZE)
+    if pods is None or pods < 2 or not environ.get(RANK, "").strip():
         return None
     read = [name for name in POD_VARS if environ.get(name, "").strip()]
     return SchedulerJob(
-        name=POD_NAME, job_id="", nnodes=pods, node_rank=_int(environ, "RANK"),
+        name=POD_NAME, job_id="", nnodes=pods, node_rank=_int(environ, RANK),
         master_addr=environ["MASTER_ADDR"].strip(), master_port=_port(environ, "MASTER_PORT"), rdzv_id=None,
         variables=tuple((POD_VARS[name], f"{name}={environ[name].strip()}") for name in read),
     )

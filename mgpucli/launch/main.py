@@ -16,17 +16,20 @@ from mgpucli.cpus import available_cores, omp_threads_problem
 from mgpucli.errors import UsageError
 from mgpucli.launch.elastic_plan import add_global_batch
 from mgpucli.launch.plan import (
+    JobNodes,
     LaunchOptions,
     LaunchPlan,
     Machine,
     RecipeFacts,
     build_plan,
     check_job_options,
+    job_nodes,
     script_facts,
     worker_overrides,
 )
 from mgpucli.launch.script import check_target, default_run_dir, local_rank_flag
 from mgpucli.run_files import check_start, holds_a_run, unwritable
+from mgpucli.run_layout import AUDIT_JSON, LAUNCH_DIR_PREFIX
 from mgpucli.run_records.launch_record import Devices, LaunchHeader, RendezvousInfo, ScriptJob
 
 
@@ -96,17 +99,17 @@ def _check_options(opts: LaunchOptions) -> None:
                          "processes threads, or give a count: export OMP_NUM_THREADS=4.")
 
 
-def _prepare(opts: LaunchOptions, claim_run_dir: bool = False, deep: bool = True, composing=None):
-    """(the plan, the checked recipe: None for a script). ``claim_run_dir``: a script launched without --run-dir
-    creates its new run dir now (a real launch); else it is only named (--dry-run). ``deep``: the whole recipe
-    check here (else the caller runs :func:`_deep_check` while the workers start). ``composing``: the recipe being
-    composed in a child process (:mod:`mgpucli.launch.compose_child`). The options are checked
-    (:func:`_check_options`)."""
+def _prepare(opts: LaunchOptions, nodes: JobNodes, claim_run_dir: bool = False, deep: bool = True, composing=None):
+    """(the plan, the checked recipe: None for a script). ``nodes``: the job's nodes, checked
+    (:func:`mgpucli.launch.plan.job_nodes`). ``claim_run_dir``: a script launched without --run-dir creates its new
+    run dir now (a real launch); else it is only named (--dry-run). ``deep``: the whole recipe check here (else the
+    caller runs :func:`_deep_check` while the workers start). ``composing``: the recipe being composed in a child
+    process (:mod:`mgpucli.launch.compose_child`). The options are checked (:func:`_check_options`)."""
     if opts.script is not None:
-        return _prepare_script(opts, claim_run_dir), None
+        return _prepare_script(opts, nodes, claim_run_dir), None
     facts, cfg = _check_recipe(opts) if deep else _compose(opts, composing)
     machine = this_machine(need_gpus=not opts.cpu and facts.device != "cpu")
-    plan = build_plan(opts, facts, machine)
+    plan = build_plan(opts, facts, machine, checked_nodes=nodes)
     add_global_batch(plan, cfg, opts.resume)  # an elastic job's, over its node range (mgpucli/launch/elastic_plan.py)
     if plan.node_rank == 0:  # this node's rank 0 takes the run dir: refuse here what it would refuse there
         found = check_run_dir(plan.run_dir, opts, sharded=str(cfg.trainer.checkpoint_format) == "sharded")
@@ -127,7 +130,7 @@ def _check_global_batch(checkpoint: str, plan: LaunchPlan, cfg, opts: LaunchOpti
                           int(cfg.trainer.grad_accum), pinned_by(opts.overrides))
 
 
-def _prepare_script(opts: LaunchOptions, claim_run_dir: bool) -> LaunchPlan:
+def _prepare_script(opts: LaunchOptions, nodes: JobNodes, claim_run_dir: bool) -> LaunchPlan:
     """The plan for the user's own script: it exists (nothing of it is run here), the spelling of --local-rank-arg
     its source declares, and a run dir of its own."""
     script = opts.script
@@ -144,15 +147,16 @@ def _prepare_script(opts: LaunchOptions, claim_run_dir: bool) -> LaunchPlan:
         script = replace(script, audit=True)
         opts = replace(opts, script=script)
         notes.append("--audit: every worker checks the script for the tutorial's traps as it runs; findings are shown "
-                     "here and written to RUN_DIR/audit.json (the torchrun equivalent runs without the checks).")
+                     f"here and written to RUN_DIR/{AUDIT_JSON} (the torchrun equivalent runs without the checks).")
     if opts.run_dir is not None:
         problem = unwritable(opts.run_dir)
         if problem:
             raise UsageError(f"cannot create run dir {opts.run_dir}: {problem}.",
                              "Choose another location with --run-dir DIR (or fix the path/permissions).")
     machine = this_machine(need_gpus=not opts.cpu)
-    plan = build_plan(opts, script_facts(opts), machine, name_run_dir=lambda nnodes, rdzv_id: default_run_dir(
-        script.name, nnodes, rdzv_id, claim=claim_run_dir))
+    plan = build_plan(opts, script_facts(opts), machine, checked_nodes=nodes,
+                      name_run_dir=lambda nnodes, rdzv_id: default_run_dir(script.name, nnodes, rdzv_id,
+                                                                          claim=claim_run_dir))
     plan.notes += notes
     return plan
 
@@ -246,12 +250,13 @@ def launch(opts: LaunchOptions, dry_run: bool = False) -> int:
     composing = None
     try:  # a recipe's launch checks the rest of it while its workers start (mgpucli/launch/gate.py)
         _check_options(opts)
+        nodes = job_nodes(opts, os.environ)  # before torch is imported: a bad option is said at once
         if opts.script is None and not dry_run:  # composed in a child while torch's agent is imported here
             from mgpucli.launch.compose_child import Composing
 
             composing = Composing(opts.recipe, worker_overrides(opts))
             import mgpucli.launch.runner  # noqa: F401 - torch's agent: what the launch needs next
-        plan, cfg = _prepare(opts, claim_run_dir=not dry_run, deep=dry_run, composing=composing)
+        plan, cfg = _prepare(opts, nodes, claim_run_dir=not dry_run, deep=dry_run, composing=composing)
     except BaseException:
         resume_full_gc()
         raise
@@ -415,4 +420,4 @@ def _record_path(plan: LaunchPlan) -> str:
     once training starts)."""
     if not holds_a_run(plan.run_dir):
         return plan.launch_json
-    return os.path.join(plan.log_dir, f"launch-{plan.rdzv_id}", os.path.basename(plan.launch_json))
+    return os.path.join(plan.log_dir, f"{LAUNCH_DIR_PREFIX}{plan.rdzv_id}", os.path.basename(plan.launch_json))

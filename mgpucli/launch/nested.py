@@ -55,15 +55,16 @@ def install(rank: int, world_size: int) -> None:
     if world_size <= 1:
         return
     import torch.distributed as dist
-    import torch.multiprocessing as mp
+
+    from mgpucli.torch_parts import replace
 
     worker = os.getpid()
     for name in ("spawn", "start_processes"):
-        original = getattr(mp, name, None)
-        if callable(original):
-            setattr(mp, name, _refuse(f"torch.multiprocessing.{name}", original, rank, world_size))
+        what = f"torch.multiprocessing.{name}"
+        replace(what, functools.partial(_refuse, what, rank=rank, world_size=world_size))
     if dist.is_available():
-        dist.init_process_group = _in_children(dist.init_process_group, worker, rank, world_size)
+        replace("torch.distributed.init_process_group",
+                functools.partial(_in_children, worker=worker, rank=rank, world_size=world_size))
 
 
 def _refuse(what: str, original: Callable, rank: int, world_size: int) -> Callable:

@@ -20,7 +20,6 @@ import json
 import threading
 import time
 from dataclasses import dataclass, field, replace
-from datetime import timedelta
 from typing import Any
 
 BEAT_S = 2.0  # how often a launcher renews its record and reads the others'
@@ -151,15 +150,13 @@ class Presence(threading.Thread):
 
     def _connect(self) -> Any:
         if self._store is None:
-            import torch.distributed as dist
-
+            from mgpucli.distributed.store_client import connect
             from mgpucli.launch.ports import answers
 
             if not answers(*self._where):  # not up yet: asked quietly (torch's client logs every failed try)
                 raise ConnectionError(f"nothing listens at {self._where[0]}:{self._where[1]}")
 
-            self._store = dist.TCPStore(self._where[0], self._where[1], is_master=False,
-                                        timeout=timedelta(seconds=_CONNECT_S))
+            self._store = connect(*self._where, _CONNECT_S)
         return self._store
 
     def _observe(self, records: dict[int, dict[str, Any]], now: float) -> None:

@@ -32,7 +32,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 
 from mgpucli import env_vars
-from mgpucli.distributed.select import DeviceSelection, select_devices
+from mgpucli.distributed.select import DeviceSelection, check_device_options, select_devices
 from mgpucli.errors import UsageError
 from mgpucli.launch import elastic_rounds
 from mgpucli.launch.job_source import SchedulerJob, read_scheduler, unread_torchrun_variables
@@ -40,7 +40,7 @@ from mgpucli.launch.node_range import NodeRange
 from mgpucli.launch.ports import check_port_number, host_problem, port_problem, require_free_port
 from mgpucli.launch.script import ScriptTarget
 from mgpucli.run_files import unwritable
-from mgpucli.run_layout import LAUNCH_JSON, LOGS
+from mgpucli.run_layout import LOGS, launch_json_name
 
 WORKER_MODULE = "mgpucli.launch.worker"
 DEFAULT_STATIC_PORT = 29500  # torchrun's own default for a static rendezvous
@@ -198,7 +198,7 @@ def check_job_options(opts: LaunchOptions) -> None:
             raise UsageError(
                 f"{refused[0]} is for recipes: mgpu does not checkpoint your script, so it has nothing to resume.",
                 "Give your script its own option for that after the script (mgpu launch ... main.py --resume "
-                "ckpt.pt): mgpu's options go before the script, the script's after it.",
+                "PATH): mgpu's options go before the script, the script's after it.",
             )
         return
     if opts.run_dir is not None:
@@ -273,14 +273,6 @@ def _shared_id(where: str, nnodes: int) -> str:
     are), never what they run, so that nodes whose commands differ still meet, and are told how they differ."""
     digest = hashlib.sha1(f"{where}|{nnodes}".encode()).hexdigest()[:12]
     return f"mgpu-{digest}"
-
-
-def _launch_json_name(nnodes: int, node_rank: int | None, hostname: str) -> str:
-    if nnodes == 1 or node_rank == 0:
-        return LAUNCH_JSON
-    if node_rank is not None:
-        return f"launch.node{node_rank}.json"
-    return f"launch.{hostname}.json"
 
 
 @dataclass(frozen=True)
@@ -559,6 +551,8 @@ def workers_env(opts: LaunchOptions, facts: RecipeFacts, machine: Machine, selec
     if selection.kind == "cpu" and opts.script is not None:
         # A recipe's workers are told trainer.device=cpu; a script decides for itself, so CPU workers see no GPU.
         env["CUDA_VISIBLE_DEVICES"] = ""
+    if opts.script is not None and opts.stall_s == 0:  # no stall watch: the script's waiting calls go unwrapped
+        env[env_vars.NO_STALL_WATCH] = "1"
     if opts.script is not None and "PYTHONUNBUFFERED" not in machine.environ:
         # torch starts the workers with `python -u`; this also reaches the Python processes a script starts itself.
         env["PYTHONUNBUFFERED"] = "1"
@@ -590,34 +584,67 @@ def _job_notes(job: SchedulerJob | None, nodes: NodeRange, rdzv: Rendezvous, env
     return notes
 
 
+def new_run_id() -> str:
+    """A fresh run id, for a job that names none and whose nodes need not derive one alike (one node)."""
+    return f"mgpu-{uuid.uuid4().hex[:12]}"
+
+
+@dataclass(frozen=True)
+class JobNodes:
+    """The job's nodes and how they meet, from the options and the job's engine alone (no recipe, no GPU count)."""
+
+    job: SchedulerJob | None
+    nodes: NodeRange
+    rdzv: Rendezvous
+    join_timeout: float | None  # None: one node
+    notes: tuple[str, ...]
+
+
+def job_nodes(
+    opts: LaunchOptions,
+    environ: Mapping[str, str],
+    port_check: Callable[[int], str | None] = port_problem,
+    new_id: Callable[[], str] = new_run_id,
+    host_check: Callable[[str, float], str | None] = host_problem,
+) -> JobNodes:
+    """Every option that needs neither the recipe nor the machine's GPUs, checked (UsageError on bad input): so
+    ``mgpu launch`` refuses them before it imports torch. ``host_check(host, wait_s)``: why the master's host does
+    not resolve (None: it does), trying for up to ``wait_s``."""
+    check_device_options(opts.gpus, opts.cpu, opts.nproc)
+    if opts.max_restarts < 0:
+        raise UsageError(f"--max-restarts {opts.max_restarts}: must be 0 or more.", "Example: --max-restarts 2.")
+    job = read_scheduler(environ)
+    nodes = node_range(opts, job)
+    rdzv = rendezvous(opts, nodes.high, job, port_check, new_id, host_check)
+    _check_elastic(nodes, rdzv, opts, job)
+    waits = join_timeout(opts, nodes.high)
+    _check_log_dir(opts)
+    return JobNodes(job, nodes, rdzv, waits, tuple(_job_notes(job, nodes, rdzv, environ)))
+
+
 def build_plan(
     opts: LaunchOptions,
     facts: RecipeFacts,
     machine: Machine,
     port_check: Callable[[int], str | None] = port_problem,
-    new_id: Callable[[], str] = lambda: f"mgpu-{uuid.uuid4().hex[:12]}",
+    new_id: Callable[[], str] = new_run_id,
     name_run_dir: Callable[[int, str], str] | None = None,
     host_check: Callable[[str, float], str | None] = host_problem,
+    checked_nodes: JobNodes | None = None,
 ) -> LaunchPlan:
     """Validate the options against the machine and build the torchrun arguments (UsageError on bad input).
 
     ``name_run_dir(nnodes, rdzv_id)`` names the run dir when ``facts.run_dir`` is empty (a script launched
-    without ``--run-dir``: :func:`mgpucli.launch.script.default_run_dir`). ``host_check(host, wait_s)``: why the
-    master's host does not resolve (None: it does), trying for up to ``wait_s``."""
-    if opts.max_restarts < 0:
-        raise UsageError(f"--max-restarts {opts.max_restarts}: must be 0 or more.", "Example: --max-restarts 2.")
-    job = read_scheduler(machine.environ)
+    without ``--run-dir``: :func:`mgpucli.launch.script.default_run_dir`). ``checked_nodes``: :func:`job_nodes`
+    already checked (else checked here, with ``port_check``, ``new_id`` and ``host_check``)."""
+    checked = checked_nodes or job_nodes(opts, machine.environ, port_check, new_id, host_check)
+    job, nodes, rdzv, waits = checked.job, checked.nodes, checked.rdzv, checked.join_timeout
     selection, opts = _select_for_job(opts, facts, machine, job)
     nproc = 1 if facts.strategy == "dp" else selection.nproc
-    nodes = node_range(opts, job)
     nnodes = nodes.high
-    rdzv = rendezvous(opts, nnodes, job, port_check, new_id, host_check)
-    _check_elastic(nodes, rdzv, opts, job)
-    waits = join_timeout(opts, nnodes)
-    notes = _job_notes(job, nodes, rdzv, machine.environ)
+    notes = list(checked.notes)
     args = ["--nnodes", str(nodes), "--nproc-per-node", str(nproc), *rdzv.args,
             *_restart_args(nodes, rdzv, opts, waits)]
-    _check_log_dir(opts)
     tee = _tee(opts.show_rank, nproc)
     run_dir = facts.run_dir
     if not run_dir:  # named last: every check above has passed
@@ -636,7 +663,7 @@ def build_plan(
     return LaunchPlan(
         devices=selection, nproc_per_node=nproc, nnodes=nnodes, node_rank=rdzv.node_rank,
         rdzv_backend=rdzv.backend, rdzv_endpoint=rdzv.endpoint, rdzv_id=rdzv.rdzv_id, run_dir=run_dir,
-        log_dir=log_dir, launch_json=os.path.join(run_dir, _launch_json_name(nnodes, rdzv.node_rank, machine.hostname)),
+        log_dir=log_dir, launch_json=os.path.join(run_dir, launch_json_name(nnodes, rdzv.node_rank, machine.hostname)),
         worker_args=worker_argv, torchrun_args=args,
         env=workers_env(opts, facts, machine, selection, nproc, run_dir, rdzv.backend, restarts=restarts),
         scheduler=job, notes=notes, script=opts.script, shown_args=shown, join_timeout=waits,

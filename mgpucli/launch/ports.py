@@ -53,11 +53,6 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def port_is_free(port: int) -> bool:
-    """True when a rendezvous store could listen on ``port`` right now."""
-    return port_problem(port) is None
-
-
 def check_port_number(port: int, option: str) -> int:
     """A port a store can listen on: 1..65535."""
     if not 1 <= port <= 65535:

@@ -17,14 +17,11 @@ import os
 from collections.abc import Mapping, Sequence
 
 from mgpucli import env_vars
-from mgpucli.run_layout import CHECKPOINTS, LAST_FULL, LAST_SHARDED
+from mgpucli.run_files import saved_checkpoint
 from mgpucli.run_records.worker_records import FailureRecord
 
 RESTART_COUNT_ENV = env_vars.RESTART_COUNT
 RUN_DIR_ENV = env_vars.RUN_DIR
-# Where the engine keeps the run's latest checkpoint, full or sharded (mgpucli.run_layout).
-LAST_CHECKPOINT = os.path.join(CHECKPOINTS, LAST_FULL)
-LAST_CHECKPOINTS = (LAST_CHECKPOINT, os.path.join(CHECKPOINTS, LAST_SHARDED))
 
 
 def restart_count(environ: Mapping[str, str] | None = None) -> int:
@@ -60,7 +57,7 @@ def resume_arg_for_restart(
     if resume in (None, "auto"):
         return "auto"
     directory = run_dir or env.get(RUN_DIR_ENV)
-    if directory and not any(os.path.exists(os.path.join(directory, last)) for last in LAST_CHECKPOINTS):
+    if directory and saved_checkpoint(directory) is None:
         return resume
     return "auto"
 

@@ -1,8 +1,9 @@
 """Run a :class:`~mgpucli.launch.plan.LaunchPlan` through torch's own launcher engine, in this process.
 
-``torch.distributed.run.parse_args`` + ``config_from_args`` turn the plan's torchrun arguments into torch's
-``LaunchConfig`` exactly as the ``torchrun`` command would, and ``elastic_launch`` runs the elastic agent
-(rendezvous, worker processes, monitoring, restarts, teardown). mgpu changes two things in that config:
+torchrun's own parser and config builder (``torch.distributed.run``'s, through :mod:`mgpucli.torch_parts`) turn
+the plan's torchrun arguments into torch's ``LaunchConfig`` exactly as the ``torchrun`` command would, and
+``elastic_launch`` runs the elastic agent (rendezvous, worker processes, monitoring, restarts, teardown). mgpu
+changes two things in that config:
 
 * the log spec is torch's ``DefaultLogsSpecs`` (same options, same directory layout) with a hook that, at
   the start of every attempt, records rank -> log files in ``launch.json`` and refuses a restart that would
@@ -34,13 +35,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from torch.distributed import run as torchrun
 from torch.distributed.elastic.multiprocessing import SignalException
 from torch.distributed.elastic.multiprocessing.api import DefaultLogsSpecs, Std
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import elastic_launch
 
-from mgpucli import env_vars
+from mgpucli import env_vars, torch_parts
 from mgpucli.console import err_console, print_error
 from mgpucli.errors import EXIT_FAILED, EXIT_OK, EXIT_PREEMPTED, EXIT_USAGE
 from mgpucli.launch import elastic_rounds, hang_verdict, progress_file, rendezvous_watch
@@ -55,7 +55,7 @@ from mgpucli.launch.plan import LaunchPlan
 from mgpucli.launch.restart import stop_reason
 from mgpucli.launch.stall_watch import BUSY_SHARE, DEFAULT_STALL_S, Stall, StallWatch
 from mgpucli.proctree import adopt_orphans, kill_children
-from mgpucli.run_files import METRICS, last_checkpoint
+from mgpucli.run_files import METRICS, saved_checkpoint
 from mgpucli.run_records import stacks
 from mgpucli.run_records.first_failure import (
     all_finished,
@@ -66,7 +66,7 @@ from mgpucli.run_records.first_failure import (
     preempted,
     stopped_gracefully,
 )
-from mgpucli.run_records.launch_record import LaunchRecord, build_attempt
+from mgpucli.run_records.launch_record import LaunchRecord, build_attempt, world_size_of
 from mgpucli.run_records.script_outcome import never_trained
 
 _MGPU_SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -112,8 +112,7 @@ class IndexingLogsSpecs(DefaultLogsSpecs):
         for env in envs.values():  # each worker's environment, as torch's own log spec sets its error file in it
             env.update({env_vars.RESTART_COUNT: str(attempt), env_vars.CONTINUES: continues})
         dest = super().reify(envs)
-        first_env = next(iter(envs.values()), {})
-        self.world_size = int(first_env.get("WORLD_SIZE", "0") or 0) or None
+        self.world_size = world_size_of(envs)
         with self._gate.lock if self._gate is not None else contextlib.nullcontext():
             self._record.add_attempt(build_attempt(attempt, envs, dest.stdouts, dest.stderrs, dest.error_files))
             if self._gate is None or self._gate.passed:
@@ -375,7 +374,7 @@ def _agent_config(plan: LaunchPlan, record: LaunchRecord, live: bool, show_rank:
             progress = os.path.join(plan.log_dir, f".progress-{plan.rdzv_id}.json")
             os.environ[progress_file.ENV] = progress
         view = LiveView(record, progress, show=show_rank)
-    config, cmd, cmd_args = torchrun.config_from_args(args)
+    config, cmd, cmd_args = torch_parts.torchrun_config(args)
     if plan.nnodes > 1:  # the nodes meet with a voice, a deadline and every signal working, then compare their jobs
         config.rdzv_backend = rendezvous_watch.watch_plan(plan, abort=lambda: gate is not None and gate.error is not
                                                           None, last_step=lambda: _last_step(record),
@@ -397,7 +396,7 @@ def parse_torchrun_options(options: list[str]):
     sees none of them. The workers still inherit them, as under torchrun."""
     hidden = {k: os.environ.pop(k) for k in [k for k in os.environ if k.startswith(PET_PREFIX)]}
     try:
-        return torchrun.parse_args(options)
+        return torch_parts.torchrun_options(options)
     finally:
         os.environ.update(hidden)
 
@@ -513,8 +512,8 @@ def _finish_audit(watch, plan: LaunchPlan) -> None:
 
 def _outputs(run_dir: str) -> list[tuple[str, str]]:
     """What the run left for the user, where it exists on this node: its latest checkpoint and its metrics."""
-    found = [("checkpoint", str(p)) for p in (last_checkpoint(run_dir), last_checkpoint(run_dir, sharded=True))
-             if p.exists()]
+    last = saved_checkpoint(run_dir)
+    found = [("checkpoint", str(last))] if last is not None else []
     metrics = os.path.join(run_dir, METRICS)
     return found + ([("metrics", metrics)] if os.path.isfile(metrics) else [])
 
@@ -527,9 +526,9 @@ def _checkpoint_step(run_dir: str) -> int | None:
     """The step of the run's latest checkpoint on this node (None: none it can read)."""
     from mgpucli.postmortem.checkpoint_peek import read_checkpoint_info
 
-    steps = [info.step for path in (last_checkpoint(run_dir), last_checkpoint(run_dir, sharded=True))
-             if path.exists() and (info := read_checkpoint_info(str(path))) is not None]
-    return max(steps, default=None)
+    path = saved_checkpoint(run_dir)
+    info = read_checkpoint_info(str(path)) if path is not None else None
+    return info.step if info is not None else None
 
 
 def _last_step(record: LaunchRecord) -> int | None:

@@ -31,6 +31,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 
+from mgpucli import env_vars
+from mgpucli.distributed.env import RankEnv, read_rank_env
 from mgpucli.distributed.heartbeat import Heartbeat
 from mgpucli.errors import UsageError
 from mgpucli.launch import nested
@@ -78,8 +80,9 @@ class ScriptJob:
         from mgpucli.distributed import step_progress
         from mgpucli.run_records.worker_records import mark_started
 
-        argv = self.target.argv(os.environ.get("LOCAL_RANK"))
-        beat = _observe_progress()
+        role = _role()
+        argv = self.target.argv(str(role.local_rank))
+        beat = _observe_progress(role)
         nested.own_rendezvous(beat.world_size)  # one rank: what the script starts finds a rendezvous of its own
         step_progress.enable(beat)
         faulthandler.enable(all_threads=True)  # a crash in native code prints every thread's stack, as under @record
@@ -119,27 +122,30 @@ class ScriptJob:
             raise stopped
 
 
-def _observe_progress() -> Heartbeat:
+def _role() -> RankEnv:
+    """This rank's role; a single process's when the environment cannot say (a bad one is the script's to report)."""
+    try:
+        return read_rank_env()
+    except Exception:  # noqa: BLE001
+        return RankEnv()
+
+
+def _observe_progress(role: RankEnv) -> Heartbeat:
     """The rank's heartbeat, writing from before the script's first line (so the stall watch sees every rank), and
     once the script imports torch, what it observes there (:mod:`mgpucli.distributed.observed`) and the
     nested-launcher guard (:mod:`mgpucli.launch.nested`). Imports nothing heavy."""
     from mgpucli.distributed import observed
-    from mgpucli.distributed.env import read_rank_env
     from mgpucli.distributed.step_progress import PHASE
     from mgpucli.torch_import import when_torch_loads
 
-    try:
-        env = read_rank_env()
-        rank, world_size = env.rank, env.world_size
-    except Exception:  # noqa: BLE001 - a bad environment is the script's to report
-        rank, world_size = 0, 1
+    rank, world_size = role.rank, role.world_size
     beat = Heartbeat(rank, world_size, extra=observed.snapshot)
     beat.phase = PHASE
     beat.start(connect=False)
 
     def install() -> None:
         try:
-            observed.install()
+            observed.install(stall_watch=os.environ.get(env_vars.NO_STALL_WATCH) != "1")
             nested.install(rank, world_size)
         except Exception as err:  # noqa: BLE001 - observing must never stop the script
             print(f"mgpu: could not observe the script's progress ({type(err).__name__}: {err}); a hang is then "

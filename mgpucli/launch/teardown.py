@@ -35,7 +35,7 @@ import glob
 import os
 import sys
 
-from mgpucli import env_vars
+from mgpucli import env_vars, procfs
 from mgpucli.run_records import stacks
 
 
@@ -68,9 +68,5 @@ def attempt_failed(error_file: str) -> bool:
 
 def _running_child(pid: int, parent: int) -> bool:
     """Whether ``pid`` is a running (not zombie) process whose parent is ``parent``."""
-    try:
-        with open(f"/proc/{pid}/stat", encoding="utf-8", errors="replace") as fh:
-            fields = fh.read().rsplit(")", 1)[-1].split()
-    except OSError:
-        return False
-    return len(fields) > 1 and fields[0] not in ("Z", "X", "x") and int(fields[1]) == parent
+    found = procfs.state_and_parent(pid)
+    return found is not None and found[0] not in ("Z", "X", "x") and found[1] == parent

@@ -9,21 +9,25 @@ import os
 import re
 import shlex
 import time
+from collections.abc import Sequence
 from typing import Any
 
-from mgpucli import env_vars
+from mgpucli import env_vars, procfs
 from mgpucli.postmortem.lines import LogLine
 from mgpucli.postmortem.matchers import Match
 from mgpucli.postmortem.reader import RunRecord
+from mgpucli.training_libraries import BY_PACKAGE, package_of
 
 _SETTINGS = ("data.batch_size", "data.num_workers", "trainer.grad_accum", "trainer.timeout_s", "optim.lr")
 
 
-def tailor(match: Match, run: RunRecord) -> None:
+def tailor(match: Match, run: RunRecord, lines: Sequence[LogLine] = ()) -> None:
     """Put this run's own values into the fix ("data.batch_size (now 64)"), and tell a port mgpu was given
-    from one torch picked. A script's run gets fixes in its own terms (:func:`_for_a_script`)."""
+    from one torch picked. A script's run gets fixes in its own terms (:func:`_for_a_script`), or in its training
+    library's (:func:`_in_library_terms`; ``lines``: the failing rank's log)."""
     if run.is_script:
         _for_a_script(match, run)
+        _in_library_terms(match, run, lines)
     for key in _SETTINGS:
         value = run.recipe_value(key)
         if value is not None:
@@ -90,6 +94,23 @@ def _for_a_script(match: Match, run: RunRecord) -> None:
                      + match.fix)
 
 
+_FRAME = re.compile(r'File "(?P<path>[^"]+)", line \d+')
+
+
+def _in_library_terms(match: Match, run: RunRecord, lines: Sequence[LogLine]) -> None:
+    """A failure in what a training library set up for the script (the DDP model Transformers' Trainer, Accelerate
+    or Lightning Fabric built) gets the library's fix (:data:`mgpucli.training_libraries.LIBRARIES`), never a raw
+    ``DDP(...)`` the user never wrote. The library: the one the audit found behind the job's DDP model (``--audit``),
+    else the outermost one on the failing rank's traceback."""
+    found = [str((f.get("details") or {}).get("library")) for f in (run.audit or {}).get("findings") or []]
+    found += [package_of(hit["path"]) for line in lines for hit in _FRAME.finditer(line.text)]
+    library = next((BY_PACKAGE[name] for name in found if name in BY_PACKAGE), None)
+    code = library.fixes.get(match.signature) if library is not None else None
+    if code:
+        match.fix = f"{library.name} built this job's DDP model, so the fix goes through it:\n{code}"
+        match.details["library"] = library.package
+
+
 # What every node of one job must agree on (the recipe's path may differ between machines; its content and the
 # overrides give the rendezvous id, so a different recipe shows there).
 _NODE_KEYS = (("overrides", "overrides"), ("script", "args"), ("nnodes", "nnodes"), ("devices", "nproc_per_node"),
@@ -120,10 +141,10 @@ def launcher_alive(launch: dict[str, Any]) -> bool:
     """The recorded launcher pid still runs ``mgpu launch`` (launch.json is rewritten at the end)."""
     pid = (launch.get("env") or {}).get(env_vars.LAUNCH_PID)
     try:
-        with open(f"/proc/{int(pid)}/cmdline", "rb") as fh:
-            return b"mgpu" in fh.read()
-    except (TypeError, ValueError, OSError):
+        args = procfs.command_line(int(pid))
+    except (TypeError, ValueError):
         return False
+    return args is not None and "mgpu" in "\0".join(args)
 
 
 def running_verdict(run: RunRecord) -> str:

@@ -23,6 +23,7 @@ from mgpucli.postmortem.meeting import meeting_failure
 from mgpucli.postmortem.pace import straggler_of
 from mgpucli.postmortem.reader import RankRun, RunRecord, rank_runs, read_run, steps_per_epoch
 from mgpucli.postmortem.report import Failure, Preemption, Report, fate, verdict
+from mgpucli.run_layout import LAUNCH_JSON
 from mgpucli.run_records import stacks
 from mgpucli.run_records.first_failure import EarlyExit, RankFailure, collect, early_exit
 from mgpucli.run_records.launch_record import Attempt
@@ -42,7 +43,7 @@ def _unknown(run: RankRun) -> Match:
     logs = [p for p in (run.files.stderr, run.files.stdout) if p]
     if logs and not any(os.path.exists(p) for p in logs) and not run.left_error:
         return Match("unknown", f"rank {run.rank} failed, and its logs are missing ({logs[0]})", run.rank, [],
-                     "The log files listed in launch.json are gone: nothing is left to diagnose this rank from.")
+                     f"The log files listed in {LAUNCH_JSON} are gone: nothing is left to diagnose this rank from.")
     if not run.left_error and run.exitcode is None:
         # No exception handler ran (no torch error file, no mgpu record): the process was killed outright.
         return Match("killed_by_signal", f"rank {run.rank} died without an error: killed by a signal (the exit "
@@ -112,7 +113,7 @@ def diagnose_attempt(run: RunRecord, attempt: Attempt, hint: int | None = None) 
     if left is not None and ordered and not ordered[0].match.cause:
         ordered.insert(0, _left_early(left, runs[left.rank], attempt))
     for failure in ordered:
-        tailor(failure.match, run)
+        tailor(failure.match, run, runs[failure.rank].lines if failure.rank in runs else ())
     steps_in_epoch = steps_per_epoch(runs)
     for failure in ordered:
         _when(failure, runs[failure.rank].record if failure.rank is not None else None, run, steps_in_epoch)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 
+from mgpucli import procfs
 from mgpucli.errors import MgpuError
 from mgpucli.postmortem.reader import read_run
 from mgpucli.run_records import stacks
@@ -40,9 +41,4 @@ def running_stacks(run_dir: str, wait_s: float = 5.0) -> dict[int, stacks.Dump]:
 
 def _is_that_worker(pid: int, error_file: str) -> bool:
     """The process ``pid`` is alive and is the worker whose torch error file is ``error_file`` (a pid can be reused)."""
-    try:
-        with open(f"/proc/{pid}/environ", "rb") as fh:
-            environ = fh.read().split(b"\0")
-    except OSError:
-        return False
-    return f"{ERROR_FILE_ENV}={error_file}".encode() in environ
+    return procfs.environ_value(pid, ERROR_FILE_ENV) == error_file

@@ -19,7 +19,8 @@ from typing import Any
 
 from mgpucli.errors import UsageError
 from mgpucli.postmortem.lines import LogLine, parse, read_log
-from mgpucli.run_layout import CHECKPOINTS, LAST_FULL, LAST_SHARDED, METRICS, RECIPE, SHARDED_META
+from mgpucli.run_files import saved_checkpoint
+from mgpucli.run_layout import METRICS, RECIPE, is_launch_json
 from mgpucli.run_records.audit_records import AUDIT_JSON, findings_path, from_rank_files, read_audit
 from mgpucli.run_records.first_failure import TORN_DOWN, failure_record_of, first_to_fail, torn_down
 from mgpucli.run_records.json_files import read_json_object
@@ -96,16 +97,15 @@ def read_run(path: str) -> RunRecord:
     if not path.strip():  # an unset shell variable, usually: it would read the current directory
         raise UsageError(f"RUN_DIR is {path!r}: empty.", "Give the run directory of a `mgpu launch` run, e.g. "
                          "mgpu doctor runs/quickstart (the run_dir of its recipe).")
-    if os.path.isfile(path) and not re.fullmatch(r"launch(\.node\d+)?\.json", os.path.basename(path)):
+    if os.path.isfile(path) and not is_launch_json(os.path.basename(path)):
         raise UsageError(f"{path} is a file, not a run directory.", "Give the directory `mgpu launch` trained into "
-                         "(its recipe's run_dir, e.g. runs/quickstart), or its launch.json.")
+                         f"(its recipe's run_dir, e.g. runs/quickstart), or its {LAUNCH_JSON}.")
     run_dir = os.path.dirname(os.path.abspath(path)) if os.path.isfile(path) else os.path.abspath(path)
     if not os.path.isdir(run_dir):
         raise UsageError(f"{path}: no such directory.", "Give the run directory of a `mgpu launch` run, e.g. "
                          "mgpu doctor runs/quickstart (the run_dir of its recipe).")
-    paths = sorted(glob.glob(os.path.join(run_dir, "launch*.json")), key=lambda p: (p != os.path.join(
-        run_dir, LAUNCH_JSON), p))
-    paths = [p for p in paths if re.fullmatch(r"launch(\.node\d+)?\.json", os.path.basename(p))]
+    paths = sorted((p for p in glob.glob(os.path.join(run_dir, "*")) if is_launch_json(os.path.basename(p))),
+                   key=lambda p: (p != os.path.join(run_dir, LAUNCH_JSON), p))
     if not paths:
         raise UsageError(
             f"{path} is not a run directory of `mgpu launch`: it holds no {LAUNCH_JSON}.",
@@ -122,7 +122,7 @@ def read_run(path: str) -> RunRecord:
             written = f" (written by mgpu {record['mgpu_version']})" if isinstance(record.get("mgpu_version"),
                                                                                   str) else ""
             raise UsageError(f"{where} is no launch record mgpu doctor can read{written}: {problem}.",
-                             "Give the run directory of a `mgpu launch` run, with its launch.json as mgpu launch "
+                             f"Give the run directory of a `mgpu launch` run, with its {LAUNCH_JSON} as mgpu launch "
                              "wrote it (edited by hand, it may no longer read).")
     launch = records[0]
     recorded_root = str(launch.get("run_dir") or run_dir)
@@ -135,7 +135,8 @@ def read_run(path: str) -> RunRecord:
                     node_records=[(p, r) for p, r in zip(paths, records, strict=True) if r])
     run.metrics = _read_metrics(os.path.join(run_dir, METRICS))
     run.recipe = _read_recipe(os.path.join(run_dir, RECIPE))
-    run.checkpoint = _last_checkpoint(os.path.join(run_dir, CHECKPOINTS))
+    last = saved_checkpoint(run_dir)
+    run.checkpoint = str(last) if last is not None else None
     run.trackers = read_state(run_dir)
     run.audit = _read_audit(run_dir, launch, attempts)
     return run
@@ -152,15 +153,6 @@ def _read_audit(run_dir: str, launch: dict[str, Any], attempts: list[Attempt]) -
         paths = [findings_path(f.error_file) for a in attempts for f in a.ranks.values() if f.error_file]
         found = from_rank_files(paths, launch_id, launch.get("cwd"))
     return found or {"launch_id": launch_id, "summary": [], "findings": [], "status": []}
-
-
-def _last_checkpoint(ckpts: str) -> str | None:
-    """``last.pt``, else a sharded run's ``last.dcp`` (a directory with its ``meta.pt``): what --resume auto reads."""
-    last = os.path.join(ckpts, LAST_FULL)
-    if os.path.isfile(last):
-        return last
-    sharded = os.path.join(ckpts, LAST_SHARDED)
-    return sharded if os.path.isfile(os.path.join(sharded, SHARDED_META)) else None
 
 
 def _relocate(path: str, run_dir: str, recorded_root: str) -> str:

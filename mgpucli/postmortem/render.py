@@ -6,7 +6,7 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from mgpucli.postmortem.report import Failure, Report, fate, short_path
-from mgpucli.run_layout import METRICS, POSTMORTEM_JSON
+from mgpucli.run_layout import AUDIT_JSON, LAUNCH_JSON, METRICS, POSTMORTEM_JSON
 from mgpucli.run_records import stacks
 from mgpucli.run_records.json_files import write_json
 
@@ -92,7 +92,8 @@ def render(report: Report, console: Console | None = None, compact: bool = False
             for line in evidence:  # one terminal line each: the full text is in postmortem.json
                 room = max(100, min(MAX_TEXT, console.width - len(line.cite()) - 7))
                 console.print(Text(f"    {line.cite()}  ", style="dim") + Text(_short(line.text, room)))
-        console.print(Text("  fix: ", style="bold cyan") + Text(f.match.fix, style="cyan"))
+        for label, line in fix_rows(f.match.fix) or [("fix: ", "")]:  # a fix given as code: one line each
+            console.print(Text(f"  {label}", style="bold cyan") + Text(line, style="cyan"))
     if report.stacks:
         what = "where the ranks were" if f is not None and f.match.signature in ("stalled", "stopped") else \
             "where the other ranks were when it failed"
@@ -127,7 +128,7 @@ def render(report: Report, console: Console | None = None, compact: bool = False
     for line, style in audit_lines(report.audit):
         console.print(Text(line, style=style))
     if report.logs:
-        gone = "" if os.path.exists(report.logs) else " (gone: deleted or moved; read from launch.json alone)"
+        gone = "" if os.path.exists(report.logs) else f" (gone: deleted or moved; read from {LAUNCH_JSON} alone)"
         console.print(Text(f"  logs: {report.logs}{gone}", style="dim"))
 
 
@@ -161,15 +162,20 @@ def audit_lines(audit: dict[str, Any] | None) -> list[tuple[str, str]]:
     if not summary:
         return [("  audit: no findings", "green")]
     out = [(f"  audit: {len(summary)} kind{'s' if len(summary) > 1 else ''} of finding (what each costs: "
-            "audit.json)", "bold yellow")]
+            f"{AUDIT_JSON})", "bold yellow")]
     for group in summary:
         where = ", ".join(group.get("where") or []) or "?"
         ranks = ", ".join(str(r) for r in group.get("ranks") or [])
         out.append((f"    {group.get('kind')} (rank {ranks}) at {where}: {_short(str(group.get('title')), 160)}",
                     "yellow"))
-        fix = str(group.get("fix") or "").splitlines()
-        out += [(f"      {'fix: ' if i == 0 else '     '}{line}", "cyan") for i, line in enumerate(fix)]
+        out += [(f"      {label}{line}", "cyan") for label, line in fix_rows(str(group.get("fix") or ""))]
     return out
+
+
+def fix_rows(fix: str) -> list[tuple[str, str]]:
+    """A fix's lines, each with what goes before it: ``fix: `` before the first, as many spaces before the others
+    (a fix given as code keeps its own indentation under the first line)."""
+    return [("fix: " if i == 0 else "     ", line) for i, line in enumerate(fix.splitlines())]
 
 
 def after_launch_failure(run_dir: str) -> str | None:

@@ -23,12 +23,15 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from mgpucli.env_vars import PET_PREFIX, RANK, SLURM_PREFIX, WORLD_SIZE
+from mgpucli.run_layout import LAUNCH_DIR_PREFIX
 from mgpucli.run_layout import LAUNCH_JSON as LAUNCH_JSON  # its names in the run dir
 from mgpucli.run_layout import POSTMORTEM_JSON as POSTMORTEM_JSON
 from mgpucli.run_records.json_files import read_json_object, write_json
 from mgpucli.run_records.worker_records import started
 
-ENV_PREFIXES = ("CUDA_", "NCCL_", "TORCH_", "TORCHELASTIC_", "OMP_", "MASTER_", "SLURM_", "PET_", "GLOO_", "MGPU_")
+ENV_PREFIXES = ("CUDA_", "NCCL_", "TORCH_", "TORCHELASTIC_", "OMP_", "MASTER_", SLURM_PREFIX, PET_PREFIX, "GLOO_",
+                "MGPU_")
 # Even under a kept prefix, a name like these is a secret (e.g. a token for a model hub): never written.
 _SECRET = re.compile(r"TOKEN|SECRET|PASSW|CREDENTIAL|API_?KEY|PRIVATE|AUTH", re.IGNORECASE)
 
@@ -88,13 +91,19 @@ def build_attempt(attempt: int, envs: Mapping[int, Mapping[str, str]], stdouts: 
     ranks: dict[int, RankFiles] = {}
     directory = ""
     for local_rank, env in sorted(envs.items()):
-        rank = int(env.get("RANK", local_rank))
+        rank = int(env.get(RANK, local_rank))
         error_file = error_files.get(local_rank, "")
         if error_file and not directory:
             directory = os.path.dirname(os.path.dirname(error_file))
         ranks[rank] = RankFiles(rank, local_rank, stdouts.get(local_rank, ""), stderrs.get(local_rank, ""),
                                 error_file)
     return Attempt(attempt=attempt, dir=directory, ranks=ranks)
+
+
+def world_size_of(envs: Mapping[int, Mapping[str, str]]) -> int | None:
+    """The job's process count in an attempt, from the WORLD_SIZE torch's agent gave its workers (None: no worker)."""
+    first = next(iter(envs.values()), {})
+    return int(first.get(WORLD_SIZE, "0") or 0) or None
 
 
 @dataclass
@@ -311,7 +320,7 @@ class LaunchRecord:
         ``log_dir/launch-<its rendezvous id>/`` (the layout a pending record has)."""
         run_dir = os.path.dirname(self.final_path)
         earlier = read_json_object(self.final_path) or {}
-        name = f"launch-{(earlier.get('rendezvous') or {}).get('id') or 'earlier'}"
+        name = f"{LAUNCH_DIR_PREFIX}{(earlier.get('rendezvous') or {}).get('id') or 'earlier'}"
         dest = os.path.join(log_dir, name)
         number = 1
         while os.path.exists(dest):

@@ -12,11 +12,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.e2e import test_launch, test_scripts
+from tests.e2e import test_scripts
 from tests.e2e.test_launch import run_launch
 from tests.e2e.test_scripts import CPU2, doctor_json
 
-tag = test_launch.tag  # the fixture: a fresh tag, and no tagged process left after the test
 work = test_scripts.work  # the fixture: a working directory holding the test scripts
 
 

@@ -9,7 +9,7 @@ rank killed by the signal) once training has started. Then ``--resume auto`` fin
 
 Rounds: :data:`ROUNDS`, not the 20 of the issue that asked for it: each round is a whole launch (torch imported by the
 launcher and both workers), 7 to 20 s on the 2 shared cores the suite runs on (idle to loaded), so 20 rounds would
-add 2.5 to 7 minutes to a suite of about 18. ``MGPU_CTRL_C_ROUNDS=20`` runs them all (how the change that added the
+add 2.5 to 7 minutes to a suite of about 30. ``MGPU_CTRL_C_ROUNDS=20`` runs them all (how the change that added the
 test was checked); ``MGPU_CTRL_C_SEED`` replays the moments of a failed run, whose seed the failure message names.
 """
 
@@ -24,11 +24,8 @@ import sys
 import time
 from pathlib import Path
 
-from tests.e2e import test_launch
 from tests.e2e.test_launch import RECIPE, Launch, wait_until
 from tests.procs import load_ckpt
-
-tag = test_launch.tag  # the fixture: a fresh tag, and no tagged process left after the test
 
 ROUNDS = int(os.environ.get("MGPU_CTRL_C_ROUNDS", "8"))
 MOST_S = 4.0  # the latest moment after the first logged step: about a whole run's training (128 slowed steps)

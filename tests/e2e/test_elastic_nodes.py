@@ -21,12 +21,10 @@ import pytest
 import torch
 
 from mgpucli.launch.ports import answers
-from tests.e2e import test_launch
 from tests.e2e.test_elastic_resume import QUICK_TOL, RECORDING, assert_weights_close, served
 from tests.e2e.test_launch import Launch, wait_until
 from tests.procs import RECIPES, free_port, load_ckpt, mgpu
 
-tag = test_launch.tag  # the fixture: a fresh tag, and no tagged process left after the test
 QUICK = str(RECIPES / "quickstart.yaml")
 # One epoch of the quickstart recipe: 4096 samples, a global batch of 64 (2 x 32 x 1, or 1 x 32 x 2): 64 steps, no
 # padding, so every sample is trained exactly once.

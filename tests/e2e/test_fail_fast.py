@@ -18,10 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e import test_launch
 from tests.e2e.test_launch import RECIPE, Launch
-
-tag = test_launch.tag  # the fixture: a fresh tag, and no tagged process left after the test
 
 BUSY_S = 300  # what rank 0 is busy for: ten times torch's shutdown window
 USER_CODE = f'''import os

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from mgpucli import proctree
-from tests.e2e.test_launch import SHORT, run_launch, tag, tagged, wait_until  # noqa: F401 - tag is a fixture
+from tests.e2e.test_launch import SHORT, run_launch, tagged, wait_until
 from tests.procs import assert_usage_error, mgpu
 
 
@@ -53,7 +53,7 @@ def finished_here(finished: Path, tmp_path: Path) -> Path:
     return tmp_path / "runs" / "quickstart"
 
 
-def test_second_launch_into_a_finished_run_is_refused_before_any_worker(tmp_path: Path, tag: str,  # noqa: F811
+def test_second_launch_into_a_finished_run_is_refused_before_any_worker(tmp_path: Path, tag: str,
                                                                         finished_here: Path):
     run_dir = finished_here
     records = {name: (run_dir / name).read_bytes() for name in ("launch.json", "metrics.jsonl")}
@@ -75,7 +75,7 @@ def test_second_launch_into_a_finished_run_is_refused_before_any_worker(tmp_path
         assert flag not in r.stderr.split("error:", 1)[1]  # the suggested commands launch for real
 
 
-def test_a_launch_that_fails_before_training_keeps_the_earlier_records(tmp_path: Path, tag: str,  # noqa: F811
+def test_a_launch_that_fails_before_training_keeps_the_earlier_records(tmp_path: Path, tag: str,
                                                                        finished_here: Path):
     run_dir = finished_here
     launch_json = (run_dir / "launch.json").read_bytes()
@@ -117,7 +117,7 @@ def test_resume_target_missing_and_contradictory_flags_are_refused_at_the_launch
     assert not (tmp_path / "runs").exists()
 
 
-def test_epochs_are_numbered_alike_everywhere_and_the_epoch_row_is_the_epoch_mean(tmp_path: Path, tag: str):  # noqa: F811
+def test_epochs_are_numbered_alike_everywhere_and_the_epoch_row_is_the_epoch_mean(tmp_path: Path, tag: str):
     code, run = run_launch(["--cpu", "--nproc", "2", "quickstart", "trainer.log_every=10", "trainer.cpu_threads=1"],
                            tmp_path, tag)
     assert code == 0, run.output
@@ -147,7 +147,7 @@ def test_epochs_are_numbered_alike_everywhere_and_the_epoch_row_is_the_epoch_mea
     assert "(epoch 3, step 192)" in shown.stderr.replace("\n", " "), shown.output
 
 
-def _on_a_terminal(args: list[str], cwd: Path, tag: str, timeout: float = 120) -> tuple[int, str]:  # noqa: F811
+def _on_a_terminal(args: list[str], cwd: Path, tag: str, timeout: float = 120) -> tuple[int, str]:
     """Run ``mgpu launch`` with its stderr on a pseudo-terminal, as a user's shell would; (exit code, what it drew)."""
     import os
     import pty
@@ -184,7 +184,7 @@ def _on_a_terminal(args: list[str], cwd: Path, tag: str, timeout: float = 120) -
     return code, re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", text)
 
 
-def test_launch_on_a_terminal_shows_rank_0_under_a_live_progress_bar(tmp_path: Path, tag: str):  # noqa: F811
+def test_launch_on_a_terminal_shows_rank_0_under_a_live_progress_bar(tmp_path: Path, tag: str):
     code, shown = _on_a_terminal(["--cpu", "--nproc", "2", "charlm", "trainer.max_steps=40", "trainer.log_every=20",
                                   "trainer.epochs=1"], tmp_path, tag)
     assert code == 0, shown

@@ -322,12 +322,14 @@ def test_an_option_the_command_line_parser_refuses_is_exit_2_without_a_traceback
                  id="log-dir-a-file"),
 ])
 def test_a_launch_option_out_of_range_or_contradicting_another_is_refused_before_anything_starts(tmp_path, args,
-                                                                                                 fragments):
+                                                                                                 fragments, no_torch):
     """Without --dry-run: the refusal must come before the run dir or any worker exists (--log-dir naming a file
-    reached torch's agent: a NotADirectoryError traceback, exit 1, a run dir created)."""
+    reached torch's agent: a NotADirectoryError traceback, exit 1, a run dir created), and before torch is imported
+    (said at once, not after torch's import): here torch cannot be imported."""
     (tmp_path / "notes.txt").write_text("mine\n")
     before = snapshot(tmp_path)
-    refused(mgpu("launch", "--cpu", "quickstart", *args, cwd=tmp_path, timeout=60), tmp_path, before, *fragments)
+    r = mgpu("launch", "--cpu", "quickstart", *args, cwd=tmp_path, env=no_torch, timeout=60)
+    refused(r, tmp_path, before, *fragments)
 
 
 @pytest.mark.parametrize("args, fragments", [

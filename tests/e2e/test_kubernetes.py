@@ -16,7 +16,6 @@ from tests.e2e import test_launch
 from tests.e2e.test_launch import SHORT, Launch, assert_same_weights, final_weights, run_launch
 from tests.procs import free_port
 
-tag = test_launch.tag  # the fixture: a fresh tag, and no tagged process left after the test
 baseline = test_launch.baseline  # the fixture: the final weights of `--cpu --nproc 2` on one node
 short_run = test_launch.short_run  # the fixture baseline reads: that one-node run
 SCRIPT = Path(__file__).parent / "scripts" / "torchrun_style.py"

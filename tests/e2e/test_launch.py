@@ -23,13 +23,12 @@ from pathlib import Path
 import pytest
 
 from mgpucli import proctree
+from tests.procs import TAG, free_port, proc_state, wait_until
 from tests.procs import environ_of as env_of
-from tests.procs import free_port, proc_state
 from tests.procs import tagged as tagged_by
 
 REPO = Path(__file__).resolve().parents[2]
 RECIPE = str(REPO / "recipes" / "quickstart.yaml")
-TAG = "MGPU_E2E_TAG"
 
 
 def tagged(tag: str) -> list[int]:
@@ -40,16 +39,6 @@ def tagged(tag: str) -> list[int]:
 # Same math in every run that is compared: 1 epoch (64 steps at 2 x 32), a checkpoint every 20 steps, 1 thread.
 SHORT = ["trainer.epochs=1", "trainer.checkpoint_every_steps=20", "trainer.cpu_threads=1"]
 LONG = ["trainer.epochs=200", "trainer.log_every=5"]  # runs until the test interrupts it
-
-
-def wait_until(predicate, timeout: float, every: float = 0.1):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(every)
-    return predicate()
 
 
 class Launch:
@@ -111,19 +100,6 @@ class Launch:
                 os.kill(pid, signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(timeout=10)
-
-
-@pytest.fixture
-def tag():
-    """A fresh tag; asserts at teardown that nothing carrying it survived the test."""
-    value = uuid.uuid4().hex
-    yield value
-    wait_until(lambda: not tagged(value), timeout=20)
-    left = tagged(value)
-    for pid in left:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-    assert not left, f"processes left behind: {left}"
 
 
 def rank0_log(run_dir: Path, attempt: int = 0) -> Path | None:

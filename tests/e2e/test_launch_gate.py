@@ -3,17 +3,18 @@ refused launch still leaves nothing behind."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from tests.procs import Result, assert_usage_error, proc_state
+from mgpucli.launch import gate
+from tests.procs import TAG, Result, assert_usage_error, proc_state
 from tests.procs import tagged as tagged_by
 
 REPO = Path(__file__).resolve().parents[2]
-TAG = "MGPU_E2E_TAG"
 
 # A model whose module takes a while to import (the launcher's check imports it) and whose constructor refuses.
 SLOW_MODEL = """
@@ -90,3 +91,40 @@ def test_local_rank_0_builds_the_components_so_the_launcher_never_imports_dynamo
     assert good.returncode == 0, good.stderr
     assert "launcher imported dynamo: False" in good.stdout
     assert (tmp_path / "runs" / "quickstart" / "checkpoints" / "last.pt").exists()
+
+
+# ------------------------------------------------------------ one worker's wait, this process its launcher
+GATED_WORKER = "from mgpucli.launch.gate import wait_for_verdict; wait_for_verdict(); print('went', flush=True)"
+
+
+def _gated_worker(verdict: Path, launcher_pid: int) -> subprocess.Popen:
+    env = {**os.environ, gate.ENV: str(verdict), "MGPU_LAUNCH_PID": str(launcher_pid)}
+    return subprocess.Popen([sys.executable, "-c", GATED_WORKER], env=env, stdout=subprocess.PIPE, text=True)
+
+
+def _verdict(tmp_path: Path, word: str) -> tuple[int, str]:
+    path = tmp_path / "verdict"
+    proc = _gated_worker(path, os.getpid())  # this process is the worker's parent: its launcher
+    try:
+        time.sleep(0.5)
+        assert proc.poll() is None  # waiting for the verdict
+        path.write_text(json.dumps({"verdict": word}))
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+        proc.wait()
+    return proc.returncode, out
+
+
+def test_a_worker_goes_on_at_go(tmp_path):
+    assert _verdict(tmp_path, gate.GO) == (0, "went\n")
+
+
+def test_a_refused_launch_ends_its_worker_with_exit_2_and_nothing_said(tmp_path):
+    assert _verdict(tmp_path, gate.REFUSED) == (2, "")
+
+
+def test_a_stray_variable_holds_up_no_process_whose_parent_is_no_launcher(tmp_path):
+    proc = _gated_worker(tmp_path / "never-written", launcher_pid=1)
+    out, _ = proc.communicate(timeout=60)
+    assert (proc.returncode, out) == (0, "went\n")

@@ -8,14 +8,14 @@ the scripts, the Hub offline. The scripts are in ``tests/e2e/scripts`` (``hf_tra
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
-from tests.e2e import test_launch, test_scripts
+from tests.e2e import test_scripts
 from tests.e2e.test_audit import live_findings
 from tests.e2e.test_launch import run_launch
 from tests.e2e.test_scripts import CPU2
 
-tag = test_launch.tag  # the fixture: a fresh tag, and no tagged process left after the test
 work = test_scripts.work  # the fixture: a working directory holding the test scripts
 
 
@@ -27,8 +27,18 @@ def launched(work: Path, tag: str, args: list[str], code: int = 0, accelerate_cp
     env = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_HOME": str(work / "hf_home"),
            "ACCELERATE_USE_CPU": "true" if accelerate_cpu else "false"}
     got, launch = run_launch([*CPU2, "--audit", "--run-dir", str(run_dir), *args], work, tag, env=env, timeout=180)
-    assert got == code, launch.output
+    assert got == code or (code == 1 and _crashed_after_its_error(run_dir)), launch.output
     return launch.output, json.loads((run_dir / "audit.json").read_text())
+
+
+def _crashed_after_its_error(run_dir: Path) -> bool:
+    """True when the job's exit was rank 0's SIGSEGV while its interpreter shut down after the script's own error
+    (seen once in about four suite runs: DDP's "Expected to have finished reduction" raised, then "Fatal Python error:
+    Segmentation fault" with no Python frame, exit 139); the script's error is what the test is about."""
+    (log,) = (run_dir / "logs").glob("*/attempt_0/0/stderr.log")
+    text = log.read_text(errors="replace")
+    error, crash = text.find("RuntimeError: Expected to have finished reduction"), text.find("Fatal Python error")
+    return 0 <= error < crash
 
 
 def rank0_printed(work: Path) -> str:
@@ -62,13 +72,19 @@ def assert_in_library_terms(group: dict, where: str, *fix: str) -> None:
 def unused_parameters(work: Path, tag: str, args: list[str], setting: str, *fix: str, accelerate_cpu=False) -> dict:
     """A script whose model has parameters its loss never uses, with find_unused_parameters=False: DDP's own error
     (exit 1) after one kind of finding, the unused parameters, at the user's line that starts with ``setting``, with
-    ``fix``: the parameters that part across ranks after it are a note, not a second finding. Its summary."""
+    ``fix``: the parameters that part across ranks after it are a note, not a second finding. The failure's own fix
+    (the launch's post-mortem) is the library's too. Its summary."""
     out, audit = launched(work, tag, args, code=1, accelerate_cpu=accelerate_cpu)
     assert "Expected to have finished reduction in the prior iteration" in out
     groups = by_kind(audit)
     assert list(groups) == ["ddp_unused_parameters"], groups
     script = args[0]
     assert_in_library_terms(groups["ddp_unused_parameters"], f"{script}:{line_of(work / script, setting)}", *fix)
+    failure = json.loads((work / "run" / "postmortem.json").read_text())["first_failure"]  # the launch's summary's
+    assert failure["signature"] == "ddp_unused_parameters", failure
+    assert "built this job's DDP model, so the fix goes through it" in failure["fix"], failure["fix"]
+    assert all(part in failure["fix"] for part in fix) and "DDP(..., find" not in failure["fix"], failure["fix"]
+    assert re.search(rf"^ {{7}}\S.*{re.escape(fix[0])}", out, re.M), out  # its code, a line each under "fix:"
     return groups["ddp_unused_parameters"]
 
 

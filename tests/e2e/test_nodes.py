@@ -16,11 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e import test_launch
 from tests.e2e.test_launch import LONG, Launch, rank0_log, wait_until
 from tests.procs import free_port, proc_state
 
-tag = test_launch.tag  # the fixture: a fresh tag, and no tagged process left after the test
 SCRIPT = Path(__file__).parent / "scripts" / "torchrun_style.py"
 WAITING = re.compile(r"mgpu launch: waiting for the nodes to meet at 127\.0\.0\.1:\d+: 1 of 2 here \(node 0\); "
                      r"missing: node 1; \d+m\d+s left \(--join-timeout \d+\)")

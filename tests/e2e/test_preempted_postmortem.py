@@ -7,49 +7,22 @@ one worker directly. Every process carries a unique tag in its environment; each
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
 import signal
 import sys
-import time
-import uuid
 from pathlib import Path
 
 import pytest
 
 from mgpucli import proctree
-from tests.procs import environ_of, load_ckpt, mgpu, stop_tree
+from tests.procs import TAG, environ_of, load_ckpt, mgpu, stop_tree, wait_until
 from tests.procs import tagged as tagged_by
 
-TAG = "MGPU_PREEMPT_TAG"
 ARGS = ["--cpu", "--nproc", "2", "quickstart", "trainer.epochs=200", "trainer.log_every=5"]  # runs until stopped
 ERROR_LINE = re.compile(r"^(\[rank\d+\]:)?\s*error:", re.MULTILINE)
 STOP_LINE = re.compile(r"mgpu train: stopped by (SIG\w+|a signal on another rank) at step (\d+)")
-
-
-def _until(predicate, timeout: float):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = predicate()
-        if found:
-            return found
-        time.sleep(0.1)
-    return predicate()
-
-
-@pytest.fixture
-def tag():
-    """A fresh tag; at teardown every process carrying it is killed by pid, and the test fails if one was left."""
-    value = uuid.uuid4().hex
-    yield value
-    _until(lambda: not tagged_by(TAG, value), timeout=20)
-    left = tagged_by(TAG, value)
-    for pid in left:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-    assert not left, f"processes left behind: {left}"
 
 
 def _env(tag: str, extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -70,11 +43,11 @@ def _stopped_launch(tmp_path: Path, tag: str, how: str) -> tuple[int, str]:
             assert proc.poll() is None, err_path.read_text()
             return metrics.is_file() and '"split": "train"' in metrics.read_text()
 
-        assert _until(training, 90), f"training never started:\n{err_path.read_text()}"
+        assert wait_until(training, 90), f"training never started:\n{err_path.read_text()}"
         if how == "worker":
-            workers = _until(lambda: {int(e["RANK"]): pid for pid in tagged_by(TAG, tag)
-                                      if (e := environ_of(pid)).get("MGPU_LAUNCH_PID") == str(proc.pid) and "RANK" in e
-                                      and pid != proc.pid}, 10)
+            workers = wait_until(lambda: {int(e["RANK"]): pid for pid in tagged_by(TAG, tag)
+                                          if (e := environ_of(pid)).get("MGPU_LAUNCH_PID") == str(proc.pid)
+                                          and "RANK" in e and pid != proc.pid}, 10)
             assert sorted(workers) == [0, 1], workers
             os.kill(workers[1], signal.SIGTERM)
         else:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.test_launch import run_launch, tag  # noqa: F401 - tag is a fixture
+from tests.e2e.test_launch import run_launch
 from tests.procs import RECIPES, assert_usage_error, mgpu, torchrun
 
 CHARLM = str(RECIPES / "charlm.yaml")
@@ -59,7 +59,7 @@ def test_options_that_do_not_combine_with_the_probe(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-def test_launch_probe_prints_every_ranks_figures_and_leaves_the_run_dir_alone(tmp_path, tag):  # noqa: F811
+def test_launch_probe_prints_every_ranks_figures_and_leaves_the_run_dir_alone(tmp_path, tag):
     small = ["+data.train.num_chars=20000", "+data.val.num_chars=8000"]
     first = mgpu("train", CHARLM, *small, "trainer.max_steps=2", cwd=tmp_path)
     assert first.returncode == 0, first.output
@@ -108,7 +108,7 @@ def test_gpu_probe_that_does_not_fit_names_the_phase_and_the_knobs(tmp_path):
     assert "Traceback" not in r.stderr and list(tmp_path.iterdir()) == []
 
 
-def test_probe_scaling_compares_one_process_with_two(tmp_path, tag):  # noqa: F811
+def test_probe_scaling_compares_one_process_with_two(tmp_path, tag):
     code, launch = run_launch(["--cpu", "--nproc", "2", "quickstart", "--probe", "--probe-steps", "5",
                                "--probe-scaling", "--json"], tmp_path, tag, timeout=180)
     assert code == 0, launch.output

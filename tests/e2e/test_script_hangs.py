@@ -10,16 +10,15 @@ import json
 import os
 import shutil
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.e2e import test_launch
 from tests.e2e.test_launch import Launch, run_launch, wait_until
 from tests.procs import mgpu
-
-tag = test_launch.tag  # the fixture: a fresh tag, and no tagged process left after the test
 
 SCRIPTS = Path(__file__).parent / "scripts"
 CPU2 = ["--cpu", "--nproc", "2"]
@@ -43,14 +42,14 @@ def _line(work: Path, script: str, text: str) -> str:
     return f"{script}:{number}"
 
 
-def _stalls(work: Path, tag: str, script: str) -> str:  # noqa: F811
+def _stalls(work: Path, tag: str, script: str) -> str:
     """``--stall-s 20`` on a script that hangs: the launch ends, exit 1; its stderr."""
     code, launch = run_launch([*CPU2, "--stall-s", "20", "--run-dir", "run", script], work, tag, timeout=90)
     assert code == 1, launch.output
     return launch.err_path.read_text()
 
 
-def test_a_rank_that_never_joins_the_process_group_is_named_with_its_line(work: Path, tag: str):  # noqa: F811
+def test_a_rank_that_never_joins_the_process_group_is_named_with_its_line(work: Path, tag: str):
     err = _stalls(work, tag, "never_joins.py")
     assert "rank 1 never joined the process group (rank 0 waits for it in init_process_group): no progress for " \
            "20 s (stall_s=20); the job was stopped." in err, err
@@ -67,7 +66,7 @@ def test_a_rank_that_never_joins_the_process_group_is_named_with_its_line(work: 
     assert (frame["function"], frame["source"]) == ("load_data", "time.sleep(3600)  # a read that never answers")
 
 
-def test_ranks_that_disagree_on_their_all_reduce_calls_are_both_quoted(work: Path, tag: str):  # noqa: F811
+def test_ranks_that_disagree_on_their_all_reduce_calls_are_both_quoted(work: Path, tag: str):
     err = _stalls(work, tag, "uneven_all_reduce.py")
     assert "the ranks wait in different collectives: rank 0 in all_reduce (its call 4), rank 1 in barrier (its " \
            "call 4)" in err, err
@@ -81,7 +80,7 @@ def test_ranks_that_disagree_on_their_all_reduce_calls_are_both_quoted(work: Pat
         {"0": "dist.all_reduce", "1": "dist.barrier"}
 
 
-def test_ctrl_c_on_a_job_hung_in_a_collective_shows_where_every_rank_was(work: Path, tag: str):  # noqa: F811
+def test_ctrl_c_on_a_job_hung_in_a_collective_shows_where_every_rank_was(work: Path, tag: str):
     launch = Launch([*CPU2, "--run-dir", "run", "waits_in_all_reduce.py"], work, tag)  # no --stall-s
     try:
         def in_all_reduce() -> bool:
@@ -106,7 +105,7 @@ def test_ctrl_c_on_a_job_hung_in_a_collective_shows_where_every_rank_was(work: P
     assert report["stacks"]["1"]["user_frame"]["source"] == "time.sleep(3600)  # stuck here", report
 
 
-def test_a_script_that_spawns_its_own_ranks_is_stopped_with_both_fixes(work: Path, tag: str):  # noqa: F811
+def test_a_script_that_spawns_its_own_ranks_is_stopped_with_both_fixes(work: Path, tag: str):
     code, launch = run_launch([*CPU2, "--run-dir", "run", "spawns_its_own.py", "--multiprocessing-distributed"],
                               work, tag, timeout=60)
     err = launch.err_path.read_text()
@@ -121,3 +120,19 @@ def test_a_script_that_spawns_its_own_ranks_is_stopped_with_both_fixes(work: Pat
     code, launch = run_launch(["--cpu", "--nproc", "1", "--run-dir", "run3", "spawns_its_own.py",
                                "--multiprocessing-distributed"], work, tag, timeout=90, name="one")
     assert code == 0 and launch.output.count("[rank0]:done") == 1, launch.output
+
+
+def test_init_process_group_in_a_child_of_the_rank_fails_and_stops_the_rank(capsys):
+    from mgpucli.launch import nested
+    from mgpucli.run_records.nested_launch import ERROR_NAME
+
+    rank = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])  # stands for the launched rank
+    try:
+        guarded = nested._in_children(lambda **kw: None, rank.pid, 0, 2)  # called here: another process than it
+        with pytest.raises(nested.NestedLaunchError, match="a child process of the rank calls init_process_group"):
+            guarded(backend="gloo")
+        assert rank.wait(timeout=30) == -15  # SIGTERM: the rank does not wait for its child, nor go on alone
+        assert f"{ERROR_NAME}: the script starts its own distributed processes" in capsys.readouterr().err
+    finally:
+        rank.kill()
+        rank.wait()

@@ -19,13 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e import test_launch
 from tests.e2e.test_doctor import kill_marked, processes_mentioning
 from tests.e2e.test_first_hour import _on_a_terminal
 from tests.e2e.test_launch import Launch, run_launch, tagged, wait_until
 from tests.procs import free_port, proc_state
-
-tag = test_launch.tag  # the fixture: a fresh tag, and no tagged process left after the test
 
 SCRIPTS = Path(__file__).parent / "scripts"
 CPU2 = ["--cpu", "--nproc", "2"]

@@ -15,8 +15,8 @@ import sys
 from pathlib import Path
 
 from mgpucli import proctree
-from tests.e2e.test_preempted_postmortem import _env, _until, tag  # noqa: F401 - tag is a fixture
-from tests.procs import RECIPES, mgpu, stop_tree
+from tests.e2e.test_preempted_postmortem import _env
+from tests.procs import RECIPES, mgpu, stop_tree, wait_until
 
 CHARLM = str(RECIPES / "charlm.yaml")
 TINY = ["vars.block_size=32", "model.d_model=32", "model.n_head=2", "+data.train.num_chars=12000",
@@ -39,7 +39,7 @@ def _stopped_mid_way(tmp_path: Path, tagged: str, run_dir: Path) -> tuple[int, s
             assert proc.poll() is None, err_path.read_text()
             return metrics.is_file() and '"split": "train"' in metrics.read_text()
 
-        assert _until(training, 120), f"training never started:\n{err_path.read_text()}"
+        assert wait_until(training, 120), f"training never started:\n{err_path.read_text()}"
         os.kill(proc.pid, signal.SIGTERM)
         code = proc.wait(timeout=60)  # torch's shutdown window is 30 s
     finally:
@@ -47,7 +47,7 @@ def _stopped_mid_way(tmp_path: Path, tagged: str, run_dir: Path) -> tuple[int, s
     return code, err_path.read_text(errors="replace")
 
 
-def test_a_stopped_sharded_run_is_diagnosed_and_its_restart_resumes_last_dcp(tmp_path: Path, tag: str):  # noqa: F811
+def test_a_stopped_sharded_run_is_diagnosed_and_its_restart_resumes_last_dcp(tmp_path: Path, tag: str):
     run_dir = tmp_path / "run"
     code, output = _stopped_mid_way(tmp_path, tag, run_dir)
     assert code == 75, output

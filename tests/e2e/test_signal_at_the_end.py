@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 from mgpucli import proctree
-from tests.e2e.test_preempted_postmortem import _env, _until, tag  # noqa: F401 - tag is a fixture
-from tests.procs import load_ckpt, mgpu, stop_tree
+from tests.e2e.test_preempted_postmortem import _env
+from tests.procs import load_ckpt, mgpu, stop_tree, wait_until
 
 # 256 samples on 2 ranks at 32 per batch: 4 steps, one epoch, one validation, then the final checkpoint.
 ARGS = ["--cpu", "--nproc", "2", "quickstart", "trainer.epochs=1", "data.train.num_samples=256",
@@ -28,7 +28,7 @@ ARGS = ["--cpu", "--nproc", "2", "quickstart", "trainer.epochs=1", "data.train.n
 LAST_STEP = 4
 
 
-def _signalled_launch(tmp_path: Path, tag: str, fault: str, held, sig: signal.Signals) -> tuple[int, str, Path]:  # noqa: F811
+def _signalled_launch(tmp_path: Path, tag: str, fault: str, held, sig: signal.Signals) -> tuple[int, str, Path]:
     """Launch with ``fault`` holding every rank, wait until ``held(run_dir)``, send ``sig`` to the launcher only;
     (its exit code, its output, the run dir)."""
     run_dir = tmp_path / "runs" / "quickstart"
@@ -42,7 +42,7 @@ def _signalled_launch(tmp_path: Path, tag: str, fault: str, held, sig: signal.Si
             assert proc.poll() is None, err_path.read_text()
             return held(run_dir)
 
-        assert _until(there, 120), f"the workers never reached the hold:\n{err_path.read_text()}"
+        assert wait_until(there, 120), f"the workers never reached the hold:\n{err_path.read_text()}"
         os.kill(proc.pid, sig)
         code = proc.wait(timeout=60)  # torch's shutdown window is 30 s
     finally:
@@ -66,7 +66,7 @@ def _last_validation_done(run_dir: Path) -> bool:
     return metrics.is_file() and '"split": "val"' in metrics.read_text()
 
 
-def _doctor(run_dir: Path, tmp_path: Path, tag: str, no_heavy_imports: dict):  # noqa: F811
+def _doctor(run_dir: Path, tmp_path: Path, tag: str, no_heavy_imports: dict):
     human = mgpu("doctor", str(run_dir), cwd=tmp_path, env=_env(tag, no_heavy_imports), timeout=60)
     res = mgpu("doctor", str(run_dir), "--json", cwd=tmp_path, env=_env(tag, no_heavy_imports), timeout=60)
     return human, res.returncode, json.loads(res.stdout)
@@ -75,7 +75,7 @@ def _doctor(run_dir: Path, tmp_path: Path, tag: str, no_heavy_imports: dict):  #
 @pytest.mark.parametrize(("sig", "held"), [(signal.SIGINT, _final_checkpoint_written),  # anywhere after the write
                                            (signal.SIGTERM, _all_finished)],  # every rank done, in its teardown
                          ids=["SIGINT", "SIGTERM"])
-def test_a_signal_after_the_final_checkpoint_leaves_the_run_finished(tmp_path: Path, tag: str, sig, held,  # noqa: F811
+def test_a_signal_after_the_final_checkpoint_leaves_the_run_finished(tmp_path: Path, tag: str, sig, held,
                                                                      no_heavy_imports: dict):
     code, output, run_dir = _signalled_launch(tmp_path, tag, "hold_at_exit", held, sig)
     assert code == 0, output
@@ -96,7 +96,7 @@ def test_a_signal_after_the_final_checkpoint_leaves_the_run_finished(tmp_path: P
 
 
 def test_a_signal_after_the_last_step_before_the_final_checkpoint_saves_it_and_exits_75(tmp_path: Path,
-                                                                                         tag: str,  # noqa: F811
+                                                                                         tag: str,
                                                                                          no_heavy_imports: dict):
     code, output, run_dir = _signalled_launch(tmp_path, tag, "hold_last_save", _last_validation_done, signal.SIGTERM)
     assert code == 75, output

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tests.e2e.test_launch import Launch, run_launch, tag, wait_for_training  # noqa: F401 - tag is a fixture
+from tests.e2e.test_launch import Launch, run_launch, wait_for_training
 from tests.procs import REPO, mgpu
 
 BLOCKING = '''
@@ -35,7 +35,7 @@ class Blocking(Dataset):
 '''
 
 
-def _launch_blocking(tmp_path: Path, tag: str, *extra: str):  # noqa: F811
+def _launch_blocking(tmp_path: Path, tag: str, *extra: str):
     """The quickstart with a training set whose rank 1 blocks after a few batches: (exit code, the launch)."""
     (tmp_path / "blocking_data.py").write_text(BLOCKING)
     code, launch = run_launch(["--cpu", "--nproc", "2", "quickstart", "data.train._target_=blocking_data.Blocking",
@@ -43,7 +43,7 @@ def _launch_blocking(tmp_path: Path, tag: str, *extra: str):  # noqa: F811
     return code, launch
 
 
-def test_a_rank_stuck_in_its_dataset_is_shown_at_its_line(tmp_path: Path, tag: str):  # noqa: F811
+def test_a_rank_stuck_in_its_dataset_is_shown_at_its_line(tmp_path: Path, tag: str):
     code, launch = _launch_blocking(tmp_path, tag, "trainer.timeout_s=10")
     err = launch.err_path.read_text()
     assert code == 1, launch.output
@@ -54,7 +54,7 @@ def test_a_rank_stuck_in_its_dataset_is_shown_at_its_line(tmp_path: Path, tag: s
     assert (Path(frame["file"]).name, frame["line"], frame["function"]) == ("blocking_data.py", 22, "__getitem__")
 
 
-def test_a_scripts_stuck_rank_is_shown_at_its_line(tmp_path: Path, tag: str):  # noqa: F811
+def test_a_scripts_stuck_rank_is_shown_at_its_line(tmp_path: Path, tag: str):
     script = REPO / "tests" / "e2e" / "scripts" / "stuck_rank.py"
     code, launch = run_launch(["--cpu", "--nproc", "2", "--run-dir", "run", str(script)], tmp_path, tag, timeout=150)
     err = launch.err_path.read_text()
@@ -62,7 +62,7 @@ def test_a_scripts_stuck_rank_is_shown_at_its_line(tmp_path: Path, tag: str):  #
     assert f"rank 1 was at {script}:13 in <module>: time.sleep(3600)  # stuck here" in err, err
 
 
-def test_doctor_stacks_shows_every_rank_of_a_running_job_which_goes_on(tmp_path: Path, tag: str):  # noqa: F811
+def test_doctor_stacks_shows_every_rank_of_a_running_job_which_goes_on(tmp_path: Path, tag: str):
     launch = Launch(["--cpu", "--nproc", "2", "quickstart", "trainer.epochs=60", "trainer.cpu_threads=1"], tmp_path,
                     tag)
     try:
@@ -81,7 +81,7 @@ def test_doctor_stacks_shows_every_rank_of_a_running_job_which_goes_on(tmp_path:
     assert after.returncode == 1 and "no rank of its latest attempt is running" in after.stderr
 
 
-def test_a_stalled_rank_stops_the_job_with_every_ranks_stack(tmp_path: Path, tag: str):  # noqa: F811
+def test_a_stalled_rank_stops_the_job_with_every_ranks_stack(tmp_path: Path, tag: str):
     """trainer.stall_s: no progress for that long and mgpu launch stops the job, naming the rank that is behind."""
     code, launch = _launch_blocking(tmp_path, tag, "trainer.stall_s=5")
     err = launch.err_path.read_text()

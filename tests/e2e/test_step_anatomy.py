@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.test_launch import run_launch, tag  # noqa: F401 - tag is a fixture
+from tests.e2e.test_launch import run_launch
 from tests.procs import mgpu
 
 HERE = Path(__file__).parent
@@ -19,7 +19,7 @@ SHORT = ["data.batch_size=8", "trainer.max_steps=30", "trainer.log_every=5", "da
 PHASES = ("data", "compute", "comm", "optimizer", "other")
 
 
-def _launch(tmp_path: Path, tag: str, *extra: str):  # noqa: F811
+def _launch(tmp_path: Path, tag: str, *extra: str):
     code, launch = run_launch(["--cpu", "--nproc", "2", "quickstart", *SHORT, *extra], tmp_path, tag, timeout=150)
     assert code == 0, launch.output
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
@@ -34,7 +34,7 @@ def _launch(tmp_path: Path, tag: str, *extra: str):  # noqa: F811
     return launch.output, train, json.loads(doctor.stdout)["straggler"]
 
 
-def test_a_rank_slow_to_load_its_data_is_named_with_the_fix(tmp_path: Path, tag: str):  # noqa: F811
+def test_a_rank_slow_to_load_its_data_is_named_with_the_fix(tmp_path: Path, tag: str):
     shutil.copy(HERE / "slow_data.py", tmp_path)
     output, train, straggler = _launch(tmp_path, tag, "data.train._target_=slow_data.SlowOnRank")
     assert "straggler: rank 1 waits for data" in output and "raise data.num_workers (now 0)" in output, output
@@ -46,12 +46,12 @@ def test_a_rank_slow_to_load_its_data_is_named_with_the_fix(tmp_path: Path, tag:
     assert "straggler: rank 1 waits for data" in shown.stderr and "data.num_workers (now 0)" in shown.stderr
 
 
-def test_balanced_ranks_name_nobody(tmp_path: Path, tag: str):  # noqa: F811
+def test_balanced_ranks_name_nobody(tmp_path: Path, tag: str):
     output, _, straggler = _launch(tmp_path, tag)
     assert "straggler" not in output and straggler is None, output
 
 
-def test_a_scripts_slow_loader_on_rank_1_is_named_under_audit(tmp_path: Path, tag: str):  # noqa: F811
+def test_a_scripts_slow_loader_on_rank_1_is_named_under_audit(tmp_path: Path, tag: str):
     script = HERE / "scripts" / "slow_loader_rank1.py"
     code, launch = run_launch(["--cpu", "--nproc", "2", "--audit", "--run-dir", "run", str(script)], tmp_path, tag,
                               timeout=150)

@@ -11,7 +11,7 @@ import json
 import os
 from pathlib import Path
 
-from tests.e2e.test_launch import RECIPE, SHORT, run_launch, tag  # noqa: F401 - tag is a fixture
+from tests.e2e.test_launch import RECIPE, SHORT, run_launch
 from tests.procs import mgpu
 
 PLUGIN = Path(__file__).parent / "fake_tracker"
@@ -44,7 +44,7 @@ def test_check_takes_its_options_and_refuses_a_wrong_one(tmp_path: Path):
     assert "trainer.notebook.style: 'loud' is not one of plain, fancy" in bad.stderr
 
 
-def test_a_run_logs_to_it_and_the_post_mortem_says_where_its_run_is(tmp_path: Path, tag: str):  # noqa: F811
+def test_a_run_logs_to_it_and_the_post_mortem_says_where_its_run_is(tmp_path: Path, tag: str):
     run_dir = tmp_path / "run"
     code, launch = run_launch(["--cpu", "--nproc", "2", RECIPE, *SHORT, *NOTEBOOK, f"run_dir={run_dir}"], tmp_path,
                               tag, plugin_env())

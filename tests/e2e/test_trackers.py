@@ -17,14 +17,13 @@ from pathlib import Path
 import pytest
 
 from mgpucli.run_records import step_anatomy
-from tests.e2e.test_launch import (  # noqa: F401 - tag is a fixture
+from tests.e2e.test_launch import (
     RECIPE,
     SHORT,
     Launch,
     _module_probe,
     rank0_log,
     run_launch,
-    tag,
     wait_until,
 )
 from tests.procs import assert_usage_error, mgpu
@@ -126,7 +125,7 @@ def assert_no_tracker_on_rank_1(tmp_path: Path, tracker: str) -> None:
 
 # --------------------------------------------------------------------------------------------------- W&B
 def test_wandb_offline_run_holds_every_record_and_a_resume_after_sigterm_continues_it(
-        tmp_path: Path, tag: str):  # noqa: F811
+        tmp_path: Path, tag: str):
     run_dir = tmp_path / "run"
     env = offline_env(tmp_path)
     args = ["--cpu", "--nproc", "2", RECIPE, "trainer.loggers=[wandb]", "trainer.epochs=3", "trainer.log_every=5",
@@ -166,7 +165,7 @@ def test_wandb_offline_run_holds_every_record_and_a_resume_after_sigterm_continu
 
 # ------------------------------------------------------------------------------------------------ MLflow
 def test_mlflow_run_has_the_recipe_and_every_metric_and_a_restart_continues_it(
-        tmp_path: Path, tag: str):  # noqa: F811
+        tmp_path: Path, tag: str):
     run_dir = tmp_path / "run"
     env = {**offline_env(tmp_path), "MGPU_FAULT": "crash@rank=1@step=30", "MGPU_FAULT_ONCE": str(tmp_path / "fired"),
            **_module_probe(tmp_path)}
@@ -212,7 +211,7 @@ def _blocker(tmp_path: Path) -> dict[str, str]:
 
 
 def test_a_tracker_that_is_not_installed_is_exit_2_before_any_worker(
-        tmp_path: Path, tag: str):  # noqa: F811
+        tmp_path: Path, tag: str):
     env = {**offline_env(tmp_path), **_blocker(tmp_path)}
     for tracker in TRACKER_MODULES:
         code, launch = run_launch(["--cpu", "--nproc", "2", "quickstart", f"trainer.loggers=[{tracker}]"], tmp_path,
@@ -235,7 +234,7 @@ def test_a_tracker_that_is_not_installed_is_exit_2_before_any_worker(
 
 # ------------------------------------------------------------------------------------- failing mid-run
 def test_a_tracker_that_fails_mid_run_warns_once_and_training_finishes(
-        tmp_path: Path, tag: str):  # noqa: F811
+        tmp_path: Path, tag: str):
     run_dir = tmp_path / "run"
     env = {**offline_env(tmp_path), "MGPU_FAULT": "tracker@step=40"}
     code, launch = run_launch(["--cpu", "--nproc", "2", RECIPE, *SHORT, "trainer.loggers=[wandb]",

@@ -32,9 +32,24 @@ def test_bad_recipe_values(tmp_path, overrides, fragments):
         or "num_samples" in overrides[0]
 
 
-@pytest.mark.parametrize("command", [["train"], ["train", "--check"], ["launch", "--cpu", "--nproc", "2"],
-                                     ["launch", "--cpu", "--nproc", "2", "--check"]])
-@pytest.mark.parametrize("override", ["optim.lrr=0.1", "+optim.lrr=0.1"])
+COMMANDS = [["train"], ["train", "--check"], ["launch", "--cpu", "--nproc", "2"],
+            ["launch", "--cpu", "--nproc", "2", "--check"]]
+
+
+def on_every_command(*cases) -> list:
+    """Each case on one of :data:`COMMANDS`, in turn, until every case and every command has had a test: each way
+    into the check (train, its --check, the launcher's own check, the workers') meets the class of bad input, and each
+    bad value is seen once, without a test for every pair (each pair is a process importing torch)."""
+    cases = [case if isinstance(case, tuple) else (case,) for case in cases]
+    params = []
+    for i in range(max(len(cases), len(COMMANDS))):
+        command = COMMANDS[i % len(COMMANDS)]
+        shown = " ".join(word for word in command if word not in ("--cpu", "--nproc", "2"))
+        params.append(pytest.param(command, *cases[i % len(cases)], id=f"{shown}-case{i % len(cases)}"))
+    return params
+
+
+@pytest.mark.parametrize("command, override", on_every_command("optim.lrr=0.1", "+optim.lrr=0.1"))
 def test_a_component_typo_gets_the_signatures_did_you_mean_and_never_a_plus(tmp_path, command, override):
     r = mgpu(*command, "quickstart", override, cwd=tmp_path, timeout=60)
     assert_usage_error(r, "optim.lrr: torch.optim.SGD takes no argument 'lrr' (did you mean 'lr'?)")
@@ -47,8 +62,15 @@ def test_a_component_argument_the_recipe_leaves_out_is_set_with_key_value(tmp_pa
     assert r.returncode == 0 and "weight_decay: 0.01" in r.stdout, r.output
 
 
-def test_missing_recipe_file(tmp_path):
-    assert_usage_error(mgpu("train", "nope.yaml", cwd=tmp_path), "recipe file nope.yaml does not exist")
+@pytest.mark.parametrize("args, fragment", [
+    (["nope.yaml"], "recipe file nope.yaml does not exist"),
+    (["quickstart", "trainer.epcohs=2"], "trainer.epcohs: unknown key (did you mean 'trainer.epochs'?)"),
+    (["quickstart", "trainer.epochs"], "override 'trainer.epochs' is malformed"),
+])
+def test_a_recipe_that_does_not_compose_is_refused_before_torch_is_imported(tmp_path, no_torch, args, fragment):
+    """What the schema and the overrides refuse needs no torch: said in a fraction of a second, not after torch's
+    import (seconds; more on a GPU machine's shared file system)."""
+    assert_usage_error(mgpu("train", *args, cwd=tmp_path, env=no_torch), fragment)
 
 
 def test_yaml_syntax_error_names_the_line(tmp_path):
@@ -87,16 +109,11 @@ def test_bad_input_under_torchrun_is_reported_once(tmp_path):
     assert r.stderr.count("data.batch_size: must be >= 1") == 1, r.stderr
 
 
-COMMANDS = [["train"], ["train", "--check"], ["launch", "--cpu", "--nproc", "2"],
-            ["launch", "--cpu", "--nproc", "2", "--check"]]
-
-
-@pytest.mark.parametrize("command", COMMANDS)
-@pytest.mark.parametrize("override, fragments", [
+@pytest.mark.parametrize("command, override, fragments", on_every_command(
     ("optim.lr=abc", ["optim: building torch.optim.SGD failed: optim.lr='abc' is a string; SGD needs a number"]),
     ("optim.momentum=-1", ["optim: building torch.optim.SGD failed: ValueError: Invalid momentum value: -1"]),
     ("model.dropout=2", ["model: building mgpucli.components.models.MLP failed: ValueError: dropout probability"]),
-])
+))
 def test_a_component_whose_constructor_raises_is_a_recipe_problem(tmp_path, command, override, fragments):
     """Whatever a component's constructor raises: exit 2 with the key, the target and the exception, before any
     worker starts under launch, and nothing written."""
@@ -111,13 +128,12 @@ def test_mgpu_debug_shows_the_components_traceback(tmp_path):
     assert r.returncode == 2 and "Traceback" in r.stderr and 'raise ValueError(f"Invalid momentum value' in r.stderr
 
 
-@pytest.mark.parametrize("command", COMMANDS)
-@pytest.mark.parametrize("name, content, fragment", [
+@pytest.mark.parametrize("command, name, content, fragment", on_every_command(
     ("binary.yaml", bytes(range(256)), "is not UTF-8 text (byte 0x80 at position 128)"),
     ("empty.yaml", b"# nothing but a comment\n", "is empty"),
     ("list.yaml", b"- name: a\n- name: b\n", "holds a list at the top, not a mapping of keys"),
     ("scalar.yaml", b"42\n", "holds a single value (int) at the top"),
-])
+))
 def test_a_file_that_is_no_recipe_is_named_with_its_problem(tmp_path, command, name, content, fragment):
     (tmp_path / name).write_bytes(content)
     r = mgpu(*command, name, cwd=tmp_path, timeout=60)
@@ -145,8 +161,7 @@ def test_a_dataset_that_fails_in_the_workers_is_reported_as_a_recipe_problem(tmp
     assert report["first_failure"]["title"].startswith("a problem in the recipe, not a crash: data.train: building")
 
 
-@pytest.mark.parametrize("command", COMMANDS)
-@pytest.mark.parametrize("override, fragments", [
+@pytest.mark.parametrize("command, override, fragments", on_every_command(
     ("trainer.clip_grad_norm=-1", ["trainer.clip_grad_norm: must be > 0", "got -1.0"]),
     ("trainer.best_metric=acc", ["trainer.best_metric: 'acc' is not a metric the task reports (loss, accuracy) "
                                  "(did you mean 'accuracy'?)"]),
@@ -156,7 +171,7 @@ def test_a_dataset_that_fails_in_the_workers_is_reported_as_a_recipe_problem(tmp
                                                     "'Linear'?)"]),
     ("trainer.activation_checkpointing=true", ["activation checkpointing found no blocks to checkpoint",
                                                "e.g. trainer.activation_checkpointing=[Bottleneck]"]),
-])
+))
 def test_values_that_type_check_but_make_no_sense_are_refused(tmp_path, command, override, fragments):
     r = mgpu(*command, "quickstart", *override.split(), cwd=tmp_path, timeout=90)
     assert_usage_error(r, *fragments)

@@ -12,7 +12,7 @@ import signal
 import pytest
 import torch
 
-from tests.e2e.test_launch import Launch, rank0_log, run_launch, tag, wait_until  # noqa: F401 - tag is a fixture
+from tests.e2e.test_launch import Launch, rank0_log, run_launch, wait_until
 from tests.procs import RECIPES, load_ckpt, mgpu, torchrun
 
 QUICK = str(RECIPES / "quickstart.yaml")
@@ -47,7 +47,7 @@ EMA_RUN = ["--cpu", "--nproc", "2", "quickstart", "trainer.epochs=2", "trainer.l
            "trainer.ema.decay=0.9", "trainer.ema.validate=true"]
 
 
-def test_ema_resumes_bitwise_after_sigterm_and_validates_as_logged(tmp_path, tag):  # noqa: F811
+def test_ema_resumes_bitwise_after_sigterm_and_validates_as_logged(tmp_path, tag):
     code, straight = run_launch([*EMA_RUN, f"run_dir={tmp_path / 'straight'}"], tmp_path, tag, name="straight")
     assert code == 0, straight.output
     run_dir = tmp_path / "stopped"

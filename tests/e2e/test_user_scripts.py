@@ -13,12 +13,11 @@ from pathlib import Path
 
 import torch
 
-from tests.e2e import test_launch, test_scripts
+from tests.e2e import test_scripts
 from tests.e2e.test_audit import live_findings, traps
 from tests.e2e.test_launch import run_launch
 from tests.e2e.test_scripts import CPU2
 
-tag = test_launch.tag  # the fixture: a fresh tag, and no tagged process left after the test
 work = test_scripts.work  # the fixture: a working directory holding the test scripts
 
 

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
 from torch.utils.data import DataLoader, DistributedSampler, IterableDataset, Subset, TensorDataset
 
 from mgpucli.audit import devices, divergence, libraries, loaders, samplers, saves, unused
@@ -20,24 +19,6 @@ from mgpucli.audit.session import Session
 from mgpucli.audit.where import user_where
 from mgpucli.run_records.audit_records import Where, read_file
 from tests.unit import test_ema
-
-
-@pytest.fixture
-def ranks(tmp_path: Path):
-    """``ranks(n)``: n sessions of one job (rank 0..n-1, one node) sharing a store, each with its findings file."""
-    store = dist.HashStore()
-
-    def make(n: int = 2, local_world_size: int | None = None) -> list[Session]:
-        out = []
-        for rank in range(n):
-            (tmp_path / str(rank)).mkdir(exist_ok=True)
-            env = {"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(n),
-                   "LOCAL_WORLD_SIZE": str(local_world_size or n), "TORCHELASTIC_RUN_ID": "test",
-                   "TORCHELASTIC_ERROR_FILE": str(tmp_path / str(rank) / "error.json")}
-            out.append(Session(env, store_factory=lambda: store))
-        return out
-
-    return make
 
 
 def found(session: Session) -> list:

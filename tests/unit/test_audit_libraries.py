@@ -14,7 +14,8 @@ from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 from mgpucli import torch_import
 from mgpucli.audit import divergence, libraries, loaders, samplers
-from tests.unit.test_audit_checks import found, ranks  # noqa: F401 - ranks: the fixture
+from mgpucli.training_libraries import ACCELERATE, FABRIC, LIBRARIES, TRAINER
+from tests.unit.test_audit_checks import found
 
 SITE = "/venv/lib/python3.11/site-packages"
 
@@ -68,7 +69,7 @@ def test_the_outermost_library_under_the_users_line_is_the_one_and_its_setting_i
     trainer = transformers["Trainer"](args, accelerate["Accelerator"]())
     call = trainer.train(functools.partial(libraries.here, setting=True))
     train_line = sys._getframe().f_lineno - 1
-    assert call.library is libraries.TRAINER  # the Trainer, not the Accelerate it calls
+    assert call.library is TRAINER  # the Trainer, not the Accelerate it calls
     assert (call.setting.file, call.setting.line) == (__file__, args_line)  # the user's TrainingArguments(...)
     assert (call.where.file, call.where.line) == (__file__, train_line)  # the user's trainer.train(...)
     assert call.place("find_unused_unneeded", call.where) is call.setting  # a fix made there
@@ -80,7 +81,7 @@ def test_accelerates_setting_is_its_handler_when_given_else_the_accelerator(fake
     plain = accelerate["Accelerator"]()
     plain_line = sys._getframe().f_lineno - 1
     call = plain.prepare(functools.partial(libraries.here, setting=True))
-    assert call.library is libraries.ACCELERATE and call.setting.line == plain_line
+    assert call.library is ACCELERATE and call.setting.line == plain_line
     handler = accelerate["Accelerator"]()  # stands for DistributedDataParallelKwargs(...): watched, weakly referable
     handler_line = sys._getframe().f_lineno - 1
     with_handler = accelerate["Accelerator"](ddp_handler=handler)
@@ -102,23 +103,23 @@ def test_without_a_library_on_the_stack_the_call_is_the_users_own_and_a_site_goe
 def test_a_fix_is_said_in_the_terms_of_the_library_on_the_stack_else_of_the_jobs_else_as_given():
     raw = ("model = DDP(model)", "costs.")
     assert libraries.in_terms("find_unused_unneeded", *raw, None) == raw
-    fix, cost = libraries.in_terms("find_unused_unneeded", *raw, libraries.TRAINER)
+    fix, cost = libraries.in_terms("find_unused_unneeded", *raw, TRAINER)
     assert fix.startswith("args = TrainingArguments(..., ddp_find_unused_parameters=False)")
     assert cost.startswith("costs. The Trainer asks DDP for it")
-    fix, cost = libraries.in_terms("padded_evaluation", *raw, None, libraries.FABRIC)  # the job's library: its fix,
+    fix, cost = libraries.in_terms("padded_evaluation", *raw, None, FABRIC)  # the job's library: its fix,
     assert "use_distributed_sampler=False" in fix and cost == "costs."  # not what it did (it did not make this one)
-    assert libraries.in_terms("set_epoch_missing", *raw, libraries.FABRIC, libraries.ACCELERATE) == raw  # no words
-    fix, _ = libraries.in_terms("same_save_path", *raw, None, libraries.ACCELERATE)  # the user's torch.save
+    assert libraries.in_terms("set_epoch_missing", *raw, FABRIC, ACCELERATE) == raw  # no words
+    fix, _ = libraries.in_terms("same_save_path", *raw, None, ACCELERATE)  # the user's torch.save
     assert fix.startswith("accelerator.save(state, path)")
-    assert libraries.in_terms("find_unused_unneeded", *raw, None, libraries.TRAINER) == raw  # the library's own doing
-    fix, _ = libraries.in_terms("loader_not_distributed", *raw, libraries.ACCELERATE)  # what it did: not join
+    assert libraries.in_terms("find_unused_unneeded", *raw, None, TRAINER) == raw  # the library's own doing
+    fix, _ = libraries.in_terms("loader_not_distributed", *raw, ACCELERATE)  # what it did: not join
     assert "Accelerator(cpu=True" in fix
-    fix, _ = libraries.in_terms("loader_not_distributed", *raw, None, libraries.ACCELERATE)  # one the user kept
+    fix, _ = libraries.in_terms("loader_not_distributed", *raw, None, ACCELERATE)  # one the user kept
     assert "accelerator.prepare(model, optimizer, loader)" in fix
 
 
 def test_every_library_has_a_fix_for_both_unused_parameter_findings_and_none_is_a_raw_ddp_line():
-    for lib in libraries.LIBRARIES:
+    for lib in LIBRARIES:
         assert {"find_unused_unneeded", "ddp_unused_parameters"} <= set(lib.fixes), lib.name
         assert all("DDP(" not in fix for fix in lib.fixes.values()), lib.name
 
@@ -146,7 +147,7 @@ class OrdersItself(DistributedSampler):
         return iter(list(super().__iter__()))
 
 
-def test_a_sampler_that_picks_its_own_order_is_evaluation_only_under_no_grad(ranks):  # noqa: F811
+def test_a_sampler_that_picks_its_own_order_is_evaluation_only_under_no_grad(ranks):
     (s, _) = ranks(2)
     check = samplers.Samplers(s)
     odd = TensorDataset(torch.zeros(127, 1))
@@ -160,7 +161,7 @@ def test_a_sampler_that_picks_its_own_order_is_evaluation_only_under_no_grad(ran
     assert f.kind == "padded_evaluation" and "(iterated under torch.no_grad())" in f.title
 
 
-def test_a_loader_a_library_dispatches_is_not_judged_and_one_it_passes_through_is_in_its_terms(ranks):  # noqa: F811
+def test_a_loader_a_library_dispatches_is_not_judged_and_one_it_passes_through_is_in_its_terms(ranks):
     (s, _) = ranks(2)
     check = loaders.Loaders(s)
     queued = []
@@ -176,10 +177,10 @@ def test_a_loader_a_library_dispatches_is_not_judged_and_one_it_passes_through_i
         shard.batches()  # the library's code iterating the loader: its first iter()
     assert s.counts["data loaders"] == 3
     assert [(library, ident["sampler"]) for _, ident, _, library in queued] == [
-        (libraries.ACCELERATE, "SequentialSampler"), (libraries.FABRIC, "SequentialSampler")]
+        (ACCELERATE, "SequentialSampler"), (FABRIC, "SequentialSampler")]
 
 
-def test_parameters_that_part_after_ddp_left_some_without_a_gradient_are_a_note_not_a_finding(ranks):  # noqa: F811
+def test_parameters_that_part_after_ddp_left_some_without_a_gradient_are_a_note_not_a_finding(ranks):
     s0, s1 = ranks(2)
     params = [torch.nn.Parameter(torch.zeros(2))]
     tracked = divergence.Tracked(index=0, site=None, ref=None, param_ids={id(p) for p in params})
@@ -192,9 +193,9 @@ def test_parameters_that_part_after_ddp_left_some_without_a_gradient_are_a_note_
     assert found(s0)[0].kind == "params_diverged"  # without that finding first: a rank skipped a step
 
 
-def test_an_optimizer_a_library_steps_unwrapped_gets_the_librarys_fix(ranks):  # noqa: F811
+def test_an_optimizer_a_library_steps_unwrapped_gets_the_librarys_fix(ranks):
     (s,) = ranks(1)
-    tracked = divergence.Tracked(index=0, site=None, ref=None, call=libraries.Call(None, libraries.ACCELERATE))
+    tracked = divergence.Tracked(index=0, site=None, ref=None, call=libraries.Call(None, ACCELERATE))
     divergence.Divergence(s)._report_diverged(tracked, "at optimizer step 1", [[0], [1]], 1)
     (f,) = found(s)
     assert "not wrapped in DistributedDataParallel" in f.title and "accelerator.prepare(model" in f.fix

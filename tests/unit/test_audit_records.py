@@ -3,6 +3,7 @@ view and summary, ``mgpu doctor RUN_DIR``, and the option's way from the command
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 
@@ -97,6 +98,18 @@ def test_the_launcher_shows_each_kind_once_then_a_table_and_writes_audit_json(tm
     assert path == str(tmp_path / "audit.json") and data["launch_id"] == "mgpu-1"
     assert [(g["kind"], g["count"]) for g in data["summary"]] == [("set_epoch_missing", 2), ("same_save_path", 1)]
     assert len(data["status"]) == 2
+
+
+def test_a_finding_starts_its_own_line_after_a_progress_bars_partial_line(tmp_path: Path):
+    record = _record(tmp_path)
+    stream = io.StringIO()
+    watch = AuditWatch(record, console=Console(file=stream, width=200))
+    stream.write("[rank0]:  0%|          | 0/2 [00:00<?, ?it/s]")  # torch's tee: tqdm's line, no newline yet
+    records.append(records.findings_path(record.attempts[0].ranks[0].error_file),
+                   finding("set_epoch_missing", 0, 26).to_json())
+    watch._tick()
+    lines = stream.getvalue().splitlines()
+    assert lines[0].endswith("it/s]") and lines[1].startswith("mgpu audit: rank 0, /w/train.py:26: "), lines
 
 
 def test_no_findings_says_what_was_checked(tmp_path: Path):

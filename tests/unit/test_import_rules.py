@@ -75,7 +75,7 @@ def test_only_a_script_worker_with_audit_imports_the_audit_and_arming_it_imports
 
 def test_the_job_source_is_standard_library_only():
     """``mgpu doctor`` reads the job's engine with the launcher's own reader, and the doctor never imports torch."""
-    allowed = ("mgpucli.errors", "mgpucli.launch.slurm", "mgpucli.launch.node_range")
+    allowed = ("mgpucli.errors", "mgpucli.env_vars", "mgpucli.launch.slurm", "mgpucli.launch.node_range")
     for path in (PACKAGE / "launch" / "job_source.py", PACKAGE / "launch" / "slurm.py",
                  PACKAGE / "launch" / "node_range.py"):
         for name in imports_of(path):
@@ -85,3 +85,21 @@ def test_the_job_source_is_standard_library_only():
 def test_the_run_dirs_names_and_the_env_var_names_import_nothing_but_the_standard_library():
     for name in ("run_layout.py", "env_vars.py"):
         assert all(m.split(".")[0] in sys.stdlib_module_names for m in imports_of(PACKAGE / name)), name
+
+
+def test_the_unit_tests_start_no_process():
+    """``tests/unit`` is pure logic (docs/architecture.md): none of its modules imports what starts a process
+    (``subprocess``, ``multiprocessing``, the e2e helpers that run the CLI) or calls ``os.fork``/``Popen``; a test that
+    needs a real process lives in ``tests/e2e``."""
+    starters = {"subprocess", "multiprocessing", "tests.procs.mgpu", "tests.procs.torchrun",
+                "mgpucli.proctree.start"}
+    found = {}
+    for path in sorted(Path(__file__).parent.glob("*.py")):
+        tree = ast.parse(path.read_text(), str(path))
+        calls = {getattr(n.func, "attr", None) or getattr(n.func, "id", None)
+                 for n in ast.walk(tree) if isinstance(n, ast.Call)}
+        bad = sorted({m for m in imports_of(path) if m in starters or m.startswith("subprocess.")}
+                     | (calls & {"fork", "Popen", "Process", "spawn", "start_processes"}))
+        if bad:
+            found[path.name] = bad
+    assert found == {}

@@ -1,52 +1,15 @@
-"""The launcher's verdict and its workers' wait for it (mgpucli/launch/gate.py), with real processes."""
+"""The launcher's verdict (mgpucli/launch/gate.py), in this process; its workers' wait for it, with real worker
+processes, is in tests/e2e/test_launch_gate.py."""
 
 from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from mgpucli.launch import gate
-
-WORKER = "from mgpucli.launch.gate import wait_for_verdict; wait_for_verdict(); print('went', flush=True)"
-
-
-def _worker(verdict: Path, launcher_pid: int) -> subprocess.Popen:
-    env = {**os.environ, gate.ENV: str(verdict), "MGPU_LAUNCH_PID": str(launcher_pid)}
-    return subprocess.Popen([sys.executable, "-c", WORKER], env=env, stdout=subprocess.PIPE, text=True)
-
-
-def _verdict(tmp_path: Path, word: str) -> tuple[int, str]:
-    path = tmp_path / "verdict"
-    proc = _worker(path, os.getpid())  # this process is the worker's parent: its launcher
-    try:
-        time.sleep(0.5)
-        assert proc.poll() is None  # waiting for the verdict
-        path.write_text(json.dumps({"verdict": word}))
-        out, _ = proc.communicate(timeout=60)
-    finally:
-        proc.kill()
-        proc.wait()
-    return proc.returncode, out
-
-
-def test_a_worker_goes_on_at_go(tmp_path):
-    assert _verdict(tmp_path, gate.GO) == (0, "went\n")
-
-
-def test_a_refused_launch_ends_its_worker_with_exit_2_and_nothing_said(tmp_path):
-    assert _verdict(tmp_path, gate.REFUSED) == (2, "")
-
-
-def test_a_stray_variable_holds_up_no_process_whose_parent_is_no_launcher(tmp_path):
-    proc = _worker(tmp_path / "never-written", launcher_pid=1)
-    out, _ = proc.communicate(timeout=60)
-    assert (proc.returncode, out) == (0, "went\n")
 
 
 def test_a_refusal_removes_what_the_launch_created_and_only_that(tmp_path):

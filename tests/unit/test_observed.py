@@ -113,22 +113,6 @@ def test_the_heartbeat_writes_what_is_observed_from_the_start_and_ends_with_a_la
     assert json.loads(Path(progress_path(str(error_file))).read_text())["phase"] == ENDED
 
 
-def test_init_process_group_in_a_child_of_the_rank_fails_and_stops_the_rank(capsys):
-    import subprocess
-    import sys
-
-    rank = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])  # stands for the launched rank
-    try:
-        guarded = nested._in_children(lambda **kw: None, rank.pid, 0, 2)  # called here: another process than it
-        with pytest.raises(nested.NestedLaunchError, match="a child process of the rank calls init_process_group"):
-            guarded(backend="gloo")
-        assert rank.wait(timeout=30) == -15  # SIGTERM: the rank does not wait for its child, nor go on alone
-        assert f"{ERROR_NAME}: the script starts its own distributed processes" in capsys.readouterr().err
-    finally:
-        rank.kill()
-        rank.wait()
-
-
 def test_the_post_mortem_recognises_a_nested_launcher_and_gives_both_fixes():
     from mgpucli.postmortem.lines import parse
     from mgpucli.postmortem.matchers import explain

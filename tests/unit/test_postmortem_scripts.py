@@ -129,3 +129,36 @@ def test_cuda_on_cpu_workers_is_named_and_under_cpu_explained(said: str):
     gpu_match = explain(parse(log, rank=0))
     tailor(gpu_match, script_run(LAUNCH, kind="cuda"))
     assert "--cpu" not in gpu_match.fix
+
+
+UNUSED_UNDER_THE_TRAINER = """Traceback (most recent call last):
+  File "/w/train.py", line 90, in <module>
+    trainer.train()
+  File "/venv/lib/python3.11/site-packages/transformers/trainer.py", line 1576, in train
+    return inner_training_loop(
+  File "/venv/lib/python3.11/site-packages/torch/nn/parallel/distributed.py", line 1886, in forward
+    inputs, kwargs = self._pre_forward(*inputs, **kwargs)
+RuntimeError: Expected to have finished reduction in the prior iteration before starting a new one.
+"""
+
+
+@pytest.mark.parametrize("where, fix", [
+    ("traceback", "args = TrainingArguments(..., ddp_find_unused_parameters=True)"),
+    ("audit", "DistributedDataParallelKwargs(find_unused_parameters=True)"),
+    ("nowhere", None),
+])
+def test_a_failure_in_what_a_library_set_up_gets_the_librarys_fix(where: str, fix: str | None):
+    """The library: the outermost one on the failing rank's traceback, or the one --audit found behind the DDP
+    model; none found, the script's terms (a raw DDP(...))."""
+    log = UNUSED_UNDER_THE_TRAINER if where == "traceback" else UNUSED_UNDER_THE_TRAINER.replace("transformers", "x")
+    found = parse(log, rank=1)
+    match = explain(found)
+    run = script_run(LAUNCH)
+    if where == "audit":
+        run.audit = {"findings": [{"kind": "ddp_unused_parameters", "details": {"library": "accelerate"}}]}
+    tailor(match, run, found)
+    if fix is None:
+        assert "DDP(..., find_unused_parameters=True)" in match.fix and "library" not in match.details
+    else:
+        assert "built this job's DDP model, so the fix goes through it:\n" in match.fix and fix in match.fix
+        assert "DDP(..., find_unused_parameters=True)" not in match.fix, match.fix

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from mgpucli.errors import UsageError
-from mgpucli.run_files import check_start, holds_a_run, unwritable
+from mgpucli.run_files import check_start, holds_a_run, saved_checkpoint, unwritable
+from mgpucli.run_layout import is_launch_json, launch_json_name, step_glob, step_name
 
 
 def _with_checkpoint(run_dir, name="last.pt"):
@@ -95,3 +96,26 @@ def test_a_run_dir_under_a_file_cannot_be_created(tmp_path):
     with pytest.raises(UsageError, match="cannot create run dir"):
         check_start(tmp_path / "f" / "run", None, False)
     assert not (tmp_path / "f").is_dir()  # nothing was created
+
+
+def test_the_runs_newest_and_best_checkpoints_are_found_in_either_format_and_only_when_complete(tmp_path):
+    ckpts = tmp_path / "checkpoints"
+    assert saved_checkpoint(tmp_path) is None and saved_checkpoint(tmp_path, "best") is None  # no checkpoints/
+    (ckpts / "step-00000004.dcp").mkdir(parents=True)
+    (ckpts / "last.dcp").symlink_to("step-00000004.dcp")
+    assert saved_checkpoint(tmp_path) is None  # a sharded one whose meta file is not written yet is not one
+    (ckpts / "step-00000004.dcp" / "meta.pt").write_bytes(b"x")
+    assert saved_checkpoint(tmp_path) == ckpts / "last.dcp" and saved_checkpoint(tmp_path, "best") is None
+    (ckpts / "last.pt").write_bytes(b"x")
+    (ckpts / "best.pt").write_bytes(b"x")
+    assert saved_checkpoint(tmp_path) == ckpts / "last.pt" and saved_checkpoint(tmp_path, "best") == ckpts / "best.pt"
+
+
+def test_the_run_dirs_derived_names():
+    assert (step_name(40, sharded=False), step_name(40, sharded=True)) == ("step-00000040.pt", "step-00000040.dcp")
+    assert step_glob(sharded=False) == "step-*.pt"
+    names = {(1, None): "launch.json", (2, 0): "launch.json", (2, 3): "launch.node3.json", (2, None): "launch.h.json"}
+    assert {key: launch_json_name(*key, hostname="h") for key in names} == names
+    records = ("launch.json", "launch.node12.json")
+    others = ("launch.h.json", "launch.node.json", "launch.nodex.json", "xlaunch.json")
+    assert all(map(is_launch_json, records)) and not any(map(is_launch_json, others))

@@ -19,11 +19,11 @@ from typing import Any
 import torch
 
 from mgpucli.errors import CheckpointError, MgpuError
-from mgpucli.run_layout import CHECKPOINTS, EXAMPLE_LAST_FULL
+from mgpucli.run_layout import CHECKPOINTS, EXAMPLE_LAST_FULL, SHARDED_SUFFIX
 
 FORMAT_VERSION = 1
 _TMP = re.compile(r"^\..+\.tmp-\d+$")
-_TMP_DIR = re.compile(r"^\..+\.dcp\.tmp$")  # a sharded checkpoint whose writers were killed
+_TMP_DIR = re.compile(rf"^\..+{re.escape(SHARDED_SUFFIX)}\.tmp$")  # a sharded checkpoint whose writers were killed
 _PREFIXES = ("module.", "_orig_mod.")
 
 

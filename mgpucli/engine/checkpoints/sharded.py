@@ -21,7 +21,7 @@ from mgpucli.distributed import collectives
 from mgpucli.distributed.runtime import Runtime
 from mgpucli.engine.checkpoints.files import read_file, save_atomic
 from mgpucli.errors import CheckpointError
-from mgpucli.run_layout import BEST_SHARDED, CHECKPOINTS, LAST_SHARDED, SHARDED_META, step_name
+from mgpucli.run_layout import BEST_SHARDED, CHECKPOINTS, LAST_SHARDED, SHARDED_META, step_glob, step_name
 
 META = SHARDED_META
 # One process (FSDP resumed on one, which trains unsharded) saves and loads without a process group: dcp says so.
@@ -61,15 +61,15 @@ def save_sharded(model: torch.nn.Module, optimizer: torch.optim.Optimizer, meta:
         os.replace(tmp, final)
         _flip(ckpts / LAST_SHARDED, name)
         if best:
-            _flip(ckpts / "best.dcp", name)
+            _flip(ckpts / BEST_SHARDED, name)
         _prune(ckpts, keep)
     return final
 
 
 def _prune(ckpts: Path, keep: int) -> None:
-    """Keep the directories last.dcp/best.dcp point to and the newest ``keep`` others."""
+    """Keep the directories the last and best links point to and the newest ``keep`` others."""
     pinned = {os.readlink(ckpts / n) for n in (LAST_SHARDED, BEST_SHARDED) if (ckpts / n).is_symlink()}
-    numbered = sorted(p for p in ckpts.glob("step-*.dcp") if p.name not in pinned)
+    numbered = sorted(p for p in ckpts.glob(step_glob(sharded=True)) if p.name not in pinned)
     for old in numbered[: max(0, len(numbered) - keep)]:
         shutil.rmtree(old, ignore_errors=True)
 
@@ -87,7 +87,8 @@ def load_sharded(model: torch.nn.Module, optimizer: torch.optim.Optimizer, path:
 
     if not is_sharded(path):
         raise CheckpointError(f"{path} is not a sharded mgpu checkpoint (no {META} inside).",
-                              f"Point --resume at RUN_DIR/{CHECKPOINTS}/{LAST_SHARDED} or a step-*.dcp directory.")
+                              f"Point --resume at RUN_DIR/{CHECKPOINTS}/{LAST_SHARDED} or a {step_glob(sharded=True)} "
+                              "directory.")
     meta = read_file(path / META)
     model_sd, optim_sd = get_state_dict(model, optimizer)
     saved = set(meta.get("extra", ()))

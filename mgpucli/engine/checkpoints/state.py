@@ -28,6 +28,7 @@ from mgpucli.engine.checkpoints.files import (
 )
 from mgpucli.errors import CheckpointError
 from mgpucli.run_layout import EXAMPLE_LAST_FULL
+from mgpucli.torch_parts import is_compiled_wrapper
 
 
 def _dcp():
@@ -127,21 +128,17 @@ def _isinstance_loaded(obj: Any, module: str, name: str) -> bool:
 
 
 def is_sharded_module(m: torch.nn.Module) -> bool:
-    name = type(m).__name__  # fully_shard makes classes "FSDP<Name>"; FSDP1 is FullyShardedDataParallel
-    return (name == "FullyShardedDataParallel" or name.startswith("FSDP") or hasattr(m, "_fqn_modifiers")
-            or _isinstance_loaded(m, "torch.distributed.fsdp", "FSDPModule")
-            or _isinstance_loaded(m, "torch.distributed.fsdp", "FullyShardedDataParallel"))
+    """A module ``fully_shard`` sharded (mgpu's FSDP strategy): an ``FSDPModule``."""
+    return _isinstance_loaded(m, "torch.distributed.fsdp", "FSDPModule")
 
 
 def is_distributed_tensor(t: torch.Tensor) -> bool:
-    return (type(t).__name__ in ("DTensor", "ShardedTensor") or t.is_meta
-            or _isinstance_loaded(t, "torch.distributed.tensor", "DTensor"))
+    return t.is_meta or _isinstance_loaded(t, "torch.distributed.tensor", "DTensor")
 
 
 def _is_wrapper(obj: Any) -> bool:
     """DDP and torch.compile wrappers, whose ``module.``/``_orig_mod.`` dcp leaves out of names (not DataParallel's)."""
-    return (isinstance(obj, torch.nn.parallel.DistributedDataParallel)
-            or _isinstance_loaded(obj, "torch._dynamo.eval_frame", "OptimizedModule"))
+    return isinstance(obj, torch.nn.parallel.DistributedDataParallel) or is_compiled_wrapper(obj)
 
 
 def canonical_name(model: torch.nn.Module, name: str) -> str:

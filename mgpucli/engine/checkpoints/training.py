@@ -30,7 +30,7 @@ from mgpucli.engine.rundir import prepare_run_dir
 from mgpucli.engine.strategy import Wrapped
 from mgpucli.errors import UsageError
 from mgpucli.run_files import check_start, checkpoint_dir
-from mgpucli.run_layout import BEST_FULL, LAST_FULL, step_name
+from mgpucli.run_layout import BEST_FULL, LAST_FULL, step_glob, step_name
 
 
 @dataclass
@@ -86,8 +86,8 @@ class Checkpoints:
         never = "the recipe has no data.val" if cfg.data.get("val") is None else \
             "trainer.val_every=0" if trainer.val_every == 0 else None
         if self.best_metric and never:
-            reporter.warn(f"trainer.best_metric={self.best_metric} picks best.pt by validation, but {never}: this run "
-                          "writes no best.pt (set trainer.best_metric=null to say so).")
+            reporter.warn(f"trainer.best_metric={self.best_metric} picks {BEST_FULL} by validation, but {never}: this "
+                          f"run writes no {BEST_FULL} (set trainer.best_metric=null to say so).")
         self.best: float | None = None
         self.tracker_ids: Callable[[], dict[str, str]] | None = None  # rank 0's experiment trackers' run ids
 
@@ -178,7 +178,7 @@ class Checkpoints:
             copy_atomic(ckpts / LAST_FULL, ckpts / BEST_FULL)
         if self.keep > 0:
             copy_atomic(ckpts / LAST_FULL, ckpts / step_name(position.step, sharded=False))
-            for old in sorted(ckpts.glob("step-*.pt"))[: -self.keep]:
+            for old in sorted(ckpts.glob(step_glob(sharded=False)))[: -self.keep]:
                 old.unlink(missing_ok=True)
 
     def _meta(self, trained: Trained, position: Position, epoch_sums: list[float],

@@ -16,6 +16,7 @@ from typing import Any
 from mgpucli import trackers
 from mgpucli.engine.checkpoints.state import flatten
 from mgpucli.engine.tracking import Context, Started
+from mgpucli.run_layout import MLFLOW_DB
 
 BATCH_PARAMS = 100  # MLflow's limit of params and tags per log_batch
 BATCH_METRICS = 1000
@@ -38,7 +39,7 @@ class MlflowSink:
         uri, chosen_by = trackers.mlflow_uri(opts.get("tracking_uri"), ctx.environ, ctx.run_dir)
         default_store = uri == trackers.mlflow_default_uri(ctx.run_dir)
         if default_store:
-            _create_store(ctx.run_dir / "mlflow.db")
+            _create_store(ctx.run_dir / MLFLOW_DB)
         self.client = client = MlflowClient(tracking_uri=uri)
         experiment = opts.get("experiment") or ctx.name
         warn = run = None

@@ -14,6 +14,7 @@ from typing import Any
 
 from mgpucli import trackers
 from mgpucli.engine.tracking import EXIT_CODES, Context, Started
+from mgpucli.run_layout import WANDB
 
 
 class WandbSink:
@@ -35,7 +36,7 @@ class WandbSink:
             allow_val_change=True,  # a resumed run may change a setting (the launcher warns about it)
             settings=wandb.Settings(console="off", silent=True),
         )
-        wandb_dir = ctx.run_dir / "wandb"
+        wandb_dir = ctx.run_dir / WANDB
         entry = {"id": ctx.run_id, "mode": decided.mode, "project": project, "entity": opts.get("entity"),
                  "dir": str(wandb_dir)}
         again = "continuing run" if ctx.continuing else "run"

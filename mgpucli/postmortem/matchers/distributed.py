@@ -9,6 +9,7 @@ from typing import Any
 from mgpucli.postmortem.lines import LogLine, by_rank, find_all, first
 from mgpucli.postmortem.matchers.base import Match, first_rank_hits, hit_ranks, of_rank, scan
 from mgpucli.postmortem.tracebacks import last_exception
+from mgpucli.run_layout import LAUNCH_JSON
 from mgpucli.run_records.first_failure import TORN_DOWN
 
 # ------------------------------------------------------------------------------ collective timeout
@@ -164,7 +165,7 @@ def ranks_disagree(lines: Sequence[LogLine]) -> Match | None:
     else:
         title = "the ranks disagree on the model or on the collectives they run"
         fix = ("Every rank must build the same model from the same recipe and code: the same recipe file and "
-               "overrides on every node (compare each node's launch.json), the same mgpu and code version, and no "
+               f"overrides on every node (compare each node's {LAUNCH_JSON}), the same mgpu and code version, and no "
                "model or collective that depends on the rank. TORCH_DISTRIBUTED_DEBUG=DETAIL reports which "
                "collective differs.")
     return Match("ranks_disagree", title, anchor.rank, [line for line, _ in first_rank_hits(hits)][:3], fix,
