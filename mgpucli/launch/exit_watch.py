@@ -20,6 +20,9 @@ window), or the worker that ended was stopped gracefully (exit code 75: the othe
 When the agent's poll reaps a worker before its waiter reads its code (``ECHILD``), the code is unknown here (torch
 reports it); whether it failed is then what the worker's own record says (``mgpu_failure.json``, written before an
 exception or a non-zero exit ends it): a worker killed outright in that race leaves the others to torch's window.
+A worker that ended before the watch found it (a script that fails in its first moments, on a busy host) is never
+found (a finished process's environment cannot be read): nothing is recorded of it, torch reports its code, and
+:func:`~mgpucli.run_records.first_failure.first_to_fail` takes its own failure as the first.
 """
 
 from __future__ import annotations

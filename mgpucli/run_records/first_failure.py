@@ -147,8 +147,8 @@ def collect(attempt: Attempt, exitcodes: Mapping[int, int] | None = None) -> lis
             ended=ended, torn_down=rank in ending,
         ))
     failures.sort(key=lambda f: (f.category, f.time if f.time is not None else float("inf"), f.rank))
-    if all_refused(failures):  # which rank exited first is chance; the lowest (rank 0) said the message in full
-        failures.sort(key=lambda f: f.rank)
+    if all_refused(failures):  # which rank exited first is chance: the lowest that said the message in full
+        failures.sort(key=lambda f: (_stopped_before_it_said(f), f.rank))
     return failures
 
 
@@ -159,15 +159,24 @@ def torn_down(attempt: Attempt, exitcodes: Mapping[int, int] | None = None) -> s
     first = first_to_fail(attempt, exitcodes)
     if first is None:
         return set()
-    codes, after = _exit_codes(attempt, exitcodes), attempt.exits[first].time
-    return {rank for rank, code in codes.items() if code is not None and code < 0
+    after = attempt.exits[first].time if first in attempt.exits else float("-inf")
+    return {rank for rank, code in _exit_codes(attempt, exitcodes).items() if code is not None and code < 0
             and _signal_of(code) in ENDING_SIGNALS and attempt.exits[rank].time > after}
 
 
 def first_to_fail(attempt: Attempt, exitcodes: Mapping[int, int] | None = None) -> int | None:
     """The rank whose worker ended first with a failure (any non-zero exit code, a graceful stop's included: torch's
     agent tears the others down then), from ``attempt.exits``, the launcher's record of when and how each worker
-    ended (a code it could not read is torch's, from ``exitcodes``); None when it saw none end so."""
+    ended (a code it could not read is torch's, from ``exitcodes``); None when it saw none end so.
+
+    A rank that torch reports exited with a code of its own (not a signal) but that the launcher never saw end had
+    ended before the launcher found it among its workers (:mod:`mgpucli.launch.exit_watch`): that is before any
+    worker it saw end, so it comes first (the lowest such rank)."""
+    if not attempt.exits:
+        return None
+    unseen = sorted(rank for rank, code in (exitcodes or {}).items() if rank not in attempt.exits and code > 0)
+    if unseen:
+        return unseen[0]
     failed = [(attempt.exits[rank].time, rank) for rank, code in _exit_codes(attempt, exitcodes).items()
               if code not in (0, None)]
     return min(failed)[1] if failed else None
@@ -244,16 +253,19 @@ def all_refused(failures: list[RankFailure]) -> bool:
     with the same error; so does one the teardown ended (:func:`torn_down`) before it recorded anything, still
     building what the first rank refused. A rank killed first, or before any other failed, was not refused: the
     input may be bad for one rank only (a dataset only rank 0 builds)."""
-    def code(f: RankFailure) -> int | None:
-        return f.record.exit_code if f.record is not None else None
-
     def refused(f: RankFailure) -> bool:
-        return f.exitcode == EXIT_USAGE or (f.category == TEARDOWN_CATEGORY and code(f) == EXIT_USAGE)
+        return f.exitcode == EXIT_USAGE or (f.category == TEARDOWN_CATEGORY and _recorded_code(f) == EXIT_USAGE)
 
-    def stopped_first(f: RankFailure) -> bool:
-        return f.torn_down and code(f) is None
+    return any(refused(f) for f in failures) and all(refused(f) or _stopped_before_it_said(f) for f in failures)
 
-    return any(refused(f) for f in failures) and all(refused(f) or stopped_first(f) for f in failures)
+
+def _recorded_code(f: RankFailure) -> int | None:
+    return f.record.exit_code if f.record is not None else None
+
+
+def _stopped_before_it_said(f: RankFailure) -> bool:
+    """The teardown ended the rank before it recorded anything (:func:`all_refused`)."""
+    return f.torn_down and _recorded_code(f) is None
 
 
 def job_exit_code(failures: list[RankFailure]) -> int:

@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -309,9 +310,10 @@ def test_a_second_launch_into_a_run_dir_keeps_the_first_launchs_records(work: Pa
 
 # ------------------------------------------------------------------------------------------ nothing left behind
 @pytest.fixture
-def marker(tmp_path: Path):
-    """A word on the command line of every helper a test's script starts; whatever carries it is killed after."""
-    word = f"helper-{tmp_path.name}"
+def marker():
+    """A word on the command line of every helper a test's script starts; whatever carries it is killed after. Unique
+    to the test (tmp_path's name is not: two xdist workers can give two tests the same one)."""
+    word = f"helper-{uuid.uuid4().hex}"
     yield word
     kill_marked(word)
 

@@ -21,6 +21,7 @@ from mgpucli.run_records.first_failure import (
     collect,
     early_exit,
     first_to_fail,
+    job_exit_code,
     preempted,
     stopped_gracefully,
     torn_down,
@@ -225,6 +226,32 @@ def test_a_sigterm_from_outside_that_ended_a_rank_first_is_the_cause(tmp_path: P
     found = collect(attempt, {0: 1, 1: -signal.SIGTERM, 2: -signal.SIGTERM})
     assert [(f.rank, f.category) for f in found] == [(1, 0), (0, 3), (2, TEARDOWN_CATEGORY)]
     assert torn_down(attempt) == {2} and first_to_fail(attempt) == 1
+
+
+def test_a_rank_that_failed_before_the_watch_found_it_comes_before_the_teardown(tmp_path: Path):
+    """A script that fails in its first moments on a busy host: rank 1 exited 3 before the launcher's watch found it,
+    so only torch reports it; rank 0, seen ending by the agent's SIGTERM, was torn down, and the launch passes on 3."""
+    attempt = make_attempt(tmp_path)
+    ended(attempt, r0=(-signal.SIGTERM, 30.6))
+    exitcodes = {1: 3, 0: -signal.SIGTERM}
+    assert first_to_fail(attempt, exitcodes) == 1 and torn_down(attempt, exitcodes) == {0}
+    found = collect(attempt, exitcodes)
+    assert [(f.rank, f.torn_down) for f in found] == [(1, False), (0, True)]
+    assert job_exit_code(found) == 3
+
+
+def test_a_refusal_said_by_one_rank_comes_before_a_rank_the_teardown_stopped_first(tmp_path: Path):
+    """The legacy script without --local_rank: rank 1's argparse exited 2, and torch's SIGTERM ended rank 0 before it
+    had said the same. Every rank stopped on bad input, and the one that said it is the one shown, its code passed
+    on; when both said it, rank 0 is shown (which of them exited first is chance)."""
+    attempt = make_attempt(tmp_path)
+    ended(attempt, r1=(2, 40.61), r0=(-signal.SIGTERM, 40.64))
+    found = collect(attempt, {1: 2, 0: -signal.SIGTERM})
+    assert all_refused(found)
+    assert [(f.rank, f.torn_down) for f in found] == [(1, False), (0, True)]
+    assert job_exit_code(found) == 2
+    ended(attempt, r0=(2, 40.64))
+    assert [f.rank for f in collect(attempt, {1: 2, 0: 2})] == [0, 1]
 
 
 def test_a_code_the_watch_could_not_read_is_torchs(tmp_path: Path):
