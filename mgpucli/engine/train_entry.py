@@ -17,11 +17,13 @@ goes to files, needs neither.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
+from mgpucli import env_vars
 from mgpucli.console import print_error
 from mgpucli.distributed.env import RankEnv, read_rank_env
 from mgpucli.engine.line_reporter import LineReporter
@@ -46,8 +48,11 @@ def run_as_rank(body: Callable[[RankEnv], None]) -> None:
             print(f"mgpu train: {err}", file=sys.stderr, flush=True)
         sys.exit(err.exit_code)
     except MgpuError as err:
-        # Bad input is the same on every rank: let rank 0 alone say it. A failure names its rank.
-        if rank in (None, 0) or not err.same_on_every_rank:
+        # Bad input is the same on every rank: rank 0 alone says it, but for mgpu launch, which keeps each rank's
+        # output in a log of its own, every rank does. The rank that refused first may be the only one to say it
+        # before torch's teardown stops the others, and the launcher's summary shows that rank's log.
+        # A failure names its rank.
+        if rank in (None, 0) or not err.same_on_every_rank or env_vars.LAUNCH_PID in os.environ:
             print_error(str(err), rank=rank)
         sys.exit(err.exit_code)
     except Exception:
