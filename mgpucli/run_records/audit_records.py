@@ -136,8 +136,9 @@ def read_file(path: str) -> tuple[list[Finding], list[dict[str, Any]]]:
 
 
 def summarize(findings: list[Finding], cwd: str | None = None) -> list[dict[str, Any]]:
-    """One entry per kind (in :data:`KINDS` order): the first finding's title, cost and fix, how many findings
-    (ranks x places), on which ranks, and where."""
+    """One entry per kind (in :data:`KINDS` order): the title, cost and fix of the lowest rank's first finding, how
+    many findings (ranks x places), on which ranks, and where. The lowest rank's, not the first to arrive: ranks
+    that run apart (a script that never joined the job) find their mistakes in any order between them."""
     groups: dict[str, list[Finding]] = {}
     for f in findings:
         groups.setdefault(f.kind, []).append(f)
@@ -145,7 +146,7 @@ def summarize(findings: list[Finding], cwd: str | None = None) -> list[dict[str,
     out = []
     for kind in order:
         group = groups[kind]
-        first = group[0]
+        first = min(group, key=lambda f: f.rank)  # the first of the lowest rank's, in the order they came
         places = []
         for f in group:
             if f.where is not None and f.where.cite(cwd) not in places:

@@ -49,6 +49,15 @@ def test_the_summary_is_one_entry_per_kind_in_a_fixed_order_with_counts_ranks_an
     assert Where("/elsewhere/x.py", 3).cite("/w") == "/elsewhere/x.py:3"
 
 
+def test_a_kinds_summary_tells_of_the_lowest_ranks_first_finding_whichever_rank_came_first():
+    """Ranks that run apart: rank 1 reached its evaluation loader before rank 0 reached its training loader."""
+    train0, eval0 = finding("loader_not_distributed", 0, 60), finding("loader_not_distributed", 0, 60)
+    eval1 = finding("loader_not_distributed", 1, 60)
+    train0.title, eval0.title, eval1.title = "all 64 samples", "all 17 samples", "all 17 samples"
+    (group,) = records.summarize([eval1, train0, eval0])
+    assert (group["title"], group["count"], group["ranks"]) == ("all 64 samples", 3, [0, 1])
+
+
 def test_audit_json_belongs_to_its_launch_and_can_be_rebuilt_from_the_ranks_files(tmp_path: Path):
     path = str(tmp_path / records.AUDIT_JSON)
     records.write_audit(path, "mgpu-1", [finding("padded_evaluation", 0, 28)], [{"record": "status", "rank": 0}])
