@@ -39,6 +39,7 @@ def test_a_worker_that_ended_before_the_watch_found_it_has_no_recorded_end(tmp_p
     finally:
         late.kill()
         watch.finish()
-        early.wait(timeout=30), late.wait(timeout=30)
+        early.wait(timeout=30)
+        late.wait(timeout=30)
     exits = record.attempts[0].exits
     assert sorted(exits) == [0] and exits[0].code == -signal.SIGTERM, exits
