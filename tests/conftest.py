@@ -4,6 +4,8 @@ from pathlib import Path
 
 import pytest
 
+pytest_plugins = ["tests.cost"]  # each test's CPU, the costliest shown at the end of the run
+
 
 def pytest_configure(config):
     """Ctrl-C as on a terminal, however the suite was started. A shell starts a background job (``cmd &``, a CI
