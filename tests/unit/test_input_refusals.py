@@ -154,3 +154,19 @@ def test_a_component_that_builds_into_the_wrong_kind_of_object_is_a_recipe_probl
     use ('dict' object has no attribute 'to') becomes the key, what it gave and what it must give."""
     r = cli(command[0], "quickstart", *command[1:], override, cwd=tmp_path, allowed=(COMPOSE_CHILD,))
     refused(r, tmp_path, {}, fragment)
+
+
+# ------------------------------------------------------------------------------------ launch flags and run dirs
+def test_resume_target_missing_and_contradictory_flags_are_refused_at_the_launcher(tmp_path):
+    """The launcher refuses these itself: no worker, no run dir."""
+    r = cli("launch", "--cpu", "--nproc", "2", "quickstart", "--resume", "nope/last.pt", cwd=tmp_path,
+            allowed=(COMPOSE_CHILD,))
+    assert_usage_error(r, "--resume nope/last.pt: no such checkpoint", "--resume auto")
+    r = cli("launch", "--cpu", "--nproc", "2", "quickstart", "--resume", "auto", "--overwrite", cwd=tmp_path,
+            allowed=(COMPOSE_CHILD,))
+    assert_usage_error(r, "contradict", "--overwrite")
+    (tmp_path / "blocker").write_text("a file where the run dir should go")
+    r = cli("launch", "--cpu", "--nproc", "2", "quickstart", "run_dir=blocker/run", "--dry-run", cwd=tmp_path,
+            allowed=(COMPOSE_CHILD,))
+    assert_usage_error(r, "cannot create run dir", "is a file, not a directory", "run_dir=")
+    assert not (tmp_path / "runs").exists()
