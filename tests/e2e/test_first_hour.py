@@ -18,12 +18,13 @@ import pytest
 
 from mgpucli import proctree
 from tests.e2e.test_launch import SHORT, run_launch, tagged, wait_until
-from tests.procs import assert_usage_error, mgpu
+from tests.inproc import COMPOSE_CHILD, cli
+from tests.procs import assert_usage_error
 
 
 def _doctor(run_dir: Path, cwd: Path) -> tuple[int, dict]:
-    done = subprocess.run([sys.executable, "-m", "mgpucli", "doctor", str(run_dir), "--json"], cwd=cwd,
-                          capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    """``mgpu doctor RUN_DIR --json`` in the test process: reading a run's records starts no process."""
+    done = cli("doctor", str(run_dir), "--json", cwd=cwd)
     return done.returncode, json.loads(done.stdout)
 
 
@@ -53,24 +54,24 @@ def finished_here(finished: Path, tmp_path: Path) -> Path:
     return tmp_path / "runs" / "quickstart"
 
 
-def test_second_launch_into_a_finished_run_is_refused_before_any_worker(tmp_path: Path, tag: str,
-                                                                        finished_here: Path):
-    run_dir = finished_here
+def test_second_launch_into_a_finished_run_is_refused_before_any_worker(finished_here: Path):
+    """The launcher's own refusal, run in the test process (a worker it started would fail the test)."""
+    run_dir, cwd = finished_here, finished_here.parents[1]
     records = {name: (run_dir / name).read_bytes() for name in ("launch.json", "metrics.jsonl")}
     logs_before = _torch_log_dirs(run_dir)
 
-    code, again = run_launch(["--cpu", "--nproc", "2", "quickstart", *SHORT], tmp_path, tag, name="again", timeout=60)
-    assert code == 2, again.output
-    err = again.err_path.read_text()
+    again = cli("launch", "--cpu", "--nproc", "2", "quickstart", *SHORT, cwd=cwd, allowed=(COMPOSE_CHILD,))
+    assert again.returncode == 2, again.output
+    err = again.stderr
     assert "already holds checkpoints" in err and "--resume auto" in err and "--overwrite" in err, err
     assert "name=" in err and "Traceback" not in again.output
     assert _torch_log_dirs(run_dir) == logs_before  # no worker started
     assert {name: (run_dir / name).read_bytes() for name in records} == records
-    doctor_code, report = _doctor(run_dir, tmp_path)
+    doctor_code, report = _doctor(run_dir, cwd)
     assert doctor_code == 0 and report["finished"] and report["status"] == "succeeded", report
 
     for flag in ("--dry-run", "--check"):  # the checks that promise "it would start" say so too
-        r = mgpu("launch", "--cpu", "--nproc", "2", "quickstart", *SHORT, flag, cwd=tmp_path, timeout=60)
+        r = cli("launch", "--cpu", "--nproc", "2", "quickstart", *SHORT, flag, cwd=cwd, allowed=(COMPOSE_CHILD,))
         assert_usage_error(r, "already holds checkpoints", "--resume auto", "--overwrite")
         assert flag not in r.stderr.split("error:", 1)[1]  # the suggested commands launch for real
 
@@ -104,30 +105,19 @@ def test_a_launch_that_fails_before_training_keeps_the_earlier_records(tmp_path:
     assert "checkpoints/last.pt" in fresh.err_path.read_text() and "metrics.jsonl" in fresh.err_path.read_text()
 
 
-def test_resume_target_missing_and_contradictory_flags_are_refused_at_the_launcher(tmp_path: Path):
-    r = mgpu("launch", "--cpu", "--nproc", "2", "quickstart", "--resume", "nope/last.pt", cwd=tmp_path, timeout=60)
-    assert_usage_error(r, "--resume nope/last.pt: no such checkpoint", "--resume auto")
-    r = mgpu("launch", "--cpu", "--nproc", "2", "quickstart", "--resume", "auto", "--overwrite", cwd=tmp_path,
-             timeout=60)
-    assert_usage_error(r, "contradict", "--overwrite")
-    (tmp_path / "blocker").write_text("a file where the run dir should go")
-    r = mgpu("launch", "--cpu", "--nproc", "2", "quickstart", "run_dir=blocker/run", "--dry-run", cwd=tmp_path,
-             timeout=60)
-    assert_usage_error(r, "cannot create run dir", "is a file, not a directory", "run_dir=")
-    assert not (tmp_path / "runs").exists()
-
-
 def test_epochs_are_numbered_alike_everywhere_and_the_epoch_row_is_the_epoch_mean(tmp_path: Path, tag: str):
-    code, run = run_launch(["--cpu", "--nproc", "2", "quickstart", "trainer.log_every=10", "trainer.cpu_threads=1"],
-                           tmp_path, tag)
+    """1024 samples: 16 steps of 2 x 32 per epoch, 3 epochs; a row every 10 steps, so an epoch's last interval is
+    not the epoch."""
+    code, run = run_launch(["--cpu", "--nproc", "2", "quickstart", "data.train.num_samples=1024",
+                            "trainer.log_every=10", "trainer.cpu_threads=1"], tmp_path, tag)
     assert code == 0, run.output
     run_dir = tmp_path / "runs" / "quickstart"
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     train = [r for r in records if r["split"] == "train"]
     val = [r for r in records if r["split"] == "val"]
-    assert [r["epoch"] for r in val] == [1, 2, 3] and [r["step"] for r in val] == [64, 128, 192]
+    assert [r["epoch"] for r in val] == [1, 2, 3] and [r["step"] for r in val] == [16, 32, 48]
     assert {r["epoch"] for r in train} == {1, 2, 3}
-    assert all(r["epoch"] == (r["step"] - 1) // 64 + 1 for r in train)  # 64 steps of 2 x 32 samples per epoch
+    assert all(r["epoch"] == (r["step"] - 1) // 16 + 1 for r in train)  # 16 steps of 2 x 32 samples per epoch
 
     lines = re.findall(r"epoch (\d+) done  train \(epoch mean\): loss (\S+)", run.output)
     assert [int(n) for n, _ in lines] == [1, 2, 3], run.output
@@ -140,11 +130,11 @@ def test_epochs_are_numbered_alike_everywhere_and_the_epoch_row_is_the_epoch_mea
         assert float(shown) == pytest.approx(mean, rel=1e-3), (number, shown, mean)
         assert float(shown) != pytest.approx(mine[-1]["loss"], rel=1e-3)  # not the last interval's
 
-    checked = mgpu("validate", str(run_dir / "checkpoints" / "last.pt"), "--json", cwd=tmp_path, timeout=120)
+    checked = cli("validate", str(run_dir / "checkpoints" / "last.pt"), "--json", cwd=tmp_path)
     assert checked.returncode == 0, checked.output
     assert json.loads(checked.stdout)["checkpoint"]["epoch"] == 3
-    shown = mgpu("validate", str(run_dir / "checkpoints" / "last.pt"), cwd=tmp_path, timeout=120)
-    assert "(epoch 3, step 192)" in shown.stderr.replace("\n", " "), shown.output
+    shown = cli("validate", str(run_dir / "checkpoints" / "last.pt"), cwd=tmp_path)
+    assert "(epoch 3, step 48)" in shown.stderr.replace("\n", " "), shown.output
 
 
 def _on_a_terminal(args: list[str], cwd: Path, tag: str, timeout: float = 120) -> tuple[int, str]:

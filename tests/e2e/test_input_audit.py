@@ -1,18 +1,19 @@
-"""Every class of bad input a user can give mgpu, one test each: exit 2, a message naming the problem and the fix,
-no traceback, and nothing written or lost (issue 24's audit).
+"""Every class of bad input a user can give mgpu that needs a finished run or a fresh process, one test each: exit 2,
+a message naming the problem and the fix, no traceback, and nothing written or lost (issue 24's audit).
 
-The surfaces: each command's arguments and options, the recipe's keys and the override forms, the environment
-variables mgpu reads, checkpoint files (``--resume``, ``mgpu validate``) and run dirs given to ``mgpu doctor``.
+The surfaces here: checkpoint files (``--resume``, ``mgpu validate``) and run dirs given to ``mgpu doctor``, read
+from one finished 2-process launch (the refusals themselves run in the test process, tests/inproc.py: a process
+started by one fails its test), and the launcher's options, refused before torch is imported (a fresh process each,
+where torch cannot be imported). What needs neither (override forms, environment variables, the parser's options,
+``recipes copy``, components of the wrong kind) is in tests/unit/test_input_refusals.py.
 Other files cover classes of their own: recipe values and component errors (test_train_errors.py), checkpoint
 files given to ``mgpu validate`` (test_validate.py), the machine check's options (test_doctor.py), unknown recipe
 names (test_recipes.py), run dirs holding checkpoints (test_first_hour.py), a full disk (test_disk_full.py).
 The cheapest path that applies the same check is used: ``--check``, ``--dry-run``, or a refusal that comes before
 anything starts.
 """
-
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -21,23 +22,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.procs import assert_usage_error, mgpu
+from tests.inproc import COMPOSE_CHILD, cli
+from tests.procs import mgpu
+from tests.unit.test_input_refusals import refused, snapshot
 
 SMALL = ["data.train.num_samples=256", "data.val.num_samples=64"]
 LAUNCH = ["launch", "--cpu", "--nproc", "2", "quickstart", *SMALL]
 LAST = "runs/quickstart/checkpoints/last.pt"
-
-
-def snapshot(root: Path) -> dict[str, str]:
-    """Every file and directory under ``root``: a digest of each file's bytes, a link's target."""
-    out = {}
-    for path in sorted(root.rglob("*")):
-        name = str(path.relative_to(root))
-        if path.is_symlink():
-            out[name] = "-> " + os.readlink(path)
-        else:
-            out[name] = hashlib.sha1(path.read_bytes()).hexdigest() if path.is_file() else "dir"
-    return out
 
 
 @pytest.fixture(scope="module")
@@ -57,12 +48,6 @@ def run(trained, tmp_path) -> Path:
     record = tmp_path / "runs/quickstart/launch.json"
     record.write_text(record.read_text().replace(str(trained), str(tmp_path)))
     return tmp_path
-
-
-def refused(r, cwd: Path, before: dict[str, str], *fragments: str) -> None:
-    """Exit 2, no traceback, the fragments on stderr, and the directory exactly as it was."""
-    assert_usage_error(r, *fragments)
-    assert snapshot(cwd) == before
 
 
 # ----------------------------------------------------------------------------------------- checkpoint files
@@ -103,7 +88,7 @@ class _Evil:
 def test_a_resume_checkpoint_that_is_no_mgpu_checkpoint_is_refused_before_any_worker(run, name, fragments):
     _bad_checkpoints(run)
     before = snapshot(run)
-    r = mgpu(*LAUNCH, "--resume", name, cwd=run, timeout=90)
+    r = cli(*LAUNCH, "--resume", name, cwd=run, allowed=(COMPOSE_CHILD,))
     refused(r, run, before, *fragments, "start afresh without --resume" if "link" not in name else "--resume auto")
     assert not (run / "pwned").exists()
 
@@ -112,7 +97,7 @@ def test_a_checkpoint_that_does_not_fit_the_model_leaves_the_run_dir_as_it_was(r
     """The fit is known only once the model exists: the worker reads the checkpoint before it takes the run dir
     (the earlier run's recipe.yaml, metrics and TensorBoard events stay as they were)."""
     before = snapshot(run)
-    r = mgpu("train", "quickstart", *SMALL, "model.hidden=[16]", "--resume", "auto", cwd=run, timeout=90)
+    r = cli("train", "quickstart", *SMALL, "model.hidden=[16]", "--resume", "auto", cwd=run)
     refused(r, run, before, "don't fit the recipe's model", "shape mismatch", "Use the recipe the checkpoint "
             "was trained with")
 
@@ -127,8 +112,8 @@ def test_resume_auto_without_the_checkpoint_it_continues_from_says_what_is_there
     if target:
         (run / "runs/quickstart/checkpoints/last.dcp").symlink_to(target)
     before = snapshot(run)
-    r = mgpu("train", "quickstart", *SMALL, "trainer.strategy=fsdp", "trainer.checkpoint_format=sharded",
-             "--resume", "auto", "--check", cwd=run, timeout=90)
+    r = cli("train", "quickstart", *SMALL, "trainer.strategy=fsdp", "trainer.checkpoint_format=sharded",
+            "--resume", "auto", "--check", cwd=run)
     refused(r, run, before, *fragments)
 
 
@@ -144,7 +129,7 @@ def test_resume_auto_without_the_checkpoint_it_continues_from_says_what_is_there
 def test_validate_refuses_a_checkpoint_or_option_it_cannot_use(run, args, fragments):
     _bad_checkpoints(run)
     before = snapshot(run)
-    refused(mgpu("validate", *args, cwd=run, timeout=90), run, before, *fragments)
+    refused(cli("validate", *args, cwd=run), run, before, *fragments)
 
 
 # ------------------------------------------------------------------------------------------ empty arguments
@@ -159,7 +144,7 @@ def test_validate_refuses_a_checkpoint_or_option_it_cannot_use(run, args, fragme
 def test_an_empty_argument_is_refused_not_read_as_the_current_directory(run, args, fragment):
     """``mgpu train "$RECIPE"`` with the variable unset: the empty path must not mean ``.``."""
     before = snapshot(run)
-    refused(mgpu(*args, cwd=run, timeout=90), run, before, fragment)
+    refused(cli(*args, cwd=run, allowed=(COMPOSE_CHILD,)), run, before, fragment)
 
 
 # ------------------------------------------------------------------------------------ run dirs given to doctor
@@ -184,7 +169,7 @@ def test_a_launch_record_mgpu_launch_did_not_write_is_named_not_diagnosed(run, e
     post-mortem crashed (AttributeError) or diagnosed a run that never was."""
     _edit_launch_json(run / "runs/quickstart", edit)
     before = snapshot(run)
-    r = mgpu("doctor", "runs/quickstart", "--json", cwd=run, timeout=60)
+    r = cli("doctor", "runs/quickstart", "--json", cwd=run)
     refused(r, run, before, "launch.json is no launch record mgpu doctor can read", fragment)
     assert r.stdout == ""
 
@@ -200,106 +185,20 @@ def test_a_path_that_is_no_run_dir_is_refused(run, setup, fragment):
     setup(run_dir)
     target = "runs/quickstart/metrics.jsonl" if "a file" in fragment else "runs/quickstart"
     before = snapshot(run)
-    refused(mgpu("doctor", target, cwd=run, timeout=60), run, before, fragment, "`mgpu launch`")
+    refused(cli("doctor", target, cwd=run), run, before, fragment, "`mgpu launch`")
 
 
 def test_a_run_whose_logs_were_deleted_is_still_read_and_says_so(run):
     """Not bad input: the post-mortem reads what is left (launch.json, metrics), and names what is gone."""
     shutil.rmtree(run / "runs/quickstart/logs")
-    r = mgpu("doctor", "runs/quickstart", cwd=run, timeout=60)
+    r = cli("doctor", "runs/quickstart", cwd=run)
     assert r.returncode == 0 and "Traceback" not in r.output, r.output
     assert "finished" in r.stderr and "(gone: deleted or moved; read from launch.json alone)" in r.stderr
     _edit_launch_json(run / "runs/quickstart", lambda d: d["result"].update(status="failed", exit_code=1,
                                                                               exitcodes={"0": 1, "1": 0}))
-    r = mgpu("doctor", "runs/quickstart", cwd=run, timeout=60)
+    r = cli("doctor", "runs/quickstart", cwd=run)
     assert r.returncode == 1 and "Traceback" not in r.output, r.output
     assert "rank 0 failed, and its logs are missing" in r.stderr
-
-
-def test_a_machine_check_timeout_that_never_comes_is_refused(tmp_path):
-    for value in ("inf", "nan"):
-        r = mgpu("doctor", "--cpu", "--timeout", value, cwd=tmp_path, timeout=60)
-        refused(r, tmp_path, {}, f"--timeout {value}: must be a finite number of seconds above 0")
-
-
-# ------------------------------------------------------------------------------------ override forms and keys
-@pytest.mark.parametrize("overrides, fragments", [
-    pytest.param(["~trainer.epoch"], ["~trainer.epoch: the recipe has no key trainer.epoch to remove (did you mean "
-                                      "'trainer.epochs'?); fix the key, or drop the override"], id="remove-missing"),
-    pytest.param(["+trainer.epochs=3"], ["An item is already at 'trainer.epochs'", "'++trainer.epochs=3'"],
-                 id="add-existing"),
-    pytest.param(["vars.width=3"], ["To append to your config use +vars.width=3"], id="set-new-free-form-key"),
-    pytest.param(["=1", "key==x"], ["override '=1' names no key", "override 'key==x' is malformed", "~key to remove"],
-                 id="malformed"),
-    pytest.param(["trainer=5"], ["trainer: expected a section (mapping), got 5"], id="scalar-for-section"),
-    pytest.param(["trainer.epochs=[1,2]", "data.batch_size={a: 1}", "trainer.max_steps=${nope}",
-                  "seed=${oc.env:MGPU_AUDIT_UNSET}", "trainer.log_every=${trainer.log_every}"],
-                 ["trainer.epochs: Value '[1, 2]' of type 'list' could not be converted to Integer",
-                  "data.batch_size: Value '{'a': 1}' of type 'dict' could not be converted to Integer",
-                  "trainer.max_steps: Interpolation key 'nope' not found",
-                  "seed: KeyError raised while resolving interpolation: \"Environment variable 'MGPU_AUDIT_UNSET' not "
-                  "found\"", "trainer.log_every: Recursive interpolation detected"], id="values-and-interpolations"),
-    pytest.param(["name=", "run_dir=  "], ["name: empty; it names the run dir",
-                                           "run_dir: empty; the run would write its checkpoints and records into the "
-                                           "working directory"], id="empty-name-and-run-dir"),
-])
-def test_an_override_that_cannot_apply_is_a_recipe_problem(tmp_path, overrides, fragments):
-    """Every override form (key=value, +key, ~key, lists, mappings, interpolations): one message listing what is
-    wrong with each, before anything is built or written."""
-    r = mgpu("train", "quickstart", *overrides, "--check", cwd=tmp_path, timeout=60)
-    refused(r, tmp_path, {}, "problem(s) in recipe quickstart", *fragments)
-
-
-# ---------------------------------------------------------------------------------- environment variables
-CHECK = ["train", "quickstart", "--check"]
-TRAIN = ["train", "quickstart", *SMALL]
-DRY_RUN = ["launch", "--cpu", "quickstart", "--dry-run"]
-
-
-@pytest.mark.parametrize("env, command, fragments", [
-    pytest.param({"RANK": "one", "WORLD_SIZE": "2"}, CHECK, ["RANK='one' in the environment is not an integer"],
-                 id="rank-not-an-integer"),
-    pytest.param({"RANK": "1"}, CHECK, ["RANK and WORLD_SIZE must be set together; WORLD_SIZE is missing"],
-                 id="rank-without-world-size"),
-    pytest.param({"RANK": "2", "WORLD_SIZE": "2"}, CHECK, ["RANK=2 does not fit WORLD_SIZE=2"], id="stale-rank"),
-    pytest.param({"LOCAL_RANK": "-1"}, CHECK, ["LOCAL_RANK=-1 is negative"], id="negative-local-rank"),
-    pytest.param({"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "", "MASTER_PORT": ""}, TRAIN,
-                 ["RANK=0 and WORLD_SIZE=2 make this process one rank of a job, but MASTER_ADDR and MASTER_PORT are "
-                  "not set", "unset RANK WORLD_SIZE LOCAL_RANK"], id="rank-without-rendezvous"),
-    pytest.param({"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "localhost", "MASTER_PORT": "http"}, TRAIN,
-                 ["MASTER_PORT='http' is not a port number"], id="master-port-not-a-number"),
-    pytest.param({"CUDA_VISIBLE_DEVICES": "0,gpu1"}, ["launch", "quickstart", "--dry-run"],
-                 ["CUDA_VISIBLE_DEVICES='0,gpu1': entry 'gpu1' is not a GPU index or UUID",
-                  "Fix or unset CUDA_VISIBLE_DEVICES"], id="cuda-visible-devices"),
-    pytest.param({"SLURM_JOB_ID": "12", "SLURM_NNODES": "two"}, DRY_RUN,
-                 ["SLURM node count 'two' is not an integer", "--nnodes N"], id="slurm-node-count"),
-    pytest.param({"SLURM_JOB_ID": "12", "SLURM_NNODES": "2", "SLURM_NODEID": "0", "SLURM_JOB_NODELIST": "n[1-2"},
-                 DRY_RUN, ["Cannot read the SLURM node list 'n[1-2': unbalanced '['", "--master-addr HOST"],
-                 id="slurm-node-list"),
-    pytest.param({"MGPU_FAULT": "crash@step=three"}, TRAIN, ["MGPU_FAULT='crash@step=three': 'step=three' is "
-                 "neither rank=N nor step=N", "unset MGPU_FAULT"], id="mgpu-fault"),
-    pytest.param({"MGPU_FAULT": "explode"}, TRAIN, ["'explode' is no fault (known: crash, nan"],
-                 id="mgpu-fault-unknown"),
-])
-def test_an_environment_variable_mgpu_cannot_use_is_named(tmp_path, env, command, fragments):
-    """The rank variables a stale shell keeps, a malformed GPU list, SLURM's variables, a test-only fault spec:
-    exit 2 before a run dir exists (``mgpu train`` itself where the check is the run's own, else --check or
-    --dry-run). OMP_NUM_THREADS: test_train_errors.py."""
-    refused(mgpu(*command, cwd=tmp_path, env=env, timeout=60), tmp_path, {}, *fragments)
-
-
-# ---------------------------------------------------------------------------------- command-line options
-@pytest.mark.parametrize("args, fragment", [
-    (["train", "quickstart", "--epochs", "3"], "No such option: --epochs"),
-    (["launch", "--cpu", "--nproc", "two", "quickstart"], "Invalid value for '--nproc': 'two' is not a valid integer"),
-    (["validate"], "Missing argument 'CHECKPOINT'"),
-    (["doctor", "--timeout", "soon"], "Invalid value for '--timeout': 'soon' is not a valid float"),
-    (["recipes", "show", "quickstart", "digits"], "Got unexpected extra argument(s) (digits)"),
-    (["--local-rank", "first", "train", "quickstart"], "'first' is not a valid integer"),
-])
-def test_an_option_the_command_line_parser_refuses_is_exit_2_without_a_traceback(tmp_path, args, fragment):
-    r = mgpu(*args, cwd=tmp_path, env={"COLUMNS": "200"}, timeout=30)
-    refused(r, tmp_path, {}, fragment)
 
 
 @pytest.mark.parametrize("args, fragments", [
@@ -332,30 +231,3 @@ def test_a_launch_option_out_of_range_or_contradicting_another_is_refused_before
     refused(r, tmp_path, before, *fragments)
 
 
-@pytest.mark.parametrize("args, fragments", [
-    (["notes.txt/quickstart.yaml"], ["cannot write notes.txt/quickstart.yaml: notes.txt is a file, not a directory"]),
-    (["nowhere/quickstart.yaml"], ["the directory nowhere does not exist", "a directory that exists"]),
-    (["notes.txt"], ["notes.txt already exists; not overwriting it", "--force"]),
-    (["mine.yaml", "--name", "my run"], ["--name 'my run': a recipe name becomes its run dir"]),
-])
-def test_recipes_copy_never_writes_where_it_should_not(tmp_path, args, fragments):
-    (tmp_path / "notes.txt").write_text("mine\n")
-    before = snapshot(tmp_path)
-    refused(mgpu("recipes", "copy", "quickstart", *args, cwd=tmp_path, timeout=30), tmp_path, before, *fragments)
-
-
-# ------------------------------------------------------------------------------------ components of the wrong kind
-@pytest.mark.parametrize("command", [["train", *SMALL], ["launch", "--cpu", "--dry-run"]])
-@pytest.mark.parametrize("override, fragment", [
-    ("model._partial_=true", "model: _partial_ is true, so mgpucli.components.models.MLP gave a function still to "
-                             "call, where mgpu needs a torch.nn.Module"),
-    ("model._target_=builtins.dict", "model: builtins.dict gave a dict, where mgpu needs a torch.nn.Module"),
-    ("optim._partial_=true", "optim: _partial_ is true, so torch.optim.SGD gave a function still to call, where "
-                             "mgpu needs a torch.optim.Optimizer"),
-])
-def test_a_component_that_builds_into_the_wrong_kind_of_object_is_a_recipe_problem(tmp_path, command, override,
-                                                                                   fragment):
-    """A _target_ that builds, but not a model (or an optimizer) mgpu can train: the AttributeError of the first
-    use ('dict' object has no attribute 'to') becomes the key, what it gave and what it must give."""
-    r = mgpu(command[0], "quickstart", *command[1:], override, cwd=tmp_path, timeout=90)
-    refused(r, tmp_path, {}, fragment)

@@ -13,7 +13,8 @@ import sys
 from pathlib import Path
 
 from tests.e2e import test_launch
-from tests.e2e.test_launch import SHORT, Launch, assert_same_weights, final_weights, run_launch
+from tests.e2e.test_launch import SHORT, Launch, assert_same_weights, final_weights
+from tests.inproc import COMPOSE_CHILD, cli
 from tests.procs import free_port
 
 baseline = test_launch.baseline  # the fixture: the final weights of `--cpu --nproc 2` on one node
@@ -65,21 +66,22 @@ def test_two_pods_run_one_script_job_in_one_run_dir(tmp_path: Path, tag: str):
     assert (run_dir / "launch.json").is_file() and (run_dir / "launch.node1.json").is_file()
 
 
-def test_pod_variables_that_contradict_are_refused_before_anything_starts(tmp_path: Path, tag: str):
+def test_pod_variables_that_contradict_are_refused_before_anything_starts(tmp_path: Path):
+    """The launcher's own refusals and plan, in the test process (a process it started would fail the test)."""
     shutil.copy(SCRIPT, tmp_path / SCRIPT.name)
     port = free_port()
     cases = [({**pod_env(0, port), "PET_NPROC_PER_NODE": "2"}, ["--nproc 1", "PET_NPROC_PER_NODE=2"]),
              (pod_env(2, port), ["PET_NODE_RANK=2 is not below PET_NNODES=2"])]
     for env, said in cases:
-        code, launch = run_launch(["--cpu", "--nproc", "1", SCRIPT.name], tmp_path, tag, env, timeout=60, name="bad")
-        assert code == 2 and all(s in launch.output for s in said), launch.output
-        assert "Traceback" not in launch.output
+        r = cli("launch", "--cpu", "--nproc", "1", SCRIPT.name, cwd=tmp_path, env=env, allowed=(COMPOSE_CHILD,))
+        assert r.returncode == 2 and all(s in r.output for s in said), r.output
+        assert "Traceback" not in r.output
     assert not (tmp_path / "runs").exists()  # nothing started, no run dir
-    code, launch = run_launch(["--cpu", "--dry-run", "quickstart"], tmp_path, tag, pod_env(1, port), timeout=60)
-    assert code == 0, launch.output
+    r = cli("launch", "--cpu", "--dry-run", "quickstart", cwd=tmp_path, env=pod_env(1, port), allowed=(COMPOSE_CHILD,))
+    assert r.returncode == 0, r.output
     assert (f"torchrun --nnodes 2 --nproc-per-node 1 --rdzv-backend static --master-addr 127.0.0.1 --master-port "
-            f"{port} --node-rank 1 ") in launch.out_path.read_text()
-    assert "PET_NPROC_PER_NODE=1" in launch.err_path.read_text()  # which variables it used
+            f"{port} --node-rank 1 ") in r.stdout
+    assert "PET_NPROC_PER_NODE=1" in r.stderr  # which variables it used
 
 
 def test_the_doctor_in_a_pod_names_the_engine_and_the_job_it_would_launch(tmp_path: Path):

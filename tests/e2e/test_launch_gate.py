@@ -16,12 +16,36 @@ from tests.procs import tagged as tagged_by
 
 REPO = Path(__file__).resolve().parents[2]
 
-# A model whose module takes a while to import (the launcher's check imports it) and whose constructor refuses.
+# A model whose module, imported by the launcher's check, returns only once a worker of the launch has started (the
+# case under test: the workers start while the check is still going), and writes the workers it saw to workers.seen;
+# its constructor refuses. Imported in a worker (local rank 0 builds the components), it does not wait.
 SLOW_MODEL = """
+import os
+import sys
 import time
-time.sleep(4)
+from pathlib import Path
 
 import torch
+
+
+def _workers_of_this_launch() -> list[str]:
+    needle = ("MGPU_E2E_TAG=" + os.environ["MGPU_E2E_TAG"]).encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if (entry.name.isdigit() and b"mgpucli.launch.worker" in (entry / "cmdline").read_bytes()
+                    and needle in (entry / "environ").read_bytes().split(b"\\0")):
+                found.append(entry.name)
+        except OSError:
+            pass
+    return found
+
+
+if sys.argv[0].endswith(os.path.join("mgpucli", "__main__.py")):  # the launcher, not a worker
+    deadline = time.monotonic() + 60  # a ceiling that catches a launcher that never starts its workers
+    while not (seen := _workers_of_this_launch()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    Path("workers.seen").write_text(" ".join(seen))
 
 
 class Net(torch.nn.Module):
@@ -50,6 +74,7 @@ def test_a_refused_recipe_leaves_no_log_no_run_dir_and_no_process_of_the_workers
     finally:
         if proc.poll() is None:
             proc.kill()
+    workers_seen |= {int(pid) for pid in (tmp_path / "workers.seen").read_text().split()}  # the check saw them
     assert workers_seen, "no worker started before the verdict"
     assert_usage_error(Result(proc.returncode, out, err, proc.pid, 0.0), "model: building slowmodel.Net failed",
                        "width must be positive")

@@ -1,65 +1,20 @@
-"""Every bad input to `mgpu train`: exit 2, one message naming the problem and the fix, no traceback."""
+"""Bad input to `mgpu train` and `mgpu launch` that needs real processes to refuse: exit 2, one message naming the
+problem and the fix, no traceback. Refused before torch is imported (a fresh process, torch blocked), reported once
+under torchrun, and each class of component problem that a plain launch leaves to local rank 0's worker (a launch
+each; every bad value of each class is refused in the test process by tests/unit/test_train_refusals.py, through
+train, its --check and the launcher's --check, the same check).
+"""
 
 from __future__ import annotations
 
+import json
+
 import pytest
-import torch
 
 from tests.procs import RECIPES, assert_usage_error, mgpu, torchrun
 
 QUICK = str(RECIPES / "quickstart.yaml")
 SMALL = ["data.train.num_samples=256", "data.val.num_samples=64"]
-
-
-@pytest.mark.parametrize("overrides, fragments", [
-    (["trainer.epcohs=2"], ["trainer.epcohs: unknown key (did you mean 'trainer.epochs'?)", "quickstart.yaml"]),
-    (["trainer.epochs=many"], ["trainer.epochs: Value 'many' of type 'str' could not be converted to Integer"]),
-    (["~optim"], ["optim: missing required section"]),
-    (["model._target_=mgpucli.components.models.Nope"], ["model._target_: 'mgpucli.components.models.Nope' "
-                                                         "does not import"]),
-    (["model._target_=mgpucli.__version__"], ["'mgpucli.__version__' is str, not something callable"]),
-    (["+model.width=3"], ["model.width: mgpucli.components.models.MLP takes no argument 'width' (it takes "
-                          "in_features, out_features, hidden, dropout)"]),
-    (["~model.in_features"], ["model: arguments don't fit", "in_features"]),
-    (["trainer.epochs"], ["override 'trainer.epochs' is malformed"]),
-    (["data.batch_size=0"], ["data.batch_size: must be >= 1, got 0"]),
-    (["trainer.strategy=dp"], ["trainer.strategy=dp (nn.DataParallel) needs CUDA GPUs", "trainer.strategy=ddp"]),
-    (["data.train.num_samples=20"], ["data.train has 20 samples: too few for one batch of 32"]),
-])
-def test_bad_recipe_values(tmp_path, overrides, fragments):
-    assert_usage_error(mgpu("train", QUICK, *SMALL, *overrides, cwd=tmp_path), *fragments)
-    assert not (tmp_path / "runs" / "quickstart" / "checkpoints").exists() or "strategy" in overrides[0] \
-        or "num_samples" in overrides[0]
-
-
-COMMANDS = [["train"], ["train", "--check"], ["launch", "--cpu", "--nproc", "2"],
-            ["launch", "--cpu", "--nproc", "2", "--check"]]
-
-
-def on_every_command(*cases) -> list:
-    """Each case on one of :data:`COMMANDS`, in turn, until every case and every command has had a test: each way
-    into the check (train, its --check, the launcher's own check, the workers') meets the class of bad input, and each
-    bad value is seen once, without a test for every pair (each pair is a process importing torch)."""
-    cases = [case if isinstance(case, tuple) else (case,) for case in cases]
-    params = []
-    for i in range(max(len(cases), len(COMMANDS))):
-        command = COMMANDS[i % len(COMMANDS)]
-        shown = " ".join(word for word in command if word not in ("--cpu", "--nproc", "2"))
-        params.append(pytest.param(command, *cases[i % len(cases)], id=f"{shown}-case{i % len(cases)}"))
-    return params
-
-
-@pytest.mark.parametrize("command, override", on_every_command("optim.lrr=0.1", "+optim.lrr=0.1"))
-def test_a_component_typo_gets_the_signatures_did_you_mean_and_never_a_plus(tmp_path, command, override):
-    r = mgpu(*command, "quickstart", override, cwd=tmp_path, timeout=60)
-    assert_usage_error(r, "optim.lrr: torch.optim.SGD takes no argument 'lrr' (did you mean 'lr'?)")
-    assert "+optim.lrr" not in r.output and r.output.count("problem(s) in recipe") == 1
-    assert list(tmp_path.iterdir()) == []  # no run dir, no logs: nothing started
-
-
-def test_a_component_argument_the_recipe_leaves_out_is_set_with_key_value(tmp_path):
-    r = mgpu("train", "quickstart", "optim.weight_decay=0.01", "--check", cwd=tmp_path, timeout=60)
-    assert r.returncode == 0 and "weight_decay: 0.01" in r.stdout, r.output
 
 
 @pytest.mark.parametrize("args, fragment", [
@@ -73,84 +28,35 @@ def test_a_recipe_that_does_not_compose_is_refused_before_torch_is_imported(tmp_
     assert_usage_error(mgpu("train", *args, cwd=tmp_path, env=no_torch), fragment)
 
 
-def test_yaml_syntax_error_names_the_line(tmp_path):
-    bad = tmp_path / "bad.yaml"
-    bad.write_text("name: x\ntrainer:\n  epochs: [1\n")
-    assert_usage_error(mgpu("train", str(bad), cwd=tmp_path), "YAML syntax error at line")
-
-
-def test_resume_path_missing(tmp_path):
-    assert_usage_error(mgpu("train", QUICK, *SMALL, "--resume", "gone.pt", cwd=tmp_path),
-                       "--resume gone.pt: no such checkpoint", "--resume auto")
-
-
-def test_resume_from_something_that_is_not_an_mgpu_checkpoint(tmp_path):
-    torch.save({"weight": torch.zeros(2)}, tmp_path / "plain.pt")
-    assert_usage_error(mgpu("train", QUICK, *SMALL, "--resume", "plain.pt", cwd=tmp_path),
-                       "plain.pt is not an mgpu checkpoint")
-
-
-def test_resume_into_a_model_that_does_not_fit(tmp_path):
-    assert mgpu("train", QUICK, *SMALL, "trainer.max_steps=2", cwd=tmp_path).returncode == 0
-    r = mgpu("train", QUICK, *SMALL, "model.hidden=[32]", "--resume", "auto", cwd=tmp_path)
-    assert_usage_error(r, "don't fit the recipe's model", "shape mismatch", "net.0.weight (checkpoint (64, 32), "
-                       "model (32, 32))", "unexpected in the checkpoint (2): net.4.weight, net.4.bias")
-
-
-def test_run_dir_that_cannot_be_created(tmp_path):
-    (tmp_path / "afile").write_text("x")
-    assert_usage_error(mgpu("train", QUICK, *SMALL, "run_dir=afile/run", cwd=tmp_path),
-                       "cannot create run dir afile/run: afile is a file", "run_dir=PATH")
-
-
 def test_bad_input_under_torchrun_is_reported_once(tmp_path):
     r = torchrun(2, "train", QUICK, *SMALL, "data.batch_size=0", cwd=tmp_path)
     assert r.returncode != 0
     assert r.stderr.count("data.batch_size: must be >= 1") == 1, r.stderr
 
 
-@pytest.mark.parametrize("command, override, fragments", on_every_command(
-    ("optim.lr=abc", ["optim: building torch.optim.SGD failed: optim.lr='abc' is a string; SGD needs a number"]),
-    ("optim.momentum=-1", ["optim: building torch.optim.SGD failed: ValueError: Invalid momentum value: -1"]),
-    ("model.dropout=2", ["model: building mgpucli.components.models.MLP failed: ValueError: dropout probability"]),
-))
-def test_a_component_whose_constructor_raises_is_a_recipe_problem(tmp_path, command, override, fragments):
-    """Whatever a component's constructor raises: exit 2 with the key, the target and the exception, before any
-    worker starts under launch, and nothing written."""
-    r = mgpu(*command, "quickstart", override, cwd=tmp_path, timeout=90)
-    assert_usage_error(r, *fragments, "quickstart", "MGPU_DEBUG=1")
-    assert not (tmp_path / "runs").exists() or command == ["train"]  # train takes its run dir before it builds
-    assert not list(tmp_path.glob("runs/quickstart/logs/*/attempt_0"))  # no worker started
-
-
-def test_mgpu_debug_shows_the_components_traceback(tmp_path):
-    r = mgpu("train", "quickstart", "optim.momentum=-1", "--check", cwd=tmp_path, env={"MGPU_DEBUG": "1"})
-    assert r.returncode == 2 and "Traceback" in r.stderr and 'raise ValueError(f"Invalid momentum value' in r.stderr
-
-
-@pytest.mark.parametrize("command, name, content, fragment", on_every_command(
-    ("binary.yaml", bytes(range(256)), "is not UTF-8 text (byte 0x80 at position 128)"),
-    ("empty.yaml", b"# nothing but a comment\n", "is empty"),
-    ("list.yaml", b"- name: a\n- name: b\n", "holds a list at the top, not a mapping of keys"),
-    ("scalar.yaml", b"42\n", "holds a single value (int) at the top"),
-))
-def test_a_file_that_is_no_recipe_is_named_with_its_problem(tmp_path, command, name, content, fragment):
-    (tmp_path / name).write_bytes(content)
-    r = mgpu(*command, name, cwd=tmp_path, timeout=60)
-    assert_usage_error(r, f"{name} {fragment}" if "UTF-8" not in fragment else fragment, name)
-    assert not (tmp_path / "runs").exists()
-
-
-def test_a_directory_is_no_recipe(tmp_path):
-    (tmp_path / "conf.yaml").mkdir()
-    assert_usage_error(mgpu("train", "conf.yaml", cwd=tmp_path), "conf.yaml is not a file")
+@pytest.mark.parametrize("override, fragments", [
+    pytest.param("optim.lrr=0.1", ["optim.lrr: torch.optim.SGD takes no argument 'lrr' (did you mean 'lr'?)"],
+                 id="a-component-typo"),
+    pytest.param("model.dropout=2", ["model: building mgpucli.components.models.MLP failed: ValueError: dropout "
+                                     "probability", "quickstart", "MGPU_DEBUG=1"], id="a-constructor-that-raises"),
+    pytest.param("trainer.strategy=fsdp trainer.fsdp.wrap=[Nope]",
+                 ["trainer.fsdp.wrap names 'Nope', which the model doesn't contain (its module classes: Linear, MLP, "
+                  "ReLU, Sequential)"], id="a-value-the-built-model-refuses"),
+])
+def test_a_component_problem_local_rank_0s_worker_finds_refuses_the_launch_and_writes_nothing(tmp_path, override,
+                                                                                             fragments):
+    """A plain launch leaves the components to local rank 0's worker (it imports what building them needs anyway):
+    the launch is still refused with exit 2 and the recipe's message, said once (never a '+' form), no worker's
+    output, no run dir, no logs."""
+    r = mgpu("launch", "--cpu", "--nproc", "2", "quickstart", *override.split(), cwd=tmp_path, timeout=90)
+    assert_usage_error(r, *fragments)
+    assert r.output.count("problem(s) in recipe") == 1 and f"+{override}" not in r.output and "[rank" not in r.output
+    assert list(tmp_path.iterdir()) == []  # no run dir, no worker log, no launch record
 
 
 def test_a_dataset_that_fails_in_the_workers_is_reported_as_a_recipe_problem(tmp_path):
     """The launcher leaves datasets to the workers (they may be large): every rank refuses the same recipe, the
     launch exits 2, and the post-mortem names a recipe problem, not a crash."""
-    import json
-
     r = mgpu("launch", "--cpu", "--nproc", "2", "quickstart", "data.train.num_features=abc", cwd=tmp_path,
              timeout=120)
     assert r.returncode == 2, r.output
@@ -159,43 +65,3 @@ def test_a_dataset_that_fails_in_the_workers_is_reported_as_a_recipe_problem(tmp
     report = json.loads(doctor.stdout)
     assert report["first_failure"]["signature"] == "recipe_problem", report
     assert report["first_failure"]["title"].startswith("a problem in the recipe, not a crash: data.train: building")
-
-
-@pytest.mark.parametrize("command, override, fragments", on_every_command(
-    ("trainer.clip_grad_norm=-1", ["trainer.clip_grad_norm: must be > 0", "got -1.0"]),
-    ("trainer.best_metric=acc", ["trainer.best_metric: 'acc' is not a metric the task reports (loss, accuracy) "
-                                 "(did you mean 'accuracy'?)"]),
-    ("trainer.strategy=fsdp trainer.fsdp.wrap=[Nope]", ["trainer.fsdp.wrap names 'Nope', which the model doesn't "
-                                                        "contain (its module classes: Linear, MLP, ReLU, Sequential)"]),
-    ("trainer.activation_checkpointing=[Linearr]", ["trainer.activation_checkpointing names 'Linearr' (did you mean "
-                                                    "'Linear'?)"]),
-    ("trainer.activation_checkpointing=true", ["activation checkpointing found no blocks to checkpoint",
-                                               "e.g. trainer.activation_checkpointing=[Bottleneck]"]),
-))
-def test_values_that_type_check_but_make_no_sense_are_refused(tmp_path, command, override, fragments):
-    r = mgpu(*command, "quickstart", *override.split(), cwd=tmp_path, timeout=90)
-    assert_usage_error(r, *fragments)
-    assert not list(tmp_path.glob("runs/quickstart/checkpoints/*.pt"))
-    if command[0] == "launch":  # the launcher's own check: no worker started, nothing written
-        assert not (tmp_path / "runs").exists() and "[rank" not in r.output
-
-
-@pytest.mark.parametrize("command", [["train", "quickstart"], ["launch", "--cpu", "--nproc", "2", "quickstart"]])
-def test_an_omp_num_threads_torch_would_ignore_is_refused(tmp_path, command):
-    r = mgpu(*command, cwd=tmp_path, env={"OMP_NUM_THREADS": "four"}, timeout=60)
-    assert_usage_error(r, "OMP_NUM_THREADS='four' is not a positive integer", "unset OMP_NUM_THREADS")
-    assert not (tmp_path / "runs").exists()
-
-
-@pytest.mark.parametrize("command, batch, processes", [(["train", "--check"], 48, 1),
-                                                       (["launch", "--cpu", "--nproc", "2", "--check"], 24, 2)])
-def test_check_refuses_a_train_set_without_a_batch_for_every_process(tmp_path, command, batch, processes):
-    """What the workers would refuse once they had built the dataset, --check says first."""
-    r = mgpu(*command, "quickstart", "data.train.num_samples=40", f"data.batch_size={batch}", cwd=tmp_path,
-             timeout=90)
-    assert_usage_error(r, f"data.train has 40 samples: too few for one batch of {batch} on each of {processes} "
-                       f"process(es) (needs {batch * processes})", "a smaller data.batch_size, or fewer processes")
-    assert not (tmp_path / "runs").exists()
-    fits = mgpu(*command, "quickstart", "data.train.num_samples=40", f"data.batch_size={40 // processes}",
-                cwd=tmp_path, timeout=90)
-    assert fits.returncode == 0, fits.output

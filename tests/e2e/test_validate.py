@@ -1,4 +1,9 @@
-"""End-to-end: `mgpu validate` on real checkpoints, 1 and 2 CPU processes, and every bad input."""
+"""End-to-end: `mgpu validate` on real checkpoints, 1 and 2 CPU processes, and every bad input.
+
+The checkpoint is trained once (a real `mgpu train`) and read by every test. What shows processes stays on real ones
+(the same metrics on 1 and 2 processes, a DDP run's BatchNorm statistics, a refusal through the console script);
+the other validations and refusals run in the test process (tests/inproc.py), which starts none.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +15,7 @@ import random
 import pytest
 import torch
 
+from tests.inproc import cli
 from tests.procs import RECIPES, assert_usage_error, load_ckpt, mgpu
 
 QUICK = str(RECIPES / "quickstart.yaml")
@@ -26,13 +32,19 @@ def trained(tmp_path_factory):
     return cwd
 
 
-def validate(cwd, *args, env=None):
-    return mgpu("validate", *args, cwd=cwd, env=env, timeout=120)
+def validate(cwd, *args):
+    """``mgpu validate ARGS`` in the test process: a 1-process validation or a refusal starts no process."""
+    return cli("validate", *args, cwd=cwd)
+
+
+def validate_in_processes(cwd, *args):
+    """``mgpu validate ARGS`` through the real console script, in processes of its own."""
+    return mgpu("validate", *args, cwd=cwd, timeout=120)
 
 
 def test_identical_metrics_on_one_and_two_processes(trained):
-    one = validate(trained, CKPT, "trainer.cpu_threads=1", "--json")
-    two = validate(trained, CKPT, "trainer.cpu_threads=1", "--cpu", "--nproc", "2", "--json")
+    one = validate_in_processes(trained, CKPT, "trainer.cpu_threads=1", "--json")
+    two = validate_in_processes(trained, CKPT, "trainer.cpu_threads=1", "--cpu", "--nproc", "2", "--json")
     assert one.returncode == 0 and two.returncode == 0, one.output + two.output
     a, b = json.loads(one.stdout), json.loads(two.stdout)  # stdout holds exactly one JSON object
     assert a["metrics"] == b["metrics"]  # bitwise: == on floats
@@ -82,6 +94,12 @@ def test_python_api_model_predicts_as_at_the_end_of_training(trained):
     x = torch.randn(5, 32)
     assert torch.equal(loaded.model(x), ref.eval()(x))
     assert loaded.recipe.name == "quickstart" and loaded.info["step"] == 16
+
+
+def test_a_refusal_through_the_console_script_is_exit_2_and_a_clean_message(trained):
+    r = validate_in_processes(trained, "nope.pt")
+    assert_usage_error(r, "checkpoint nope.pt does not exist")
+    assert r.stdout == ""
 
 
 def test_missing_empty_random_and_truncated_files(trained):
