@@ -50,7 +50,7 @@ EMA_RUN = ["--cpu", "--nproc", "2", "quickstart", "data.train.num_samples=1024",
 HELD_STEP = 20  # mid-epoch 2: rank 1 holds in this step until the stop signal reaches it (mgpucli/faults.py)
 
 
-def _rank_progress(run_dir, rank: int) -> dict | None:
+def rank_progress(run_dir, rank: int) -> dict | None:
     """The rank's heartbeat (``mgpu_progress.json`` beside its logs, rewritten every second): its step and phase."""
     found = sorted(run_dir.glob(f"logs/*/attempt_0/{rank}/mgpu_progress.json"))
     try:
@@ -69,7 +69,7 @@ def test_ema_resumes_bitwise_after_sigterm_and_validates_as_logged(tmp_path, tag
     try:
         def held() -> bool:
             assert launch.proc.poll() is None, launch.output
-            return ((_rank_progress(run_dir, 1) or {}).get("step")) == HELD_STEP
+            return ((rank_progress(run_dir, 1) or {}).get("step")) == HELD_STEP
 
         assert wait_until(held, 120), launch.output
         os.kill(launch.pid, signal.SIGTERM)
