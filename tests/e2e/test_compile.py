@@ -9,6 +9,7 @@ import shutil
 import pytest
 import torch
 
+from tests.inproc import cli
 from tests.procs import RECIPES, load_ckpt, mgpu
 
 QUICK = str(RECIPES / "quickstart.yaml")
@@ -25,7 +26,7 @@ def test_compiled_run_trains_like_eager_saves_clean_keys_resumes_and_validates(t
                     cwd=tmp_path, env=env, timeout=300)
     assert compiled.returncode == 0, compiled.output
     assert any((tmp_path / "inductor").rglob("*.py")), "nothing was compiled"
-    eager = mgpu("train", QUICK, *SMALL, "trainer.epochs=1", "run_dir=eager", cwd=tmp_path)
+    eager = cli("train", QUICK, *SMALL, "trainer.epochs=1", "run_dir=eager", cwd=tmp_path)  # in this process
     assert eager.returncode == 0, eager.output
 
     a, b = load_ckpt(tmp_path / "compiled/checkpoints/last.pt"), load_ckpt(tmp_path / "eager/checkpoints/last.pt")

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from mgpucli.engine.checkpoints.files import DiskWriteError, save_atomic
+from tests.inproc import cli
 from tests.procs import RECIPES, mgpu
 
 
@@ -59,10 +60,11 @@ def test_a_run_whose_disk_fills_is_diagnosed_as_a_full_disk(tmp_path, small_disk
     run_dir = small_disk / "run"
     _fill(small_disk, leave=60_000)  # room for the run's small files, not for a checkpoint
     r = mgpu("launch", "--cpu", "--nproc", "2", "--log-dir", str(tmp_path / "logs"), str(RECIPES / "quickstart.yaml"),
-             f"run_dir={run_dir}", "trainer.epochs=1", "trainer.tensorboard=false", cwd=tmp_path, timeout=180)
+             f"run_dir={run_dir}", "trainer.epochs=1", "data.train.num_samples=512", "data.val.num_samples=101",
+             "trainer.tensorboard=false", cwd=tmp_path, timeout=180)  # 8 steps, then the checkpoint that fills it
     assert r.returncode == 1, r.output
     assert "the disk is full" in r.stderr and "Traceback" not in r.stderr.split("diagnosis:")[-1], r.stderr
-    doctor = mgpu("doctor", str(run_dir), "--json", cwd=tmp_path, timeout=60)
+    doctor = cli("doctor", str(run_dir), "--json", cwd=tmp_path)  # reads the run dir: in this process
     report = json.loads(doctor.stdout)
     assert report["first_failure"]["signature"] == "disk_full", report
     assert "disk is full" in report["first_failure"]["title"], report

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.inproc import COMPOSE_CHILD, cli
 from tests.procs import RECIPES, assert_usage_error, load_ckpt, mgpu, torchrun
 
 QUICK = str(RECIPES / "quickstart.yaml")
@@ -63,7 +64,8 @@ def cwd(tmp_path_factory):
 
 
 def one(*args: str, cwd: Path):
-    return mgpu("train", QUICK, *SMALL, *args, cwd=cwd, timeout=180)
+    """One process: ``mgpu train`` in the test process (the other process count is torchrun's 2 real ranks)."""
+    return cli("train", QUICK, *SMALL, *args, cwd=cwd)
 
 
 def two(*args: str, cwd: Path):
@@ -96,15 +98,15 @@ def test_another_process_count_sees_each_sample_once_and_keeps_the_global_batch(
         [(1, 3 - processes, processes), (6, processes, 3 - processes)]
     assert_weights_close(a["model"], b["model"], QUICK_TOL)
     if then is one:  # mgpu validate reads such a checkpoint as any other
-        validated = mgpu("validate", f"{name}/checkpoints/last.pt", "--json", "--trust-recipe", cwd=cwd)
+        validated = cli("validate", f"{name}/checkpoints/last.pt", "--json", "--trust-recipe", cwd=cwd)
         assert validated.returncode == 0 and json.loads(validated.stdout)["samples"] == 301, validated.output
 
 
 def test_a_global_batch_no_whole_grad_accum_keeps_is_refused_with_the_options(cwd):
     three = torchrun(3, "train", QUICK, *SMALL, "trainer.max_steps=2", "run_dir=three", cwd=cwd)
     assert three.returncode == 0, three.output
-    r = mgpu("launch", "--cpu", "--nproc", "2", QUICK, *SMALL, "run_dir=three", "--resume", "auto", cwd=cwd,
-             timeout=180)
+    r = cli("launch", "--cpu", "--nproc", "2", QUICK, *SMALL, "run_dir=three", "--resume", "auto", cwd=cwd,
+            allowed=(COMPOSE_CHILD,))  # refused before any worker: no process but the recipe's compose child
     assert_usage_error(r, "global batch of 96", "no whole trainer.grad_accum keeps it",
                        "data.batch_size=48 trainer.grad_accum=1", "run on 1 or 3 process(es)")
     assert load_ckpt(cwd / "three/checkpoints/last.pt")["step"] == 2  # nothing trained, nothing written
@@ -112,7 +114,7 @@ def test_a_global_batch_no_whole_grad_accum_keeps_is_refused_with_the_options(cw
                     "trainer.max_steps=3", "--resume", "auto", cwd=cwd, timeout=180)
     assert accepted.returncode == 0, accepted.output
     assert "the global batch changes from 96" in accepted.stderr and "to 64" in accepted.stderr
-    doctor = mgpu("doctor", "three", cwd=cwd)
+    doctor = cli("doctor", "three", cwd=cwd)
     assert doctor.returncode == 0, doctor.output
     assert ("trained: steps 1-2 on 3 process(es) (global batch 96 = 3 x 32 x grad_accum 1), step 3 on 2 process(es) "
             "(global batch 64 = 2 x 32 x grad_accum 1)") in " ".join(doctor.stderr.split())
@@ -131,7 +133,7 @@ def test_fsdp_sharded_checkpoints_resume_on_one_process_with_the_global_batch_an
     sharded = [*tiny, "trainer.checkpoint_format=sharded", "run_dir=fsdp"]
     part = torchrun(2, "train", CHARLM, *sharded, "trainer.max_steps=5", cwd=cwd)
     assert part.returncode == 0, part.output
-    resumed = mgpu("train", CHARLM, *sharded, "trainer.max_steps=10", "--resume", "auto", cwd=cwd, timeout=180)
+    resumed = cli("train", CHARLM, *sharded, "trainer.max_steps=10", "--resume", "auto", cwd=cwd)  # 1 process
     assert resumed.returncode == 0, resumed.output
     assert "resumed from fsdp/checkpoints/last.dcp at step 5" in resumed.stderr
     assert "keeping the checkpoint's global batch 32" in resumed.stderr and "grad_accum=2" in resumed.stderr

@@ -8,7 +8,8 @@ import shutil
 import pytest
 import torch
 
-from tests.procs import RECIPES, load_ckpt, mgpu, torchrun
+from tests.inproc import cli
+from tests.procs import RECIPES, load_ckpt, torchrun
 
 CHARLM = str(RECIPES / "charlm.yaml")
 TINY = ["vars.block_size=32", "model.d_model=32", "model.n_head=2", "+data.train.num_chars=12000",
@@ -44,7 +45,7 @@ def test_fsdp_follows_the_ddp_loss_curve(fsdp_and_ddp):
 def test_fsdp_checkpoint_validates_on_one_process_like_ddp(fsdp_and_ddp):
     results = {}
     for strategy in ("fsdp", "ddp"):
-        r = mgpu("validate", f"{strategy}/checkpoints/last.pt", "--json", cwd=fsdp_and_ddp)
+        r = cli("validate", f"{strategy}/checkpoints/last.pt", "--json", cwd=fsdp_and_ddp)  # one process: this one
         assert r.returncode == 0, r.output
         results[strategy] = json.loads(r.stdout)
     assert results["fsdp"]["samples"] == results["ddp"]["samples"]
@@ -87,20 +88,19 @@ def _dcp_to_dict(path):
     return torch.load(out, weights_only=True)["model"]
 
 
-def test_sharded_checkpoint_round_trips(tmp_path):
-    args = [*TINY, "trainer.strategy=fsdp", "trainer.checkpoint_format=sharded"]
-    full = torchrun(2, "train", CHARLM, *args, "trainer.max_steps=12", "run_dir=full", cwd=tmp_path)
-    part = torchrun(2, "train", CHARLM, *args, "trainer.max_steps=6", "run_dir=part", cwd=tmp_path)
-    assert full.returncode == 0 and part.returncode == 0, full.output + part.output
-    ckpts = tmp_path / "part/checkpoints"
+def test_sharded_checkpoint_round_trips(fsdp_and_ddp):
+    """Stopped at step 6 in shards, resumed from them to step 20: the uninterrupted FSDP run's weights, bitwise."""
+    args = [*TINY, "trainer.strategy=fsdp", "trainer.checkpoint_format=sharded", "run_dir=sharded"]
+    part = torchrun(2, "train", CHARLM, *args, "trainer.max_steps=6", cwd=fsdp_and_ddp)
+    assert part.returncode == 0, part.output
+    ckpts = fsdp_and_ddp / "sharded/checkpoints"
     assert (ckpts / "last.dcp").is_symlink() and (ckpts / "last.dcp/meta.pt").exists()
     assert not list(ckpts.glob(".*"))  # no temporary directory under any name
-    resumed = torchrun(2, "train", CHARLM, *args, "trainer.max_steps=12", "run_dir=part", "--resume", "auto",
-                       cwd=tmp_path)
+    resumed = torchrun(2, "train", CHARLM, *args, "trainer.max_steps=20", "--resume", "auto", cwd=fsdp_and_ddp)
     assert resumed.returncode == 0, resumed.output
     assert "resumed from" in resumed.stderr and "last.dcp" in resumed.stderr
-    a = _dcp_to_dict(tmp_path / "full/checkpoints/last.dcp")
-    b = _dcp_to_dict(tmp_path / "part/checkpoints/last.dcp")
+    a = load_ckpt(fsdp_and_ddp / "fsdp-step20.pt")["model"]
+    b = _dcp_to_dict(fsdp_and_ddp / "sharded/checkpoints/last.dcp")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 

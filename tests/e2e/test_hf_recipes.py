@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from tests.hf_files import corpus_csv, make_tokenizer, offline_env, reviews_csv, text_recipe
+from tests.inproc import cli
 from tests.procs import load_ckpt, mgpu, torchrun
 
 pytest.importorskip("transformers")  # the suite installs mgpu[hf] (requirements.txt); a bare install may not
@@ -104,12 +105,12 @@ def _export_gives_the_checkpoints_logits(folder: Path, run: str, monkeypatch) ->
     """``mgpu export``, then ``from_pretrained`` of what it wrote: the checkpoint's model, tokenizer and logits."""
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    r = mgpu("export", run, "exported", "--json", cwd=folder, env=offline_env(folder))
+    r = cli("export", run, "exported", "--json", cwd=folder, env=offline_env(folder))  # in this process
     assert r.returncode == 0, r.output
     done = json.loads(r.stdout)
     assert {"config.json", "model.safetensors", "tokenizer.json"} <= set(done["files"]) and done["tokenizer"]
     assert done["load_with"] == "transformers.AutoModelForSequenceClassification.from_pretrained('exported')"
-    again = mgpu("export", run, "exported", cwd=folder, env=offline_env(folder))  # never over files
+    again = cli("export", run, "exported", cwd=folder, env=offline_env(folder))  # never over files
     assert again.returncode == 2 and "not an empty directory" in again.stderr and "Traceback" not in again.output
     for name, value in offline_env(folder).items():
         monkeypatch.setenv(name, value)

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from mgpucli import proctree
 from tests.e2e.test_preempted_postmortem import _env
+from tests.inproc import cli
 from tests.procs import RECIPES, mgpu, stop_tree, wait_until
 
 CHARLM = str(RECIPES / "charlm.yaml")
@@ -55,10 +56,10 @@ def test_a_stopped_sharded_run_is_diagnosed_and_its_restart_resumes_last_dcp(tmp
     assert last.is_symlink() and not (run_dir / "checkpoints" / "last.pt").exists()
     step = json.loads((run_dir / "launch.json").read_text())["result"]["step"]
 
-    human = mgpu("doctor", str(run_dir), cwd=tmp_path, env=_env(tag), timeout=60)
+    human = cli("doctor", str(run_dir), cwd=tmp_path, env=_env(tag))  # reads the run dir: in this process
     assert human.returncode == 75, human.output
     assert f"continue from checkpoints/last.dcp (step {step})" in human.stderr, human.stderr
-    report = json.loads(mgpu("doctor", str(run_dir), "--json", cwd=tmp_path, env=_env(tag), timeout=60).stdout)
+    report = json.loads(cli("doctor", str(run_dir), "--json", cwd=tmp_path, env=_env(tag)).stdout)
     assert report["checkpoint"] == str(last)
     assert (report["preempted"]["checkpoint_step"], report["preempted"]["checkpoint_complete"]) == (step, True)
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.test_launch import run_launch
-from tests.procs import mgpu
+from tests.inproc import cli
 
 HERE = Path(__file__).parent
 # 30 steps of 8 samples per rank, a record every 5: rank 1's 20 ms per item is 160 ms per step
@@ -29,7 +29,7 @@ def _launch(tmp_path: Path, tag: str, *extra: str):
         assert len(record["anatomy"]) == 2
         for rank in record["anatomy"]:
             assert rank["step_s"] > 0 and sum(rank[p] for p in PHASES) == pytest.approx(1.0)
-    doctor = mgpu("doctor", "run", "--json", cwd=tmp_path, timeout=60)
+    doctor = cli("doctor", "run", "--json", cwd=tmp_path)  # reads the run dir: in this process
     assert doctor.returncode == 0, doctor.output
     return launch.output, train, json.loads(doctor.stdout)["straggler"]
 
@@ -42,7 +42,7 @@ def test_a_rank_slow_to_load_its_data_is_named_with_the_fix(tmp_path: Path, tag:
     for record in train[1:]:  # rank 0 waits for rank 1 in the gradients' all-reduce more than it does anything else
         mine = record["anatomy"][0]
         assert mine["comm"] == max(mine[p] for p in PHASES), record
-    shown = mgpu("doctor", "run", cwd=tmp_path, timeout=60)
+    shown = cli("doctor", "run", cwd=tmp_path)
     assert "straggler: rank 1 waits for data" in shown.stderr and "data.num_workers (now 0)" in shown.stderr
 
 
@@ -60,5 +60,5 @@ def test_a_scripts_slow_loader_on_rank_1_is_named_under_audit(tmp_path: Path, ta
     audit = json.loads((tmp_path / "run" / "audit.json").read_text())
     (finding,) = [f for f in audit["findings"] if f["kind"] == "straggler"]
     assert (finding["details"]["rank"], finding["details"]["cause"]) == (1, "data")
-    shown = mgpu("doctor", "run", cwd=tmp_path, timeout=60)
+    shown = cli("doctor", "run", cwd=tmp_path)
     assert "rank 1 waits for data" in shown.stderr, shown.stderr

@@ -26,6 +26,7 @@ from tests.e2e.test_launch import (
     run_launch,
     wait_until,
 )
+from tests.e2e.test_trainer_features import rank_progress
 from tests.procs import assert_usage_error, mgpu
 
 pytest.importorskip("wandb")
@@ -128,14 +129,19 @@ def test_wandb_offline_run_holds_every_record_and_a_resume_after_sigterm_continu
         tmp_path: Path, tag: str):
     run_dir = tmp_path / "run"
     env = offline_env(tmp_path)
-    args = ["--cpu", "--nproc", "2", RECIPE, "trainer.loggers=[wandb]", "trainer.epochs=3", "trainer.log_every=5",
-            "trainer.cpu_threads=1", f"run_dir={run_dir}"]
-    # rank 0 sleeps inside step 40, so the SIGTERM below lands mid-run whatever the machine's speed
-    first = Launch(args, tmp_path, tag, {**env, "MGPU_FAULT": "sleep@rank=0@step=40", "MGPU_FAULT_SLEEP": "4",
+    # 3 epochs of 16 steps (2 x 32 of 1024 samples)
+    args = ["--cpu", "--nproc", "2", RECIPE, "trainer.loggers=[wandb]", "data.train.num_samples=1024",
+            "data.val.num_samples=301", "trainer.epochs=3", "trainer.log_every=5", "trainer.cpu_threads=1",
+            f"run_dir={run_dir}"]
+    # rank 0 holds in step 20 until the signal reaches it: the SIGTERM lands mid-run whatever the machine's speed
+    first = Launch(args, tmp_path, tag, {**env, "MGPU_FAULT": "hold_step@rank=0@step=20", "MGPU_FAULT_SLEEP": "300",
                                          **_module_probe(tmp_path)})
     try:
-        assert wait_until(lambda: (log := rank0_log(run_dir)) and "step 35 epoch" in log.read_text(), 90), \
-            first.output
+        def held() -> bool:
+            assert first.proc.poll() is None, first.output
+            return (rank_progress(run_dir, 0) or {}).get("step") == 20
+
+        assert wait_until(held, 90), first.output
         os.kill(first.pid, signal.SIGTERM)  # what a scheduler sends the job
         code = first.wait(timeout=90)
     finally:
@@ -159,7 +165,7 @@ def test_wandb_offline_run_holds_every_record_and_a_resume_after_sigterm_continu
     steps = [step for p in parts for step in p["rows"]]
     assert steps == sorted(set(steps)), "a resumed run appends: its steps never go backwards"
     assert {**parts[0]["rows"], **parts[1]["rows"]} == metric_rows(run_dir)
-    assert records(run_dir, "val")[-1]["step"] == steps[-1] == 3 * 64
+    assert records(run_dir, "val")[-1]["step"] == steps[-1] == 3 * 16
     assert json.loads((run_dir / "trackers.json").read_text())["wandb"]["status"] == "finished"
 
 

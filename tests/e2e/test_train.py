@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 
 import pytest
 import torch
 
+from tests.inproc import cli
 from tests.procs import RECIPES, free_port, load_ckpt, mgpu, run, torchrun
 
 QUICK = str(RECIPES / "quickstart.yaml")
@@ -21,13 +23,13 @@ def metrics(run_dir) -> list[dict]:
 
 @pytest.mark.parametrize("never", ["trainer.val_every=0", "data.val=null"])
 def test_a_best_metric_without_validation_is_said_not_silent(tmp_path, never):
-    r = mgpu("train", QUICK, *SMALL, "trainer.max_steps=4", never, cwd=tmp_path)
+    r = cli("train", QUICK, *SMALL, "trainer.max_steps=4", never, cwd=tmp_path)
     assert r.returncode == 0, r.output
     assert "warning: trainer.best_metric=accuracy picks best.pt by validation, but" in r.stderr
     assert "this run writes no best.pt (set trainer.best_metric=null to say so)" in r.stderr
     assert not (tmp_path / "runs/quickstart/checkpoints/best.pt").exists()
-    quiet = mgpu("train", QUICK, *SMALL, "trainer.max_steps=4", never, "trainer.best_metric=null", "run_dir=b",
-                 cwd=tmp_path)
+    quiet = cli("train", QUICK, *SMALL, "trainer.max_steps=4", never, "trainer.best_metric=null", "run_dir=b",
+                cwd=tmp_path)
     assert quiet.returncode == 0 and "warning" not in quiet.stderr, quiet.output
 
 
@@ -59,20 +61,34 @@ def test_quickstart_one_process_writes_a_clean_run_dir(tmp_path):
     assert [e.step for e in events.Scalars("val/accuracy")] == [m["step"] for m in vals]
 
 
-def test_two_processes_match_one_process_with_twice_the_batch(tmp_path):
-    common = [*SMALL, "trainer.epochs=1", "trainer.cpu_threads=1"]
-    two = torchrun(2, "train", QUICK, *common, "data.batch_size=16", "run_dir=two", cwd=tmp_path)
-    assert two.returncode == 0, two.output
-    one = mgpu("train", QUICK, *common, "data.batch_size=32", "run_dir=one", cwd=tmp_path)
+# One epoch of the small quickstart on 2 processes at 16 each (global batch 32, 32 steps), 1 thread: what the
+# 1-process run, the accumulating run and the resume on another world size are compared with.
+TWO = [*SMALL, "trainer.epochs=1", "trainer.cpu_threads=1", "data.batch_size=16"]
+
+
+@pytest.fixture(scope="module")
+def two(tmp_path_factory):
+    """The finished 2-process run of ``TWO`` (its run dir, its Result), shared by the module's tests."""
+    folder = tmp_path_factory.mktemp("two")
+    r = torchrun(2, "train", QUICK, *TWO, "run_dir=two", cwd=folder)
+    assert r.returncode == 0, r.output
+    return folder / "two", r
+
+
+def test_two_processes_match_one_process_with_twice_the_batch(tmp_path, two):
+    run_two, r_two = two
+    one = cli("train", QUICK, *SMALL, "trainer.epochs=1", "trainer.cpu_threads=1", "data.batch_size=32",
+              "run_dir=one", cwd=tmp_path)
     assert one.returncode == 0, one.output
-    a, b = load_ckpt(tmp_path / "two/checkpoints/last.pt"), load_ckpt(tmp_path / "one/checkpoints/last.pt")
+    a, b = load_ckpt(run_two / "checkpoints/last.pt"), load_ckpt(tmp_path / "one/checkpoints/last.pt")
     assert a["world_size"] == 2 and b["world_size"] == 1 and a["step"] == b["step"] == 32
     for key in b["model"]:
         torch.testing.assert_close(a["model"][key], b["model"][key], rtol=1e-4, atol=1e-5)
-    assert "global batch 32 = 16 per process x 2 process(es)" in two.stderr
-    assert two.stderr.count("global batch") == 1  # only rank 0 prints
+    assert "global batch 32 = 16 per process x 2 process(es)" in r_two.stderr
+    assert r_two.stderr.count("global batch") == 1  # only rank 0 prints
     # every log interval has its record, once and in order, however many shared an all-reduce (ms steps: several)
-    trains = {name: [m for m in metrics(tmp_path / name) if m["split"] == "train"] for name in ("one", "two")}
+    trains = {"one": [m for m in metrics(tmp_path / "one") if m["split"] == "train"],
+              "two": [m for m in metrics(run_two) if m["split"] == "train"]}
     assert [m["step"] for m in trains["two"]] == [m["step"] for m in trains["one"]] == [8, 16, 24, 32]
     for a, b in zip(trains["two"], trains["one"], strict=True):
         assert a["loss"] == pytest.approx(b["loss"], rel=1e-4)
@@ -111,7 +127,8 @@ def test_resume_mid_epoch_equals_uninterrupted_bitwise(tmp_path):
 def test_same_recipe_and_seed_gives_the_same_weights(tmp_path):
     args = [*SMALL, "trainer.max_steps=12"]
     assert mgpu("train", QUICK, *args, "run_dir=a", cwd=tmp_path).returncode == 0
-    assert mgpu("train", QUICK, *args, "run_dir=b", "trainer.tensorboard=false", cwd=tmp_path).returncode == 0
+    # the second in this process: the same weights however the run was started
+    assert cli("train", QUICK, *args, "run_dir=b", "trainer.tensorboard=false", cwd=tmp_path).returncode == 0
     a, b = load_ckpt(tmp_path / "a/checkpoints/last.pt"), load_ckpt(tmp_path / "b/checkpoints/last.pt")
     assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
     steps = [m["step"] for m in metrics(tmp_path / "b")]
@@ -120,24 +137,24 @@ def test_same_recipe_and_seed_gives_the_same_weights(tmp_path):
     assert list((tmp_path / "a/tensorboard").glob("events.out.tfevents.*"))
 
 
-def test_resume_with_another_world_size_at_an_epoch_end_keeps_the_global_batch(tmp_path):
-    first = torchrun(2, "train", QUICK, *SMALL, "trainer.epochs=1", cwd=tmp_path)
-    assert first.returncode == 0, first.output
-    r = mgpu("train", QUICK, *SMALL, "trainer.epochs=2", "--resume", "auto", cwd=tmp_path)
+def test_resume_with_another_world_size_at_an_epoch_end_keeps_the_global_batch(tmp_path, two):
+    shutil.copytree(two[0], tmp_path / "two")  # the 2-process run, ended at its epoch's end; resumed on 1 process
+    r = cli("train", QUICK, *SMALL, "trainer.epochs=2", "trainer.cpu_threads=1", "run_dir=two", "--resume", "auto",
+            cwd=tmp_path)  # the batch size left to the resume: it keeps the global batch
     assert r.returncode == 0, r.output
-    assert "keeping the checkpoint's global batch 64" in r.stderr and "goes on after" not in r.stderr
-    ckpt = load_ckpt(tmp_path / "runs/quickstart/checkpoints/last.pt")
-    assert ckpt["world_size"] == 1 and ckpt["step"] == 32  # 16 steps of 64 samples per epoch on 2 and on 1
+    assert "keeping the checkpoint's global batch 32" in r.stderr and "goes on after" not in r.stderr
+    ckpt = load_ckpt(tmp_path / "two/checkpoints/last.pt")
+    assert ckpt["world_size"] == 1 and ckpt["step"] == 64  # 32 steps of 32 samples per epoch on 2 and on 1
 
 
 def test_resume_with_plain_sgd_keeps_the_schedule(tmp_path):
     """SGD without momentum has no per-parameter state; resuming it used to crash inside dcp's loader."""
     args = [*SMALL, "optim.momentum=0", "scheduler.T_max=64"]  # one schedule for the 10- and the 20-step runs
-    first = mgpu("train", QUICK, *args, "trainer.max_steps=10", cwd=tmp_path)
+    first = cli("train", QUICK, *args, "trainer.max_steps=10", cwd=tmp_path)
     assert first.returncode == 0, first.output
-    r = mgpu("train", QUICK, *args, "trainer.max_steps=20", "--resume", "auto", cwd=tmp_path)
+    r = cli("train", QUICK, *args, "trainer.max_steps=20", "--resume", "auto", cwd=tmp_path)
     assert r.returncode == 0 and "Traceback" not in r.stderr, r.output
-    straight = mgpu("train", QUICK, *args, "trainer.max_steps=20", "run_dir=straight", cwd=tmp_path)
+    straight = cli("train", QUICK, *args, "trainer.max_steps=20", "run_dir=straight", cwd=tmp_path)
     assert straight.returncode == 0, straight.output
     resumed = load_ckpt(tmp_path / "runs/quickstart/checkpoints/last.pt")
     expected = load_ckpt(tmp_path / "straight/checkpoints/last.pt")
@@ -154,13 +171,13 @@ def test_nan_single_process_exit_code_1_without_traceback(tmp_path):
 
 
 def test_existing_checkpoints_are_not_clobbered(tmp_path):
-    assert mgpu("train", QUICK, *SMALL, "trainer.max_steps=5", cwd=tmp_path).returncode == 0
+    assert cli("train", QUICK, *SMALL, "trainer.max_steps=5", cwd=tmp_path).returncode == 0
     last = tmp_path / "runs/quickstart/checkpoints/last.pt"
     before = last.read_bytes()
-    r = mgpu("train", QUICK, *SMALL, "trainer.max_steps=5", cwd=tmp_path)
+    r = cli("train", QUICK, *SMALL, "trainer.max_steps=5", cwd=tmp_path)
     assert r.returncode == 2 and "already holds checkpoints" in r.stderr and "--resume auto" in r.stderr
     assert "Traceback" not in r.stderr and last.read_bytes() == before
-    r = mgpu("train", QUICK, *SMALL, "trainer.max_steps=3", "--overwrite", cwd=tmp_path)
+    r = cli("train", QUICK, *SMALL, "trainer.max_steps=3", "--overwrite", cwd=tmp_path)
     assert r.returncode == 0, r.output
     assert load_ckpt(last)["step"] == 3
 
@@ -175,22 +192,19 @@ def test_digits_reaches_95_percent_on_two_processes(tmp_path, recipe):
 
 
 def test_charlm_reports_loss_and_perplexity(tmp_path):
-    r = mgpu("train", str(RECIPES / "charlm.yaml"), "trainer.max_steps=12", "trainer.log_every=4",
-             "+data.train.num_chars=20000", "+data.val.num_chars=20000", cwd=tmp_path)
+    r = cli("train", str(RECIPES / "charlm.yaml"), "trainer.max_steps=12", "trainer.log_every=4",
+            "+data.train.num_chars=20000", "+data.val.num_chars=20000", cwd=tmp_path)
     assert r.returncode == 0, r.output
     val = [m for m in metrics(tmp_path / "runs/charlm") if m["split"] == "val"][-1]
     assert val["perplexity"] == pytest.approx(2.718281828 ** val["loss"], rel=1e-9)
     assert 1.0 < val["perplexity"] < 96  # better than uniform over the vocabulary
 
 
-def test_grad_accum_matches_the_larger_batch_on_two_processes(tmp_path):
-    common = [*SMALL, "trainer.epochs=1", "trainer.cpu_threads=1", "~scheduler"]
-    accum = torchrun(2, "train", QUICK, *common, "data.batch_size=8", "trainer.grad_accum=2", "run_dir=accum",
+def test_grad_accum_matches_the_larger_batch_on_two_processes(tmp_path, two):
+    accum = torchrun(2, "train", QUICK, *TWO, "data.batch_size=8", "trainer.grad_accum=2", "run_dir=accum",
                      cwd=tmp_path)
     assert accum.returncode == 0, accum.output
-    big = torchrun(2, "train", QUICK, *common, "data.batch_size=16", "run_dir=big", cwd=tmp_path)
-    assert big.returncode == 0, big.output
-    a, b = load_ckpt(tmp_path / "accum/checkpoints/last.pt"), load_ckpt(tmp_path / "big/checkpoints/last.pt")
+    a, b = load_ckpt(tmp_path / "accum/checkpoints/last.pt"), load_ckpt(two[0] / "checkpoints/last.pt")
     assert a["step"] == b["step"] == 32
     for key in a["model"]:
         torch.testing.assert_close(a["model"][key], b["model"][key], rtol=1e-4, atol=1e-5)

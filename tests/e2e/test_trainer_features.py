@@ -12,14 +12,15 @@ import signal
 import pytest
 import torch
 
-from tests.e2e.test_launch import Launch, rank0_log, run_launch, wait_until
+from tests.e2e.test_launch import Launch, run_launch, wait_until
+from tests.inproc import cli
 from tests.procs import RECIPES, load_ckpt, mgpu, torchrun
 
 QUICK = str(RECIPES / "quickstart.yaml")
 CHARLM = str(RECIPES / "charlm.yaml")
 # charlm small enough for seconds per run on 2 cores; dropout makes the RNG matter; 1 thread per rank on both sides
-CHARLM_SMALL = ["+data.train.num_chars=20000", "+data.val.num_chars=8000", "trainer.max_steps=12",
-                "trainer.log_every=2", "+model.dropout=0.1", "trainer.cpu_threads=1"]
+CHARLM_SMALL = ["+data.train.num_chars=20000", "+data.val.num_chars=8000", "trainer.max_steps=6",
+                "trainer.log_every=1", "+model.dropout=0.1", "trainer.cpu_threads=1"]
 
 
 def metrics(run_dir) -> list[dict]:
@@ -42,41 +43,55 @@ def test_activation_checkpointing_under_ddp_keeps_the_loss_curve(tmp_path):
     assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
 
 
-# 2 epochs of 64 steps at 2 x 32; the average moves visibly (decay 0.9) and is what validation sees
-EMA_RUN = ["--cpu", "--nproc", "2", "quickstart", "trainer.epochs=2", "trainer.log_every=5", "trainer.cpu_threads=1",
-           "trainer.ema.decay=0.9", "trainer.ema.validate=true"]
+# 2 epochs of 16 steps at 2 x 32; the average moves visibly (decay 0.9) and is what validation sees
+EMA_RUN = ["--cpu", "--nproc", "2", "quickstart", "data.train.num_samples=1024", "data.val.num_samples=301",
+           "trainer.epochs=2", "trainer.log_every=4", "trainer.cpu_threads=1", "trainer.ema.decay=0.9",
+           "trainer.ema.validate=true"]
+HELD_STEP = 20  # mid-epoch 2: rank 1 holds in this step until the stop signal reaches it (mgpucli/faults.py)
+
+
+def rank_progress(run_dir, rank: int) -> dict | None:
+    """The rank's heartbeat (``mgpu_progress.json`` beside its logs, rewritten every second): its step and phase."""
+    found = sorted(run_dir.glob(f"logs/*/attempt_0/{rank}/mgpu_progress.json"))
+    try:
+        return json.loads(found[-1].read_text()) if found else None
+    except (OSError, ValueError):  # caught between two writes
+        return None
 
 
 def test_ema_resumes_bitwise_after_sigterm_and_validates_as_logged(tmp_path, tag):
     code, straight = run_launch([*EMA_RUN, f"run_dir={tmp_path / 'straight'}"], tmp_path, tag, name="straight")
     assert code == 0, straight.output
     run_dir = tmp_path / "stopped"
-    # rank 1 dawdles in step 30, so the SIGTERM lands mid-epoch, long before the end
+    # rank 1 holds in step HELD_STEP until the signal comes: the SIGTERM lands mid-epoch, at a known step, no race
     launch = Launch([*EMA_RUN, f"run_dir={run_dir}"], tmp_path, tag, name="stopped",
-                    env={"MGPU_FAULT": "sleep@rank=1@step=30", "MGPU_FAULT_SLEEP": "4"})
+                    env={"MGPU_FAULT": f"hold_step@rank=1@step={HELD_STEP}", "MGPU_FAULT_SLEEP": "300"})
     try:
-        assert wait_until(lambda: (log := rank0_log(run_dir)) and "step 25 epoch" in log.read_text(), 60), \
-            launch.output
+        def held() -> bool:
+            assert launch.proc.poll() is None, launch.output
+            return ((rank_progress(run_dir, 1) or {}).get("step")) == HELD_STEP
+
+        assert wait_until(held, 120), launch.output
         os.kill(launch.pid, signal.SIGTERM)
         assert launch.wait(timeout=60) == 75, launch.output
     finally:
         launch.cleanup()
     stopped = load_ckpt(run_dir / "checkpoints/last.pt")
-    assert stopped["mid_epoch"] and 30 <= stopped["step"] < 64 and set(stopped["ema"]) == set(stopped["model"])
+    assert stopped["mid_epoch"] and HELD_STEP <= stopped["step"] < 32 and set(stopped["ema"]) == set(stopped["model"])
     code, resumed = run_launch([*EMA_RUN, f"run_dir={run_dir}", "--resume", "auto"], tmp_path, tag, name="resumed")
     assert code == 0, resumed.output
     a, b = load_ckpt(tmp_path / "straight/checkpoints/last.pt"), load_ckpt(run_dir / "checkpoints/last.pt")
-    assert a["step"] == b["step"] == 128
+    assert a["step"] == b["step"] == 32
     for part in ("model", "ema"):
         assert all(torch.equal(a[part][k], b[part][k]) for k in a[part]), part
     assert not all(torch.equal(a["model"][k], a["ema"][k]) for k in a["model"])
 
     logged = [m for m in metrics(tmp_path / "straight") if m["split"] == "val"][-1]
-    assert logged["weights"] == "ema" and logged["step"] == 128
+    assert logged["weights"] == "ema" and logged["step"] == 32
     checked = {}
     for weights in ("ema", "model"):  # one process, the run's thread count: exact validation gives its numbers
-        r = mgpu("validate", "straight/checkpoints/last.pt", "--weights", weights, "--json", "trainer.cpu_threads=1",
-                 cwd=tmp_path)
+        r = cli("validate", "straight/checkpoints/last.pt", "--weights", weights, "--json", "trainer.cpu_threads=1",
+                cwd=tmp_path)
         assert r.returncode == 0, r.output
         checked[weights] = json.loads(r.stdout)
         assert checked[weights]["checkpoint"]["weights"] == weights
@@ -93,7 +108,7 @@ def test_ema_under_fsdp_round_trips_a_sharded_checkpoint_bitwise(tmp_path):
     args = [*CHARLM_SMALL, "trainer.strategy=fsdp", "trainer.ema.decay=0.9", "trainer.ema.validate=true"]
     straight = torchrun(2, "train", CHARLM, *args, "run_dir=straight", cwd=tmp_path)
     assert straight.returncode == 0, straight.output
-    half = torchrun(2, "train", CHARLM, *args, "trainer.max_steps=6", "trainer.checkpoint_format=sharded",
+    half = torchrun(2, "train", CHARLM, *args, "trainer.max_steps=3", "trainer.checkpoint_format=sharded",
                     "run_dir=split", cwd=tmp_path)
     assert half.returncode == 0, half.output
     # the rest from the shards (each rank's share of the average), then saved whole, to compare
@@ -101,7 +116,7 @@ def test_ema_under_fsdp_round_trips_a_sharded_checkpoint_bitwise(tmp_path):
                     cwd=tmp_path)
     assert rest.returncode == 0, rest.output
     a, b = load_ckpt(tmp_path / "straight/checkpoints/last.pt"), load_ckpt(tmp_path / "split/checkpoints/last.pt")
-    assert a["step"] == b["step"] == 12
+    assert a["step"] == b["step"] == 6
     for part in ("model", "ema"):
         assert all(torch.equal(a[part][k], b[part][k]) for k in a[part]), part
     vals = [m for m in metrics(tmp_path / "straight") if m["split"] == "val"]
