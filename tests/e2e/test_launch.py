@@ -155,6 +155,20 @@ def run_launch(args, cwd, tag, env=None, timeout=120, name="launch") -> tuple[in
         launch.cleanup()
 
 
+def run_side_by_side(jobs: dict[str, tuple[list[str], Path]], timeout: float) -> dict[str, tuple[int, Launch]]:
+    """Launches that only wait (a stall window, a collective timeout), started at once so that one wait serves them
+    all: name -> (args, working directory) in, name -> (exit code, the launch) out; none may leave a process."""
+    tag = uuid.uuid4().hex
+    launches = {name: Launch(args, cwd, tag) for name, (args, cwd) in jobs.items()}
+    try:
+        codes = {name: launch.wait(timeout) for name, launch in launches.items()}
+    finally:
+        for launch in launches.values():
+            launch.cleanup()
+    assert wait_until(lambda: not tagged(tag), 20), f"processes left behind: {tagged(tag)}"
+    return {name: (codes[name], launch) for name, launch in launches.items()}
+
+
 # --------------------------------------------------------------------------------------------- tests
 @pytest.fixture(scope="module")
 def short_run(tmp_path_factory) -> tuple[Path, Launch]:

@@ -13,12 +13,11 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
 from pathlib import Path
 
 import pytest
 
-from tests.e2e.test_launch import Launch, run_launch, tagged, wait_until
+from tests.e2e.test_launch import Launch, run_launch, run_side_by_side, wait_until
 from tests.procs import mgpu
 
 SCRIPTS = Path(__file__).parent / "scripts"
@@ -50,21 +49,15 @@ STALLING = ("never_joins.py", "uneven_all_reduce.py")
 def stalled(tmp_path_factory) -> dict[str, tuple[Path, str]]:
     """``--stall-s 20`` on each script that hangs, the launches side by side (one 20 s window for both): each ends,
     exit 1; script -> (its working directory, its stderr)."""
-    tag = uuid.uuid4().hex
-    launches = {}
+    jobs = {}
     for script in STALLING:
         cwd = tmp_path_factory.mktemp(script.removesuffix(".py"))
         shutil.copy(SCRIPTS / script, cwd / script)
-        launches[script] = Launch([*CPU2, "--stall-s", "20", "--run-dir", "run", script], cwd, tag)
-    try:
-        codes = {script: launch.wait(timeout=90) for script, launch in launches.items()}
-    finally:
-        for launch in launches.values():
-            launch.cleanup()
-    assert wait_until(lambda: not tagged(tag), 20), f"processes left behind: {tagged(tag)}"
-    for script, launch in launches.items():
-        assert codes[script] == 1, launch.output
-    return {script: (launch.cwd, launch.err_path.read_text()) for script, launch in launches.items()}
+        jobs[script] = ([*CPU2, "--stall-s", "20", "--run-dir", "run", script], cwd)
+    ended = run_side_by_side(jobs, timeout=90)
+    for code, launch in ended.values():
+        assert code == 1, launch.output
+    return {script: (launch.cwd, launch.err_path.read_text()) for script, (_, launch) in ended.items()}
 
 
 def test_a_rank_that_never_joins_the_process_group_is_named_with_its_line(stalled):

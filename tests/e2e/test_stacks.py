@@ -4,12 +4,11 @@ and `mgpu doctor RUN_DIR --stacks` on a running job. Real launches, 2 CPU worker
 from __future__ import annotations
 
 import json
-import uuid
 from pathlib import Path
 
 import pytest
 
-from tests.e2e.test_launch import Launch, run_launch, tagged, wait_for_training, wait_until
+from tests.e2e.test_launch import Launch, run_launch, run_side_by_side, wait_for_training
 from tests.procs import REPO, mgpu
 
 BLOCKING = '''
@@ -57,18 +56,11 @@ def timed_out(tmp_path_factory) -> dict[str, tuple[int, Launch]]:
     """The two jobs whose rank 1 is stuck while rank 0 waits out a 10 s collective timeout, launched side by side
     (one wait for both), each in its own directory: "dataset" (the quickstart, its training set blocking on rank 1)
     and "script" (tests/e2e/scripts/stuck_rank.py); name -> (exit code, the launch)."""
-    tag = uuid.uuid4().hex
     data_dir, script_dir = tmp_path_factory.mktemp("dataset"), tmp_path_factory.mktemp("script")
     (data_dir / "blocking_data.py").write_text(BLOCKING)
-    launches = {"dataset": Launch([*BLOCKING_ARGS, "trainer.timeout_s=10"], data_dir, tag),
-                "script": Launch(["--cpu", "--nproc", "2", "--run-dir", "run", str(STUCK_SCRIPT)], script_dir, tag)}
-    try:
-        codes = {name: launch.wait(timeout=150) for name, launch in launches.items()}
-    finally:
-        for launch in launches.values():
-            launch.cleanup()
-    assert wait_until(lambda: not tagged(tag), 20), f"processes left behind: {tagged(tag)}"
-    return {name: (codes[name], launch) for name, launch in launches.items()}
+    return run_side_by_side({"dataset": ([*BLOCKING_ARGS, "trainer.timeout_s=10"], data_dir),
+                             "script": (["--cpu", "--nproc", "2", "--run-dir", "run", str(STUCK_SCRIPT)], script_dir)},
+                            timeout=150)
 
 
 def test_a_rank_stuck_in_its_dataset_is_shown_at_its_line(timed_out):
