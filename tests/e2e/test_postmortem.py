@@ -118,9 +118,10 @@ def test_sigkill_of_a_worker(tmp_path: Path, env: dict):
 
 def test_collective_timeout(tmp_path: Path, env: dict):
     run_dir = tmp_path / "run"
-    # Rank 1 sleeps 12 s inside step 3; rank 0 waits in DDP's gradient all-reduce with a 4 s timeout.
+    # Rank 1 is held inside step 3 until the teardown's SIGTERM (or 300 s); rank 0 waits in DDP's gradient
+    # all-reduce with a 4 s timeout.
     res = launch(run_dir, env, "trainer.timeout_s=4",
-                 faults={"MGPU_FAULT": "sleep@rank=1@step=3", "MGPU_FAULT_SLEEP": "12"})
+                 faults={"MGPU_FAULT": "hold_step@rank=1@step=3", "MGPU_FAULT_SLEEP": "300"})
     assert res.returncode == 1, res.output
     code, report, _ = doctor(run_dir, env)
     first = report["first_failure"]
