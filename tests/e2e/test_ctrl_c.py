@@ -2,8 +2,10 @@
 
 Each round starts ``mgpu launch`` (a fresh run, or ``--resume auto`` of the one the round before stopped), waits for
 its first logged step, waits a random moment more (anywhere in training, validation, a checkpoint's write, the final
-save or the teardown: the run is a few seconds long) and sends SIGINT, alternately to the launcher alone and to its
-whole process group, as a terminal does. The launch must end with exit 75 and a complete checkpoint that
+save or the teardown: the run is a few seconds long) and sends SIGINT, alternately to the launcher's whole process
+group, as a terminal does, and to the launcher alone. The first round's lands in training for sure: Ctrl-C to the
+process group stops the job gracefully, says so, and leaves no process (SIGINT to the launcher alone, in training for
+sure: test_preempted_postmortem). The launch must end with exit 75 and a complete checkpoint that
 ``mgpu doctor`` calls preempted, or, when the moment came after the end, with exit 0 and a finished run; never 130 (a
 rank killed by the signal) once training has started. Then ``--resume auto`` finishes the run.
 
@@ -25,7 +27,7 @@ import time
 from pathlib import Path
 
 from tests.e2e.test_launch import RECIPE, Launch, wait_until
-from tests.procs import load_ckpt
+from tests.procs import load_ckpt, proc_state
 
 ROUNDS = int(os.environ.get("MGPU_CTRL_C_ROUNDS", "8"))
 MOST_S = 4.0  # the latest moment after the first logged step: about a whole run's training (128 slowed steps)
@@ -50,16 +52,21 @@ def _first_step_logged(run_dir: Path, before: set[Path], launch: Launch) -> bool
 
 
 def _interrupted_round(cwd: Path, run_dir: Path, tag: str, resume: bool, moment: float, group: bool) -> tuple[int, str]:
-    """One launch, SIGINT ``moment`` s after its first logged step; (exit code, output)."""
+    """One launch, SIGINT ``moment`` s after its first logged step; (exit code, output). Its workers are gone within
+    seconds of its exit, before any cleanup."""
     before = set(run_dir.glob("logs/*/attempt_0/0/stderr.log"))
     launch = Launch([*ARGS, f"run_dir={run_dir}", *(["--resume", "auto"] if resume else [])], cwd, tag, SLOW_STEPS,
                     name=f"launch-{time.monotonic_ns()}")
     try:
         assert wait_until(lambda: _first_step_logged(run_dir, before, launch), 120), launch.output
         time.sleep(moment)
+        workers = launch.workers()
         if launch.proc.poll() is None:  # it may have finished by then: that is a round too (exit 0)
             (os.killpg if group else os.kill)(launch.pid, signal.SIGINT)
-        return launch.wait(timeout=90), launch.output  # a hang bound (torch's graceful window is 30 s)
+        code = launch.wait(timeout=90)  # a hang bound (torch's graceful window is 30 s)
+        assert wait_until(lambda: all(proc_state(pid) in (None, "Z") for pid in workers.values()), 20), \
+            f"workers left after the launch exited: {workers}\n{launch.output}"
+        return code, launch.output
     finally:
         launch.cleanup()
 
@@ -85,12 +92,14 @@ def test_ctrl_c_at_random_moments_always_stops_with_a_checkpoint_or_finishes(tmp
     runs, codes = 0, []
     run_dir, resume = tmp_path / "run0", False
     for number in range(ROUNDS):
-        group = number % 2 == 1  # alternately to the launcher alone and to its whole process group
+        group = number % 2 == 0  # alternately to the whole process group and to the launcher alone
         moment = moments.uniform(0.0, 1.0 if number == 0 else MOST_S)  # the first one lands in training for sure
         where = (f"round {number} (seed {seed}): SIGINT {moment:.2f} s after the first logged step, to the "
                  f"{'process group' if group else 'launcher'}")
         code, output = _interrupted_round(tmp_path, run_dir, tag, resume, moment, group)
         _check_stopped(code, output, run_dir, tmp_path, where)
+        if number == 0:  # in training for sure: stopped gracefully, and said so with what to run next
+            assert code == 75 and "stopped by SIGINT at step" in output and "--resume auto" in output, output
         codes.append(code)
         if code == 0:  # finished: the next round starts a run of its own
             runs += 1

@@ -20,6 +20,8 @@ from pathlib import Path
 import pytest
 
 from mgpucli import proctree
+from tests.inproc import cli
+from tests.procs import assert_usage_error
 
 ROOT = Path(__file__).resolve().parents[2]
 STALE = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "MGPU_FAULT",
@@ -159,9 +161,16 @@ def test_wrong_collective_values_fail(tmp_path):
     ],
 )
 def test_bad_options_exit_2(tmp_path, args, message):
-    rc, out, err, _ = doctor(tmp_path, *args, "--json")
+    """Refused before any probe starts: in the test process (``tests.inproc.cli`` fails a command that starts one)."""
+    r = cli("doctor", *args, "--json", cwd=tmp_path)
+    assert_usage_error(r, message)
+    assert r.stdout == ""
+
+
+def test_a_bad_option_is_exit_2_through_the_console_script(tmp_path):
+    rc, out, err, _ = doctor(tmp_path, "--cpu", "--nproc", "2", "--timeout", "0", "--json")
     assert rc == 2
-    assert message in err and "Traceback" not in err
+    assert "--timeout 0" in err and "Traceback" not in err
     assert out == ""
 
 

@@ -85,7 +85,10 @@ def _failed_launch(tmp_path: Path, tag: str, busy: str) -> tuple[int, str, Path,
 def test_a_rank_that_raises_ends_the_job_in_seconds_and_is_the_one_named(tmp_path: Path, tag: str, busy: str):
     code, output, run_dir, took = _failed_launch(tmp_path, tag, busy)
     assert code == 1, output
-    assert took < 10, (took, output)  # not torch's 30 s window: rank 0 ended on the agent's SIGTERM
+    # Not torch's 30 s window (a job held for it can never end under 25 s): a ceiling generous for a loaded machine.
+    # That rank 0 ended on the agent's SIGTERM (not the launcher's SIGKILL 5 s later) is what the summary and its
+    # own log say, below.
+    assert took < 25, (took, output)
     summary = output[output.index("error: "):]
     assert "error: rank 1 failed first (exit code 1)" in summary, summary
     assert "ValueError: rank one dataset broke" in summary

@@ -11,10 +11,11 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import torch
 
 from mgpucli import proctree
-from tests.procs import RECIPES, environ_of, group_alive, load_ckpt, mgpu, proc_state, stop_tree, torchrun
+from tests.procs import RECIPES, environ_of, group_alive, load_ckpt, mgpu, proc_state, stop_tree, torchrun, wait_until
 
 QUICK = str(RECIPES / "quickstart.yaml")
 SMALL = ["data.train.num_samples=1024", "data.val.num_samples=101", "trainer.log_every=4", "trainer.cpu_threads=1"]
@@ -25,16 +26,19 @@ def same_weights(a, b) -> bool:
 
 
 def test_collective_timeout_names_the_late_rank(tmp_path):
+    # Rank 1 is held inside step 3 until a stop signal (torchrun's, once rank 0 failed) or 300 s: it never arrives
+    # at the all-reduce, so rank 0's 5 s timeout is what ends the job; held rather than asleep, rank 1 leaves when
+    # torchrun stops it instead of making torchrun wait out its 30 s grace.
     start = time.monotonic()
     r = torchrun(2, "train", QUICK, *SMALL, "trainer.timeout_s=5", cwd=tmp_path,
-                 env={"MGPU_FAULT": "sleep@rank=1@step=3", "MGPU_FAULT_SLEEP": "300"}, timeout=240)
+                 env={"MGPU_FAULT": "hold_step@rank=1@step=3", "MGPU_FAULT_SLEEP": "300"}, timeout=240)
     elapsed = time.monotonic() - start
     assert r.returncode != 0
     assert "rank 0: a collective timed out after trainer.timeout_s=5 s" in r.stderr, r.stderr
     assert "'backward (gradient all-reduce)' at step 3" in r.stderr
     assert "Ranks that had not arrived: rank 1 (last seen at step 3 in 'forward'" in r.stderr
     assert "raise trainer.timeout_s" in r.stderr
-    # The timeout ended it, not rank 1's 300 s sleep: a generous bound (5 s timeout + torch's 30 s teardown window +
+    # The timeout ended it, not rank 1's 300 s hold: a generous bound (5 s timeout + torch's 30 s teardown window +
     # start-up, which a loaded 2-core machine stretches past 20 s).
     assert elapsed < 150, elapsed
     assert group_alive(r.pid) == []
@@ -80,17 +84,25 @@ def _wait_for_step(run_dir, step: int, proc, timeout: float = 60) -> None:
     raise AssertionError(f"step {step} not reached")
 
 
-def test_sigterm_to_launch_checkpoints_and_resume_equals_uninterrupted(tmp_path):
-    common = ["trainer.epochs=3", "+model.dropout=0.1"]
-    full = mgpu("launch", "--cpu", "--nproc", "2", QUICK, *SMALL, *common, "run_dir=full", cwd=tmp_path,
-                timeout=180)
+COMMON = ["trainer.epochs=3", "+model.dropout=0.1"]  # dropout: the RNG a resume restores is used
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory) -> dict:
+    """The reference both resumes must equal: the same job, never stopped (its checkpoints' schedule changes nothing
+    of the math)."""
+    cwd = tmp_path_factory.mktemp("uninterrupted")
+    full = mgpu("launch", "--cpu", "--nproc", "2", QUICK, *SMALL, *COMMON, "run_dir=full", cwd=cwd, timeout=180)
     assert full.returncode == 0, full.output
-    # Every step sleeps 0.1 s on every rank (the math is unchanged), so the SIGTERM sent once step 20 is logged
-    # (at step 21) lands mid-epoch for sure: without it, the remaining ~ms steps could all finish first. Steps that
-    # slow also give each log interval an all-reduce of its own (short ones share one, agreed at the next).
-    proc = _launch(tmp_path, *common, "run_dir=part", env={"MGPU_FAULT": "sleep", "MGPU_FAULT_SLEEP": "0.1"})
+    return load_ckpt(cwd / "full/checkpoints/last.pt")
+
+
+def test_sigterm_to_launch_checkpoints_and_resume_equals_uninterrupted(tmp_path, uninterrupted):
+    # Every rank is held in step 25 (mid-epoch 2: 16 steps per epoch) until a stop signal arrives, so the SIGTERM
+    # sent once step 20 is logged lands mid-epoch for sure, whatever the machine's load.
+    proc = _launch(tmp_path, *COMMON, "run_dir=part", env={"MGPU_FAULT": "hold_step@step=25"})
     try:
-        _wait_for_step(tmp_path / "part", 20, proc)  # mid-epoch 2 (16 steps per epoch)
+        _wait_for_step(tmp_path / "part", 20, proc)
         os.killpg(proc.pid, signal.SIGTERM)  # what SLURM / Kubernetes send
         out, err = proc.communicate(timeout=45)
     finally:
@@ -99,26 +111,27 @@ def test_sigterm_to_launch_checkpoints_and_resume_equals_uninterrupted(tmp_path)
     assert "stopped by SIGTERM at step" in err and "--resume auto" in err
     mid = load_ckpt(tmp_path / "part/checkpoints/last.pt")
     assert 20 <= mid["step"] < 48 and mid["mid_epoch"]
-    resumed = mgpu("launch", "--cpu", "--nproc", "2", QUICK, *SMALL, *common, "run_dir=part", "--resume", "auto",
+    resumed = mgpu("launch", "--cpu", "--nproc", "2", QUICK, *SMALL, *COMMON, "run_dir=part", "--resume", "auto",
                    cwd=tmp_path, timeout=180)
     assert resumed.returncode == 0, resumed.output
-    assert same_weights(load_ckpt(tmp_path / "full/checkpoints/last.pt"),
-                        load_ckpt(tmp_path / "part/checkpoints/last.pt"))
+    assert same_weights(uninterrupted, load_ckpt(tmp_path / "part/checkpoints/last.pt"))
     assert group_alive(proc.pid) == []
 
 
-def test_sigkill_of_a_worker_then_resume_equals_uninterrupted(tmp_path):
-    # Killed after step 20, the run resumes from its last checkpoint: step 16, the end of epoch 1 (16 steps an
-    # epoch). With dropout, the RNG it restores must be the one the next epoch's loader iterator draws from.
-    common = ["trainer.epochs=3", "trainer.checkpoint_every_steps=8", "+model.dropout=0.1"]
-    full = mgpu("launch", "--cpu", "--nproc", "2", QUICK, *SMALL, *common, "run_dir=full", cwd=tmp_path,
-                timeout=180)
-    assert full.returncode == 0, full.output
-    # Every step sleeps 0.3 s (the math is unchanged): the kill lands before the last step, and before step 24's
-    # checkpoint, for sure.
-    proc = _launch(tmp_path, *common, "run_dir=part", env={"MGPU_FAULT": "sleep", "MGPU_FAULT_SLEEP": "0.3"})
+def _checkpointed(run_dir: Path, step: int, proc) -> bool:
+    assert proc.poll() is None, proc.communicate()
+    last = run_dir / "checkpoints/last.pt"  # written whole, then renamed: never read half-written
+    return last.exists() and load_ckpt(last)["step"] == step
+
+
+def test_sigkill_of_a_worker_then_resume_equals_uninterrupted(tmp_path, uninterrupted):
+    # Killed after step 16's checkpoint (the end of epoch 1: 16 steps an epoch) and before step 24's, the run resumes
+    # from step 16. With dropout, the RNG it restores must be the one the next epoch's loader iterator draws from.
+    # Every rank is held in step 22 until a stop signal: the kill lands in that window for sure.
+    common = [*COMMON, "trainer.checkpoint_every_steps=8"]
+    proc = _launch(tmp_path, *common, "run_dir=part", env={"MGPU_FAULT": "hold_step@step=22"})
     try:
-        _wait_for_step(tmp_path / "part", 20, proc)
+        assert wait_until(lambda: _checkpointed(tmp_path / "part", 16, proc), 60)
         workers = {int(environ_of(p).get("RANK", -1)): p for p in _children_named(proc.pid, "mgpucli")}
         assert sorted(workers) == [0, 1], workers
         os.kill(workers[1], signal.SIGKILL)
@@ -139,8 +152,7 @@ def test_sigkill_of_a_worker_then_resume_equals_uninterrupted(tmp_path):
                    cwd=tmp_path, timeout=180)
     assert resumed.returncode == 0, resumed.output
     assert "resumed from part/checkpoints/last.pt at step 16 (epoch 1)" in resumed.output, resumed.output
-    assert same_weights(load_ckpt(tmp_path / "full/checkpoints/last.pt"),
-                        load_ckpt(tmp_path / "part/checkpoints/last.pt"))
+    assert same_weights(uninterrupted, load_ckpt(tmp_path / "part/checkpoints/last.pt"))
 
 
 def _alive(pid: int) -> bool:

@@ -155,6 +155,20 @@ def run_launch(args, cwd, tag, env=None, timeout=120, name="launch") -> tuple[in
         launch.cleanup()
 
 
+def run_side_by_side(jobs: dict[str, tuple[list[str], Path]], timeout: float) -> dict[str, tuple[int, Launch]]:
+    """Launches that only wait (a stall window, a collective timeout), started at once so that one wait serves them
+    all: name -> (args, working directory) in, name -> (exit code, the launch) out; none may leave a process."""
+    tag = uuid.uuid4().hex
+    launches = {name: Launch(args, cwd, tag) for name, (args, cwd) in jobs.items()}
+    try:
+        codes = {name: launch.wait(timeout) for name, launch in launches.items()}
+    finally:
+        for launch in launches.values():
+            launch.cleanup()
+    assert wait_until(lambda: not tagged(tag), 20), f"processes left behind: {tagged(tag)}"
+    return {name: (codes[name], launch) for name, launch in launches.items()}
+
+
 # --------------------------------------------------------------------------------------------- tests
 @pytest.fixture(scope="module")
 def short_run(tmp_path_factory) -> tuple[Path, Launch]:
@@ -224,34 +238,14 @@ def test_bad_input_is_exit_2_before_any_process(tmp_path: Path, tag: str):
     assert not (tmp_path / "runs").exists()
 
 
-def test_ctrl_c_to_the_process_group_stops_gracefully_and_leaves_no_process(tmp_path: Path, tag: str):
-    run_dir = tmp_path / "run"
-    launch = Launch(["--cpu", "--nproc", "2", RECIPE, *LONG, f"run_dir={run_dir}"], tmp_path, tag)
-    try:
-        wait_for_training(run_dir, launch)
-        workers = launch.workers()
-        os.killpg(launch.pid, signal.SIGINT)  # what a terminal's Ctrl-C does
-        code = launch.wait(timeout=45)  # torch's shutdown window is 30 s
-        assert code == 75, launch.output  # the workers agreed on a step and saved: a scheduler may requeue
-        assert "stopped by SIGINT at step" in launch.output and "--resume auto" in launch.output
-        assert (run_dir / "checkpoints" / "last.pt").is_file()
-        assert wait_until(lambda: not [p for p in workers.values() if proc_state(p) not in (None, "Z")], 20)
-        result = json.loads((run_dir / "launch.json").read_text())["result"]
-        assert result["status"] == "preempted" and result["step"] > 0
-    finally:
-        launch.cleanup()
-
-
 def test_a_second_ctrl_c_kills_the_workers_at_once(tmp_path: Path, tag: str):
     run_dir = tmp_path / "run"
     # rank 1 sleeps inside step 30, so the graceful stop the first Ctrl-C asks for cannot finish
     env = {"MGPU_FAULT": "sleep@rank=1@step=30", "MGPU_FAULT_SLEEP": "120"}
     launch = Launch(["--cpu", "--nproc", "2", RECIPE, *LONG, f"run_dir={run_dir}"], tmp_path, tag, env)
     try:
-        # the first record (step 5); the next ones share an all-reduce (ms steps) that rank 1's sleep holds up
-        assert wait_until(lambda: (log := rank0_log(run_dir)) and "step 5 epoch" in log.read_text(), 60), \
-            launch.output
-        time.sleep(1.5)  # rank 0 now waits for rank 1 in step 30
+        # rank 0 waits for rank 1 in step 30 (its progress says so): the graceful stop can no longer finish
+        assert wait_until(lambda: _in_step(run_dir, 0, 30, launch), 60), launch.output
         os.killpg(launch.pid, signal.SIGINT)
         time.sleep(1.0)
         assert launch.proc.poll() is None, launch.output  # still stopping gracefully (torch would wait 30 s)
@@ -264,6 +258,15 @@ def test_a_second_ctrl_c_kills_the_workers_at_once(tmp_path: Path, tag: str):
         assert "again; killed 2 worker(s)" in launch.output
     finally:
         launch.cleanup()
+
+
+def _in_step(run_dir: Path, rank: int, step: int, launch: Launch) -> bool:
+    """``rank``'s progress record (rewritten every second) says it is in ``step``."""
+    assert launch.proc.poll() is None, launch.output
+    for path in run_dir.glob(f"logs/*/attempt_0/{rank}/mgpu_progress.json"):
+        if json.loads(path.read_text() or "{}").get("step") == step:
+            return True
+    return False
 
 
 def test_sigkill_of_launch_leaves_no_worker_behind(tmp_path: Path, tag: str):

@@ -14,14 +14,15 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
-
 from tests.e2e.test_launch import LONG, Launch, rank0_log, wait_until
 from tests.procs import free_port, proc_state
 
 SCRIPT = Path(__file__).parent / "scripts" / "torchrun_style.py"
 WAITING = re.compile(r"mgpu launch: waiting for the nodes to meet at 127\.0\.0\.1:\d+: 1 of 2 here \(node 0\); "
                      r"missing: node 1; \d+m\d+s left \(--join-timeout \d+\)")
+
+
+BACKENDS = ("static", "c10d")
 
 
 def node_env(backend: str, node_rank: int, port: int) -> dict[str, str]:
@@ -79,26 +80,34 @@ def _lone(backend: str, root: Path, name: str, tag: str, *extra: str, node_rank:
                       node_env(backend, node_rank, free_port()))
 
 
-@pytest.mark.parametrize("backend", ["static", "c10d"])
-def test_a_lone_node_says_who_it_waits_for_and_stops_on_a_signal_or_its_join_timeout(tmp_path: Path, tag: str,
-                                                                                     backend: str):
-    terminated = _lone(backend, tmp_path, "sigterm", tag)
-    interrupted = _lone(backend, tmp_path, "ctrl-c", tag)
-    timed_out = _lone(backend, tmp_path, "timeout", tag, "--join-timeout", "15")
+def test_a_lone_node_says_who_it_waits_for_and_stops_on_a_signal_or_its_join_timeout(tmp_path: Path, tag: str):
+    """Static and c10d side by side: one 30 s wait serves both."""
+    nodes = {backend: (_lone(backend, tmp_path, f"{backend}-sigterm", tag),
+                       _lone(backend, tmp_path, f"{backend}-ctrl-c", tag),
+                       _lone(backend, tmp_path, f"{backend}-timeout", tag, "--join-timeout", "15"))
+             for backend in BACKENDS}
     started = time.monotonic()
     try:
-        for node in (terminated, interrupted):  # the first line comes ~5 s into the wait
-            assert wait_until(lambda n=node: WAITING.search(n.output), 60), node.output
-        os.killpg(interrupted.pid, signal.SIGINT)  # Ctrl-C on a terminal
-        assert interrupted.wait(timeout=10) == 130, interrupted.output
-        assert timed_out.wait(timeout=90) == 1, timed_out.output
+        for terminated, interrupted, _ in nodes.values():
+            for node in (terminated, interrupted):  # the first line comes ~5 s into the wait
+                assert wait_until(lambda n=node: WAITING.search(n.output), 60), node.output
+            os.killpg(interrupted.pid, signal.SIGINT)  # Ctrl-C on a terminal
+            assert interrupted.wait(timeout=10) == 130, interrupted.output
+        for _, _, timed_out in nodes.values():
+            assert timed_out.wait(timeout=90) == 1, timed_out.output
         time.sleep(max(0.0, 30 - (time.monotonic() - started)))  # still waiting, still listening after 30 s
-        assert terminated.proc.poll() is None, terminated.output
-        os.kill(terminated.pid, signal.SIGTERM)  # a pod deletion, a scheduler's cancel
-        assert terminated.wait(timeout=10) == 143, terminated.output
+        for terminated, _, _ in nodes.values():
+            assert terminated.proc.poll() is None, terminated.output
+            os.kill(terminated.pid, signal.SIGTERM)  # a pod deletion, a scheduler's cancel
+            assert terminated.wait(timeout=10) == 143, terminated.output
     finally:
-        for node in (terminated, interrupted, timed_out):
+        for node in [node for trio in nodes.values() for node in trio]:
             node.cleanup()
+    for terminated, interrupted, timed_out in nodes.values():
+        _assert_lone_stops(terminated, interrupted, timed_out)
+
+
+def _assert_lone_stops(terminated: Launch, interrupted: Launch, timed_out: Launch) -> None:
     assert "stopped by SIGTERM" in terminated.output and "while the nodes met: waiting for the nodes" in \
         terminated.output
     assert "stopped by SIGINT" in interrupted.output
@@ -124,34 +133,49 @@ def test_a_node_whose_store_never_answers_says_so_and_stops_on_sigterm(tmp_path:
     assert "Traceback" not in node.output and "TCPStore" not in node.output, node.output  # torch's client is quiet
 
 
-@pytest.mark.parametrize("backend", ["c10d", "static"])
-def test_a_node_lost_in_training_is_named_and_waited_for_aloud_until_sigterm(tmp_path: Path, tag: str, backend: str):
+LOST = re.compile(r"mgpu launch: node 1 lost at step \d+; waiting for it to rejoin at 127\.0\.0\.1:\d+: "
+                  r"1 of 2 here \(node 0\); \d+m\d+s left")
+
+
+def test_a_node_lost_in_training_is_named_and_waited_for_aloud_until_sigterm(tmp_path: Path, tag: str):
+    """Static and c10d side by side: one ~30 s wait for the second line serves both."""
+    pairs: dict[str, tuple[Launch, Launch]] = {}
+    doomed: list[int] = []
+    try:
+        for backend in BACKENDS:
+            pairs[backend] = _survivor_and_lost(tmp_path / backend, tag, backend)
+        for survivor, lost in pairs.values():
+            assert wait_until(lambda s=survivor: (log := rank0_log(s.cwd / "runs" / "lost")) and
+                              re.search(r"step \d+ epoch", log.read_text()), 120), survivor.output + lost.output
+        for _, lost in pairs.values():
+            killed = [lost.pid, *lost.workers().values()]
+            for pid in killed:  # the node goes away at once: its launcher and its worker
+                os.kill(pid, signal.SIGKILL)
+            doomed += killed
+        for survivor, _ in pairs.values():
+            assert wait_until(lambda s=survivor: LOST.search(s.output), 15), survivor.output  # named within 15 s
+        for survivor, _ in pairs.values():
+            assert wait_until(lambda s=survivor: len(LOST.findall(s.output)) >= 2, 50), survivor.output
+            first, second = [_seconds(m) for m in re.findall(r"lost at step .*?(\d+)m(\d+)s left", survivor.output)][:2]
+            assert first - second >= 25  # by the launcher's own count: the next line ~30 s later, not at once
+            os.kill(survivor.pid, signal.SIGTERM)
+            assert survivor.wait(timeout=10) == 143, survivor.output
+    finally:
+        for node in [node for pair in pairs.values() for node in pair]:
+            node.cleanup()
+    assert wait_until(lambda: all(proc_state(pid) in (None, "Z") for pid in doomed), 10)
+    for survivor, _ in pairs.values():
+        said = doctor(survivor.cwd / "runs" / "lost")
+        assert "stopped by SIGTERM while the nodes met" in said and "node 1 lost" in said, said
+
+
+def _survivor_and_lost(root: Path, tag: str, backend: str) -> tuple[Launch, Launch]:
+    """Two nodes of one job in training; the c10d endpoint's host (node 0) hosts the store, not the node to be
+    lost."""
+    root.mkdir()
     port = free_port()
     args = ["--cpu", "--nproc", "1", "--max-restarts", "3", "quickstart", "name=lost", *LONG]
-    survivor = start_node(args, tmp_path, "node0", tag, node_env(backend, 0, port))
-    lost = None
-    try:
-        if backend == "c10d":  # the endpoint's host hosts the store: node 0 here, not the node to be lost
-            assert wait_until(lambda: WAITING.search(survivor.output), 60), survivor.output
-        lost = start_node(args, tmp_path, "node1", tag, node_env(backend, 1, port))
-        run_dir = survivor.cwd / "runs" / "lost"
-        assert wait_until(lambda: (log := rank0_log(run_dir)) and re.search(r"step \d+ epoch", log.read_text()),
-                          120), survivor.output + lost.output
-        doomed = [lost.pid, *lost.workers().values()]
-        for pid in doomed:  # the node goes away at once: its launcher and its worker
-            os.kill(pid, signal.SIGKILL)
-        named = re.compile(r"mgpu launch: node 1 lost at step \d+; waiting for it to rejoin at 127\.0\.0\.1:\d+: "
-                           r"1 of 2 here \(node 0\); \d+m\d+s left")
-        assert wait_until(lambda: named.search(survivor.output), 15), survivor.output  # named within 15 s
-        assert wait_until(lambda: len(named.findall(survivor.output)) >= 2, 50), survivor.output
-        first, second = [_seconds(m) for m in re.findall(r"lost at step .*?(\d+)m(\d+)s left", survivor.output)][:2]
-        assert first - second >= 25  # by the launcher's own count: the next line ~30 s later, not at once
-        os.kill(survivor.pid, signal.SIGTERM)
-        assert survivor.wait(timeout=10) == 143, survivor.output
-    finally:
-        for node in (survivor, lost):
-            if node is not None:
-                node.cleanup()
-    assert wait_until(lambda: all(proc_state(pid) in (None, "Z") for pid in doomed), 10)
-    said = doctor(run_dir)
-    assert "stopped by SIGTERM while the nodes met" in said and "node 1 lost" in said, said
+    survivor = start_node(args, root, "node0", tag, node_env(backend, 0, port))
+    if backend == "c10d":
+        assert wait_until(lambda: WAITING.search(survivor.output), 60), survivor.output
+    return survivor, start_node(args, root, "node1", tag, node_env(backend, 1, port))

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.test_launch import Launch, run_launch, wait_until
+from tests.e2e.test_launch import Launch, run_launch, run_side_by_side, wait_until
 from tests.procs import mgpu
 
 SCRIPTS = Path(__file__).parent / "scripts"
@@ -26,7 +26,7 @@ CPU2 = ["--cpu", "--nproc", "2"]
 
 @pytest.fixture
 def work(tmp_path: Path) -> Path:
-    for name in ("never_joins.py", "uneven_all_reduce.py", "waits_in_all_reduce.py", "spawns_its_own.py"):
+    for name in ("waits_in_all_reduce.py", "spawns_its_own.py"):
         shutil.copy(SCRIPTS / name, tmp_path / name)
     return tmp_path
 
@@ -42,15 +42,26 @@ def _line(work: Path, script: str, text: str) -> str:
     return f"{script}:{number}"
 
 
-def _stalls(work: Path, tag: str, script: str) -> str:
-    """``--stall-s 20`` on a script that hangs: the launch ends, exit 1; its stderr."""
-    code, launch = run_launch([*CPU2, "--stall-s", "20", "--run-dir", "run", script], work, tag, timeout=90)
-    assert code == 1, launch.output
-    return launch.err_path.read_text()
+STALLING = ("never_joins.py", "uneven_all_reduce.py")
 
 
-def test_a_rank_that_never_joins_the_process_group_is_named_with_its_line(work: Path, tag: str):
-    err = _stalls(work, tag, "never_joins.py")
+@pytest.fixture(scope="module")
+def stalled(tmp_path_factory) -> dict[str, tuple[Path, str]]:
+    """``--stall-s 20`` on each script that hangs, the launches side by side (one 20 s window for both): each ends,
+    exit 1; script -> (its working directory, its stderr)."""
+    jobs = {}
+    for script in STALLING:
+        cwd = tmp_path_factory.mktemp(script.removesuffix(".py"))
+        shutil.copy(SCRIPTS / script, cwd / script)
+        jobs[script] = ([*CPU2, "--stall-s", "20", "--run-dir", "run", script], cwd)
+    ended = run_side_by_side(jobs, timeout=90)
+    for code, launch in ended.values():
+        assert code == 1, launch.output
+    return {script: (launch.cwd, launch.err_path.read_text()) for script, (_, launch) in ended.items()}
+
+
+def test_a_rank_that_never_joins_the_process_group_is_named_with_its_line(stalled):
+    work, err = stalled["never_joins.py"]
     assert "rank 1 never joined the process group (rank 0 waits for it in init_process_group): no progress for " \
            "20 s (stall_s=20); the job was stopped." in err, err
     sleep = _line(work, "never_joins.py", "time.sleep(3600)")
@@ -66,8 +77,8 @@ def test_a_rank_that_never_joins_the_process_group_is_named_with_its_line(work: 
     assert (frame["function"], frame["source"]) == ("load_data", "time.sleep(3600)  # a read that never answers")
 
 
-def test_ranks_that_disagree_on_their_all_reduce_calls_are_both_quoted(work: Path, tag: str):
-    err = _stalls(work, tag, "uneven_all_reduce.py")
+def test_ranks_that_disagree_on_their_all_reduce_calls_are_both_quoted(stalled):
+    work, err = stalled["uneven_all_reduce.py"]
     assert "the ranks wait in different collectives: rank 0 in all_reduce (its call 4), rank 1 in barrier (its " \
            "call 4)" in err, err
     reduce, barrier = (_line(work, "uneven_all_reduce.py", text) for text in ("dist.all_reduce(", "dist.barrier()"))

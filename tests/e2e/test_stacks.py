@@ -6,7 +6,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tests.e2e.test_launch import Launch, run_launch, wait_for_training
+import pytest
+
+from tests.e2e.test_launch import Launch, run_launch, run_side_by_side, wait_for_training
 from tests.procs import REPO, mgpu
 
 BLOCKING = '''
@@ -35,16 +37,35 @@ class Blocking(Dataset):
 '''
 
 
+BLOCKING_ARGS = ["--cpu", "--nproc", "2", "quickstart", "data.train._target_=blocking_data.Blocking",
+                 "data.num_workers=0"]
+
+
 def _launch_blocking(tmp_path: Path, tag: str, *extra: str):
     """The quickstart with a training set whose rank 1 blocks after a few batches: (exit code, the launch)."""
     (tmp_path / "blocking_data.py").write_text(BLOCKING)
-    code, launch = run_launch(["--cpu", "--nproc", "2", "quickstart", "data.train._target_=blocking_data.Blocking",
-                               "data.num_workers=0", *extra], tmp_path, tag, timeout=150)
+    code, launch = run_launch([*BLOCKING_ARGS, *extra], tmp_path, tag, timeout=150)
     return code, launch
 
 
-def test_a_rank_stuck_in_its_dataset_is_shown_at_its_line(tmp_path: Path, tag: str):
-    code, launch = _launch_blocking(tmp_path, tag, "trainer.timeout_s=10")
+STUCK_SCRIPT = REPO / "tests" / "e2e" / "scripts" / "stuck_rank.py"
+
+
+@pytest.fixture(scope="module")
+def timed_out(tmp_path_factory) -> dict[str, tuple[int, Launch]]:
+    """The two jobs whose rank 1 is stuck while rank 0 waits out a 10 s collective timeout, launched side by side
+    (one wait for both), each in its own directory: "dataset" (the quickstart, its training set blocking on rank 1)
+    and "script" (tests/e2e/scripts/stuck_rank.py); name -> (exit code, the launch)."""
+    data_dir, script_dir = tmp_path_factory.mktemp("dataset"), tmp_path_factory.mktemp("script")
+    (data_dir / "blocking_data.py").write_text(BLOCKING)
+    return run_side_by_side({"dataset": ([*BLOCKING_ARGS, "trainer.timeout_s=10"], data_dir),
+                             "script": (["--cpu", "--nproc", "2", "--run-dir", "run", str(STUCK_SCRIPT)], script_dir)},
+                            timeout=150)
+
+
+def test_a_rank_stuck_in_its_dataset_is_shown_at_its_line(timed_out):
+    code, launch = timed_out["dataset"]
+    tmp_path = launch.cwd
     err = launch.err_path.read_text()
     assert code == 1, launch.output
     line = "rank 1 was at " + str(tmp_path / "blocking_data.py") + ":22 in __getitem__: time.sleep(3600)"
@@ -54,12 +75,11 @@ def test_a_rank_stuck_in_its_dataset_is_shown_at_its_line(tmp_path: Path, tag: s
     assert (Path(frame["file"]).name, frame["line"], frame["function"]) == ("blocking_data.py", 22, "__getitem__")
 
 
-def test_a_scripts_stuck_rank_is_shown_at_its_line(tmp_path: Path, tag: str):
-    script = REPO / "tests" / "e2e" / "scripts" / "stuck_rank.py"
-    code, launch = run_launch(["--cpu", "--nproc", "2", "--run-dir", "run", str(script)], tmp_path, tag, timeout=150)
+def test_a_scripts_stuck_rank_is_shown_at_its_line(timed_out):
+    code, launch = timed_out["script"]
     err = launch.err_path.read_text()
     assert code != 0, launch.output
-    assert f"rank 1 was at {script}:13 in <module>: time.sleep(3600)  # stuck here" in err, err
+    assert f"rank 1 was at {STUCK_SCRIPT}:13 in <module>: time.sleep(3600)  # stuck here" in err, err
 
 
 def test_doctor_stacks_shows_every_rank_of_a_running_job_which_goes_on(tmp_path: Path, tag: str):
