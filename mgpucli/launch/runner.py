@@ -10,7 +10,8 @@ changes two things in that config:
   only repeat the failure before it (see :func:`mgpucli.launch.restart.stop_reason`);
 * SIGINT and SIGTERM are handled by mgpu instead of torch: the first one does what torch does (raise
   torch's ``SignalException`` so the agent forwards the signal to the workers and gives them its shutdown
-  window), a second one SIGKILLs the workers at once. Other signals (SIGHUP, SIGQUIT, SIGUSR1 under SLURM)
+  window), a second one SIGKILLs the workers at once (the first one delivered twice at once, as GNU ``timeout`` does,
+  counts once: :mod:`mgpucli.stop_signals`). Other signals (SIGHUP, SIGQUIT, SIGUSR1 under SLURM)
   stay torch's. A signal that comes once every rank has finished (its ``mgpu_finished`` mark: the final
   checkpoint complete) only met the teardown: the run finished, exit 0; one that comes once the outcome is decided
   is ignored.
@@ -68,6 +69,7 @@ from mgpucli.run_records.first_failure import (
 )
 from mgpucli.run_records.launch_record import LaunchRecord, build_attempt, world_size_of
 from mgpucli.run_records.script_outcome import never_trained
+from mgpucli.stop_signals import FIRST, SAME, SignalCount
 
 _MGPU_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 _STILL_S = 5.0  # on Ctrl-C, ranks still for this long are judged hung (who held the others up)
@@ -144,10 +146,12 @@ class IndexingLogsSpecs(DefaultLogsSpecs):
 
 
 class _Signals:
-    """First SIGINT/SIGTERM: every rank's stacks, then torch's graceful path. Second: kill the workers now."""
+    """First SIGINT/SIGTERM: every rank's stacks, then torch's graceful path. Second (a moment after the first, not the
+    first delivered twice: :mod:`mgpucli.stop_signals`): kill the workers now."""
 
-    def __init__(self, record: LaunchRecord):
+    def __init__(self, record: LaunchRecord, count: SignalCount | None = None):
         self.record = record
+        self.count = count or SignalCount()
         self.stacks_asked: float | None = None  # when the first signal asked the ranks for their stacks
         self.received: list[int] = []
         self.active = False  # raise into torch's agent only while it runs; afterwards launch is just finishing
@@ -165,12 +169,15 @@ class _Signals:
             signal.signal(sig, signal.SIG_IGN)
 
     def _handle(self, signum, frame) -> None:
+        counted = self.count.arrived()
+        if counted == SAME:
+            return  # the first signal, delivered once more (to the launcher and to its process group)
         self.received.append(signum)
         name = signal.Signals(signum).name
         if not self.active:
             kill_children()
             return
-        if len(self.received) == 1:
+        if counted == FIRST:
             err_console().print(
                 f"[yellow]mgpu launch: {name} received; stopping the workers gracefully (press Ctrl-C again to "
                 "kill them at once).[/]" if not rendezvous_watch.meeting() else

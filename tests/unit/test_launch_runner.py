@@ -15,6 +15,7 @@ from mgpucli.launch.main import record_header
 from mgpucli.launch.plan import LaunchOptions, Machine, RecipeFacts, build_plan
 from mgpucli.run_records.launch_record import LaunchRecord
 from mgpucli.run_records.worker_records import FailureRecord, record_path, write_record
+from mgpucli.stop_signals import SignalCount
 
 
 def make_record(tmp_path: Path) -> LaunchRecord:
@@ -74,6 +75,16 @@ def test_a_different_step_is_restarted_and_non_retryable_is_refused_at_once(tmp_
         logs.reify(envs(3))
 
 
+class Clock:
+    """Seconds that pass only when a test says so."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
 def test_first_signal_is_torchs_graceful_path_second_kills(monkeypatch, tmp_path):
     killed = []
     monkeypatch.setattr(runner, "kill_children", lambda: killed.append(True) or [123])
@@ -81,13 +92,29 @@ def test_first_signal_is_torchs_graceful_path_second_kills(monkeypatch, tmp_path
     handler._handle(signal.SIGINT, None)  # before/after the agent runs: nothing raised into launch's own code
     assert killed == [True]
     killed.clear()
-    handler.received.clear()
+    clock = Clock()
+    handler = runner._Signals(LaunchRecord(str(tmp_path / "launch.json"), {}), SignalCount(clock))
     handler.active = True
     with pytest.raises(SignalException) as info:
         handler._handle(signal.SIGINT, None)
     assert info.value.sigval == signal.SIGINT and not killed
+    clock.now += 1.0  # a person's second Ctrl-C
     handler._handle(signal.SIGINT, None)  # no exception: the agent's shutdown wait sees the workers gone
     assert killed == [True] and handler.stacks_asked is None
+
+
+def test_the_first_signal_delivered_twice_at_once_is_one_signal(monkeypatch, tmp_path):
+    """GNU timeout forwards one SIGINT to the launcher and to its process group: two deliveries, milliseconds apart."""
+    killed = []
+    monkeypatch.setattr(runner, "kill_children", lambda: killed.append(True) or [123])
+    clock = Clock()
+    handler = runner._Signals(LaunchRecord(str(tmp_path / "launch.json"), {}), SignalCount(clock))
+    handler.active = True
+    with pytest.raises(SignalException):
+        handler._handle(signal.SIGINT, None)
+    clock.now += 0.003
+    handler._handle(signal.SIGINT, None)  # the same one: neither a second graceful stop nor a kill
+    assert killed == [] and handler.received == [signal.SIGINT]
 
 
 def test_the_first_signal_asks_every_rank_for_its_stacks_before_the_graceful_path(monkeypatch, tmp_path):
