@@ -1,9 +1,11 @@
-"""The recipe composed in a child process while ``mgpu launch`` imports torch's agent (stdlib only here).
+"""The recipe composed in a child process while ``mgpu launch`` imports torch's agent in a thread (stdlib only here).
 
 The launcher needs the composed recipe (its run dir, device, threads) to plan the job, and torch's agent to run it.
-Composing (Hydra, the schema merge) takes a few tenths of a second and importing the agent (torch) about a second,
-both before any worker starts. So the launcher composes in a process of its own, on another core, while it imports
-the agent, and reads the result once it has: the composing is off the time to the first step.
+Composing (Hydra, the schema merge) takes a few tenths of a second and importing the agent (torch) one to several
+seconds (the CUDA build of torch takes longest), both before any worker starts. So the launcher composes in a process
+of its own, on another core, while a thread of the launcher imports the agent (:class:`Importing`), and its main
+thread waits for the composed recipe: the composing is off the time to the first step, and a recipe or an option
+the launcher refuses is refused as soon as it is composed and planned, without waiting for torch.
 
 The child (``python -m mgpucli.launch.compose_child RECIPE [overrides]``) writes one JSON object to its stdout: the
 composed recipe, or the problems it found (what :func:`mgpucli.config.load_recipe` raised: the launcher raises the
@@ -14,11 +16,16 @@ would without a child; so a bug in a recipe's composition shows its own tracebac
 from __future__ import annotations
 
 import contextlib
+import importlib
 import json
 import signal
 import subprocess
 import sys
+import threading
+from collections.abc import Callable
 from typing import Any
+
+_POLL_S = 0.005
 
 
 class Composing:
@@ -56,6 +63,33 @@ class Composing:
         self._proc.kill()
         with contextlib.suppress(OSError, ValueError):
             self._proc.communicate()
+
+
+class Importing:
+    """``module`` imported in a thread of this process (started at once): :meth:`wait` joins it. A launch refused
+    meanwhile does not wait for it (the thread is a daemon: the process exits without it)."""
+
+    def __init__(self, module: str) -> None:
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(module,), name="mgpu-import", daemon=True)
+        self._thread.start()
+
+    def _run(self, module: str) -> None:
+        try:
+            importlib.import_module(module)
+        except BaseException as err:  # noqa: BLE001 - raised in the thread that waits for it
+            self._error = err
+
+    def wait(self, until: Callable[[], bool] = lambda: False) -> bool:
+        """Until the module is imported (True), or ``until()`` is true first (False: checked every few
+        milliseconds); raises what importing it raised."""
+        while self._thread.is_alive():
+            if until():
+                return False
+            self._thread.join(_POLL_S)
+        if self._error is not None:
+            raise self._error
+        return True
 
 
 def main(argv: list[str]) -> None:

@@ -76,6 +76,11 @@ _STILL_S = 5.0  # on Ctrl-C, ranks still for this long are judged hung (who held
 _TORCH_DEFAULT_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT"
 
 
+class LaunchRefused(Exception):
+    """The recipe's check refused the launch (:mod:`mgpucli.launch.gate`): the agent starts no worker (raised where it
+    would start them); the check's own error is what the user sees."""
+
+
 class RestartRefused(Exception):
     """Raised inside the agent, before a restart starts any process, when the failure would repeat."""
 
@@ -106,6 +111,8 @@ class IndexingLogsSpecs(DefaultLogsSpecs):
         self.world_size: int | None = None  # the latest attempt's
 
     def reify(self, envs):
+        if self._gate is not None and self._gate.error is not None:
+            raise LaunchRefused  # refused while the agent met its rendezvous: no worker starts
         attempt = len(self._record.attempts)
         if attempt > 0:
             self._check_restart(attempt)
@@ -126,8 +133,6 @@ class IndexingLogsSpecs(DefaultLogsSpecs):
 
     def _check_restart(self, attempt: int) -> None:
         """RestartRefused when the restart that starts attempt ``attempt`` would only repeat the failure before it."""
-        if self._gate is not None and self._gate.error is not None:
-            raise RestartRefused("the launch was refused", attempt - 1)
         if self._elastic_restarts is not None:
             met = rendezvous_watch.last_round()
             if met is not None and met.changed:
@@ -468,6 +473,8 @@ def run_plan(plan: LaunchPlan, record: LaunchRecord, live: bool = False, show_ra
         try:
             if gate is not None:
                 gate.start()
+                if gate.error is not None:
+                    raise LaunchRefused  # refused before the agent started: nothing to start
             elastic_launch(config, cmd)(*cmd_args)
         finally:
             handler.active = False
@@ -475,6 +482,8 @@ def run_plan(plan: LaunchPlan, record: LaunchRecord, live: bool = False, show_ra
         outcome = _succeeded(plan, record, time.monotonic() - start, config.logs_specs.world_size)
     except ChildFailedError as err:
         outcome = _child_failed(plan, record, err, watchers.stall, total)
+    except LaunchRefused:
+        outcome = None  # the check's own error is raised below
     except RestartRefused as err:
         outcome = _restart_refused(plan, record, err, total)
     except SignalException as err:

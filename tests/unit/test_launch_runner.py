@@ -75,6 +75,24 @@ def test_a_different_step_is_restarted_and_non_retryable_is_refused_at_once(tmp_
         logs.reify(envs(3))
 
 
+def test_a_launch_refused_while_the_agent_met_its_rendezvous_starts_no_worker(tmp_path: Path):
+    """The recipe's check refused before torch's agent got to start the workers: it starts none, records none."""
+    from mgpucli.launch.gate import Gate
+
+    record = make_record(tmp_path)
+    gate = Gate()
+    try:
+        gate.begin(lambda: (_ for _ in ()).throw(ValueError("optim.lrr")), lambda: None)
+        gate.refused()
+        logs = runner.IndexingLogsSpecs(record, gate, log_dir=str(tmp_path / "logs"), redirects=Std.ALL,
+                                        tee=Std.from_str("0:3"))
+        with pytest.raises(runner.LaunchRefused):
+            logs.reify(envs(0))
+    finally:
+        gate.close()
+    assert record.attempts == [] and not list((tmp_path / "logs").rglob("attempt_0"))
+
+
 class Clock:
     """Seconds that pass only when a test says so."""
 
