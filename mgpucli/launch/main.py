@@ -423,6 +423,8 @@ def record_header(plan: LaunchPlan, opts: LaunchOptions, argv: list[str] | None 
     return LaunchHeader(
         mgpu_version=__version__,
         started=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        host=socket.gethostname(),
+        pid=os.getpid(),
         cwd=os.getcwd(),
         argv=["mgpu", *(sys.argv[1:] if argv is None else argv)],
         job=plan.job,

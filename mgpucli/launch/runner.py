@@ -122,8 +122,11 @@ class IndexingLogsSpecs(DefaultLogsSpecs):
             env.update({env_vars.RESTART_COUNT: str(attempt), env_vars.CONTINUES: continues})
         dest = super().reify(envs)
         self.world_size = world_size_of(envs)
+        started = build_attempt(attempt, envs, dest.stdouts, dest.stderrs, dest.error_files)
+        if met is not None:  # the nodes that met for it, and where each keeps its record (mgpu doctor reads them all)
+            started.nodes = met.nodes()
         with self._gate.lock if self._gate is not None else contextlib.nullcontext():
-            self._record.add_attempt(build_attempt(attempt, envs, dest.stdouts, dest.stderrs, dest.error_files))
+            self._record.add_attempt(started)
             if self._gate is None or self._gate.passed:
                 self._record.write()
         if attempt > 0 and met is not None and met.changed and self.membership is not None:

@@ -75,6 +75,20 @@ def test_a_different_step_is_restarted_and_non_retryable_is_refused_at_once(tmp_
         logs.reify(envs(3))
 
 
+def test_every_attempt_records_the_nodes_that_met_and_where_each_keeps_its_record(tmp_path: Path, monkeypatch):
+    from mgpucli.launch import rendezvous_watch
+    from mgpucli.launch.node_presence import Member
+
+    monkeypatch.setattr(rendezvous_watch, "_rounds", [])
+    members = [Member("box", 41), Member("box", 42)]
+    rendezvous_watch._note_round(0, [], members, False, ("launch.box-aaaaaa.json", "launch.box-bbbbbb.json"))
+    record = make_record(tmp_path)
+    specs(tmp_path, record).reify(envs(0))
+    assert record.attempts[0].to_json()["nodes"] == [
+        {"node": "box (pid 41)", "host": "box", "pid": 41, "record": "launch.box-aaaaaa.json"},
+        {"node": "box (pid 42)", "host": "box", "pid": 42, "record": "launch.box-bbbbbb.json"}]
+
+
 def test_a_launch_refused_while_the_agent_met_its_rendezvous_starts_no_worker(tmp_path: Path):
     """The recipe's check refused before torch's agent got to start the workers: it starts none, records none."""
     from mgpucli.launch.gate import Gate
