@@ -22,10 +22,7 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Callable
 from typing import Any
-
-_POLL_S = 0.005
 
 
 class Composing:
@@ -66,10 +63,12 @@ class Composing:
 
 
 class Importing:
-    """``module`` imported in a thread of this process (started at once): :meth:`wait` joins it. A launch refused
-    meanwhile does not wait for it (the thread is a daemon: the process exits without it)."""
+    """``module`` imported in a thread of this process (started at once): :meth:`wait` joins it. ``settled`` is set
+    when the import ends, or by whoever no longer needs it (a launch refused meanwhile: the thread is a daemon, and the
+    process exits without it)."""
 
-    def __init__(self, module: str) -> None:
+    def __init__(self, module: str, settled: threading.Event | None = None) -> None:
+        self.settled = settled or threading.Event()
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, args=(module,), name="mgpu-import", daemon=True)
         self._thread.start()
@@ -79,14 +78,15 @@ class Importing:
             importlib.import_module(module)
         except BaseException as err:  # noqa: BLE001 - raised in the thread that waits for it
             self._error = err
+        finally:
+            self.settled.set()
 
-    def wait(self, until: Callable[[], bool] = lambda: False) -> bool:
-        """Until the module is imported (True), or ``until()`` is true first (False: checked every few
-        milliseconds); raises what importing it raised."""
-        while self._thread.is_alive():
-            if until():
-                return False
-            self._thread.join(_POLL_S)
+    def wait(self) -> bool:
+        """Until the module is imported (True), or :attr:`settled` is set first (False); raises what importing it
+        raised."""
+        self.settled.wait()
+        if self._thread.is_alive():
+            return False
         if self._error is not None:
             raise self._error
         return True

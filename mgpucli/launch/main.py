@@ -75,12 +75,17 @@ def _deep_check(cfg, opts: LaunchOptions) -> None:
     check_builds(cfg, opts.recipe)  # the optimizer, scheduler, task and model (meta device)
 
 
-def _check_targets_now(cfg, opts: LaunchOptions):
-    """The launch's gate (:mod:`mgpucli.launch.gate`), its check begun: the targets, at once (in a thread)."""
+def _check_targets_now(cfg, opts: LaunchOptions, refused: threading.Event):
+    """The launch's gate (:mod:`mgpucli.launch.gate`), its check begun: the targets, at once (in a thread); a refusal
+    sets ``refused``."""
     from mgpucli.launch.gate import Gate
 
+    def end() -> None:
+        refused.set()
+        _end_workers()
+
     gate = Gate()
-    gate.begin(lambda: _check_targets(cfg, opts), _end_workers)
+    gate.begin(lambda: _check_targets(cfg, opts), end)
     return gate
 
 
@@ -277,8 +282,8 @@ def _checked_plan(opts: LaunchOptions, nodes: JobNodes, dry_run: bool):
             agent = Importing("mgpucli.launch.runner")  # torch's agent: what the launch needs next
         plan, cfg = _prepare(opts, nodes, claim_run_dir=not dry_run, deep=dry_run, composing=composing)
         if composing is not None:  # the recipe and the plan stand: their refusals did not wait for torch
-            gate = _check_targets_now(cfg, opts)
-            agent.wait(until=lambda: gate.error is not None)
+            gate = _check_targets_now(cfg, opts, agent.settled)
+            agent.wait()  # or until the targets' check refused
             if gate.error is not None:
                 raise gate.refused()
         return plan, cfg, gate

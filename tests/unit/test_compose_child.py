@@ -73,9 +73,12 @@ def test_an_import_in_a_thread_is_waited_for_unless_a_refusal_comes_first(tmp_pa
     release = threading.Event()
     monkeypatch.setitem(sys.modules, "release_for_test", types.SimpleNamespace(RELEASE=release))
     monkeypatch.syspath_prepend(str(tmp_path))
-    importing = Importing("slow_to_import")
-    assert importing.wait(until=lambda: True) is False  # refused meanwhile: not waited for
+    refused = threading.Event()
+    importing = Importing("slow_to_import", refused)
+    refused.set()  # as the targets' check does when it refuses
+    assert importing.wait() is False  # not waited for
     release.set()
+    importing._thread.join(30)
     assert importing.wait() is True
     sys.modules.pop("slow_to_import", None)
 
