@@ -21,15 +21,16 @@ from mgpucli.errors import RecipeError, UsageError
 PACKAGED_DIR = Path(__file__).resolve().parent / "_recipes"  # what a wheel ships (setup.py fills it)
 CHECKOUT_DIR = Path(__file__).resolve().parent.parent / "recipes"  # a source checkout / editable install
 SUFFIXES = (".yaml", ".yml")
-# What a recipe's ``requires:`` entry (an importable module) is called for users, and how to install it.
+# What a recipe's ``requires:`` entry (an importable module) comes with for users: (what they install, what of it it
+# is or says, None: nothing more; how to install it). Modules installed by one command are one extra, named once.
 # Anything not listed here: the module's own name, and pip install NAME.
 KNOWN_REQUIREMENTS = {
-    "sklearn": ("the examples extra (scikit-learn)", "pip install 'mgpu[examples]'"),
-    "torchvision": ("torchvision", "pip install torchvision (the build that matches your torch)"),
-    "tensorboard": ("the tensorboard extra", "pip install 'mgpu[tensorboard]'"),
-    "transformers": ("the hf extra (Transformers)", "pip install 'mgpu[hf]'"),
-    "datasets": ("the hf extra (datasets)", "pip install 'mgpu[hf]'"),
-    "timm": ("the timm extra (and a torchvision that matches your torch)", "pip install 'mgpu[timm]'"),
+    "sklearn": ("the examples extra", "scikit-learn", "pip install 'mgpu[examples]'"),
+    "torchvision": ("torchvision", None, "pip install torchvision (the build that matches your torch)"),
+    "tensorboard": ("the tensorboard extra", None, "pip install 'mgpu[tensorboard]'"),
+    "transformers": ("the hf extra", "Transformers", "pip install 'mgpu[hf]'"),
+    "datasets": ("the hf extra", "datasets", "pip install 'mgpu[hf]'"),
+    "timm": ("the timm extra", "and a torchvision that matches your torch", "pip install 'mgpu[timm]'"),
 }
 
 
@@ -41,12 +42,40 @@ class Requirement:
     installed: bool
 
     @property
+    def _known(self) -> tuple[str, str | None, str]:
+        return KNOWN_REQUIREMENTS.get(self.module, (self.module, None, f"pip install {self.module}"))
+
+    @property
     def label(self) -> str:
-        return KNOWN_REQUIREMENTS.get(self.module, (self.module, ""))[0]
+        """``the hf extra (Transformers)``: what to install, and what of it this module is."""
+        extra, what, _ = self._known
+        return f"{extra} ({what})" if what else extra
 
     @property
     def install_hint(self) -> str:
-        return KNOWN_REQUIREMENTS.get(self.module, ("", f"pip install {self.module}"))[1]
+        return self._known[2]
+
+
+@dataclass(frozen=True)
+class Need:
+    """One thing a recipe needs installed, as one command installs it: an extra, with the modules it brings."""
+
+    label: str  # the hf extra (Transformers, datasets)
+    installed: bool  # every module of it imports here
+    install_hint: str
+
+
+def needs(requires: tuple[Requirement, ...]) -> list[Need]:
+    """The recipe's requirements, one per command that installs them, in the recipe's order: Transformers and
+    datasets are the hf extra, named once."""
+    grouped: dict[tuple[str, str], list[Requirement]] = {}
+    for q in requires:
+        grouped.setdefault((q._known[0], q.install_hint), []).append(q)
+    out = []
+    for (extra, hint), group in grouped.items():
+        parts = [what for q in group if (what := q._known[1])]
+        out.append(Need(f"{extra} ({', '.join(parts)})" if parts else extra, all(q.installed for q in group), hint))
+    return out
 
 
 @dataclass(frozen=True)

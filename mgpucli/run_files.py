@@ -16,11 +16,11 @@ from mgpucli.run_layout import (
     FULL_SUFFIX,
     LAST_FULL,
     LAST_SHARDED,
-    LAUNCH_JSON,
     METRICS,
     SHARDED_META,
     SHARDED_SUFFIX,
     best_name,
+    is_launch_json,
     last_name,
     step_glob,
 )
@@ -52,9 +52,16 @@ def existing_checkpoints(run_dir: str | Path) -> list[Path]:
 
 
 def holds_a_run(run_dir: str | Path) -> bool:
-    """True when an earlier run left its records here (launch record, metrics or checkpoints)."""
+    """True when an earlier run left its records here (a launch record, any node's, metrics or checkpoints)."""
     path = Path(run_dir)
-    return (path / LAUNCH_JSON).is_file() or (path / METRICS).is_file() or bool(existing_checkpoints(path))
+    return _holds_launch_record(path) or (path / METRICS).is_file() or bool(existing_checkpoints(path))
+
+
+def _holds_launch_record(path: Path) -> bool:
+    try:
+        return any(is_launch_json(entry.name) and entry.is_file() for entry in os.scandir(path))
+    except OSError:
+        return False
 
 
 def resume_path(run_dir: str | Path, resume: str | None, sharded: bool = False) -> Path | None:

@@ -13,7 +13,8 @@ TENSORBOARD = "tensorboard"  # TensorBoard's event files (trainer.loggers: tenso
 TRACKERS = "trackers.json"  # each experiment tracker's run id, mode, status and failure
 MLFLOW_DB = "mlflow.db"  # MLflow's default store (SQLite), when the recipe and the environment name none
 WANDB = "wandb"  # W&B's own folder (``wandb.init(dir=RUN_DIR)`` makes it)
-LAUNCH_JSON = "launch.json"  # mgpu launch's record (node K of several: launch.nodeK.json)
+LAUNCH_JSON = "launch.json"  # mgpu launch's record (another node's: launch.nodeK.json, launch.HOST-ID.json)
+NODE_LAUNCH_JSONS = "launch.*.json"  # how a message names the other nodes' records (launch_json_name)
 POSTMORTEM_JSON = "postmortem.json"  # the post-mortem's report, beside launch.json
 AUDIT_JSON = "audit.json"  # mgpu launch --audit's findings, beside launch.json
 LOGS = "logs"  # every rank's stdout/stderr in torch's log layout (default --log-dir)
@@ -53,20 +54,41 @@ def step_glob(sharded: bool) -> str:
     return f"{_STEP_PREFIX}*{suffix(sharded)}"
 
 
-def launch_json_name(nnodes: int, node_rank: int | None, hostname: str) -> str:
-    """The launch record's name in the run dir: ``launch.json`` for node 0 (and a job of one node); on another node
-    ``launch.nodeK.json``, or ``launch.HOST.json`` while its rank is not known."""
+def launch_json_name(nnodes: int, node_rank: int | None, launcher: str) -> str:
+    """The launch record's name in the run dir: ``launch.json`` for node 0 (and a job of one node);
+    ``launch.nodeK.json`` for node K of a static rendezvous (its node ranks are fixed and unique);
+    ``launch.LAUNCHER.json`` where the rendezvous ranks the nodes itself (c10d, again at every round of an elastic
+    job: ``node_rank`` None), LAUNCHER naming this launcher alone (:func:`launcher_name`): two nodes' records never
+    share a name."""
     if nnodes == 1 or node_rank == 0:
         return LAUNCH_JSON
     stem, ext = LAUNCH_JSON.rsplit(".", 1)
-    return f"{stem}.node{node_rank}.{ext}" if node_rank is not None else f"{stem}.{hostname}.{ext}"
+    return f"{stem}.node{node_rank}.{ext}" if node_rank is not None else f"{stem}.{launcher}.{ext}"
+
+
+def launcher_name(hostname: str, unique: str) -> str:
+    """``HOST-UNIQUE``: the host's name (kept to the characters safe in a file name) and a part unique to the launcher
+    (a host name alone is not: containers, several nodes on one machine)."""
+    host = "".join(c if c.isascii() and (c.isalnum() or c in "._-") else "_" for c in hostname) or "host"
+    return f"{host}-{unique}"
+
+
+def record_node_rank(name: str) -> int | None:
+    """The node rank a launch record's name holds (``launch.json``: 0, ``launch.nodeK.json``: K); None for a name of
+    another kind."""
+    stem, ext = LAUNCH_JSON.rsplit(".", 1)
+    node = name.removeprefix(f"{stem}.node").removesuffix(f".{ext}")
+    if name == f"{stem}.node{node}.{ext}" and node.isascii() and node.isdigit():
+        return int(node)
+    return 0 if name == LAUNCH_JSON else None
 
 
 def is_launch_json(name: str) -> bool:
-    """``launch.json`` or a node's ``launch.nodeK.json``: the launch records ``mgpu doctor RUN_DIR`` reads."""
+    """``launch.json`` or any node's ``launch.NAME.json`` (``launch.nodeK.json``, ``launch.HOST-ID.json``, and the
+    ``launch.HOST.json`` earlier versions wrote): the launch records ``mgpu doctor RUN_DIR`` reads."""
     stem, ext = LAUNCH_JSON.rsplit(".", 1)
-    node = name.removeprefix(f"{stem}.node").removesuffix(f".{ext}")
-    return name == LAUNCH_JSON or (name == f"{stem}.node{node}.{ext}" and node.isascii() and node.isdigit())
+    node = name.removeprefix(f"{stem}.").removesuffix(f".{ext}")
+    return name == LAUNCH_JSON or (name == f"{stem}.{node}.{ext}" and bool(node) and "/" not in node)
 
 
 EXAMPLE_LAST_FULL = f"RUN_DIR/{CHECKPOINTS}/{LAST_FULL}"  # how messages name a run's latest checkpoint

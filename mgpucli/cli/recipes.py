@@ -71,16 +71,24 @@ def _render(found) -> None:
     pad = " " * (width + 4)
     for r in found:
         console.print(f"  [bold]{escape(r.name.ljust(width))}[/]  {escape(r.description)}", highlight=False)
-        if not r.requires:
-            needs = "needs: nothing extra"
-        else:
-            parts = [f"{escape(q.label)}, [green]installed[/]" if q.installed
-                     else f"{escape(q.label)}, [yellow]not installed[/]: {escape(q.install_hint)}" for q in r.requires]
-            needs = "needs: " + ", ".join(parts)
-        console.print(f"{pad}{needs}", highlight=False)
+        console.print(f"{pad}{needs_line(r.requires)}", highlight=False)
     notes.print("Run one by name: mgpu train quickstart, mgpu launch --cpu --nproc 2 quickstart. "
                 "Check one: mgpu train NAME --check. Edit a copy: mgpu recipes copy NAME [DEST] (named after DEST).",
                 markup=False, highlight=False)
+
+
+def needs_line(requires) -> str:
+    """``needs: the hf extra (Transformers, datasets), installed`` (rich markup): each extra named once, whatever
+    number of its modules the recipe needs (:func:`mgpucli.recipes.needs`)."""
+    from rich.markup import escape
+
+    from mgpucli.recipes import needs
+
+    if not requires:
+        return "needs: nothing extra"
+    parts = [f"{escape(n.label)}, [green]installed[/]" if n.installed
+             else f"{escape(n.label)}, [yellow]not installed[/]: {escape(n.install_hint)}" for n in needs(requires)]
+    return "needs: " + "; ".join(parts)
 
 
 @app.command("show")

@@ -2,7 +2,9 @@
 
 A handler must not stop a rank by itself: a rank that leaves while the others wait in the next all-reduce
 hangs them. It only notes the signal; the ranks agree on the stop at the next log-interval reduction
-(:mod:`mgpucli.engine.log_interval`), save there, and leave together. A second SIGINT stops at once.
+(:mod:`mgpucli.engine.log_interval`), save there, and leave together. A second SIGINT stops at once; the first one
+delivered twice at once (GNU ``timeout`` sends it to its child and to its process group) is one
+(:mod:`mgpucli.stop_signals`).
 
 Once the run has finished (:meth:`StopRequests.finish`: its final checkpoint complete, every rank agreed), a signal
 is only noted until :meth:`StopRequests.release`: it arrived during the teardown, and a rank killed there would turn
@@ -21,6 +23,8 @@ import signal
 import threading
 from collections.abc import Callable, Iterator
 
+from mgpucli.stop_signals import AGAIN, SAME, SignalCount
+
 _SIGNALS = tuple(s for s in (signal.SIGTERM, signal.SIGINT, getattr(signal, "SIGUSR1", None)) if s is not None)
 
 
@@ -30,8 +34,9 @@ class StopRequests:
     # Set in a launched worker: whether a SIGTERM now is torch's agent tearing down a failed attempt (None: never).
     is_teardown: Callable[[], bool] | None = None
 
-    def __init__(self) -> None:
+    def __init__(self, count: SignalCount | None = None) -> None:
         self.received: str | None = None
+        self.count = count or SignalCount()
         self.run_finished = False
         self._previous: dict = {}  # the handlers listening() replaced, kept after a finished run until release()
 
@@ -40,7 +45,10 @@ class StopRequests:
         if signum == signal.SIGTERM and not self.run_finished and teardown is not None and teardown():
             signal.signal(signum, signal.SIG_DFL)  # end by the signal itself, as a process without a handler would
             os.kill(os.getpid(), signum)
-        if self.received is not None and signum == signal.SIGINT and not self.run_finished:
+        counted = self.count.arrived()
+        if counted == SAME:
+            return  # the first signal, delivered once more
+        if counted == AGAIN and signum == signal.SIGINT and not self.run_finished:
             raise KeyboardInterrupt  # a second Ctrl-C: stop now
         self.received = signal.Signals(signum).name
 

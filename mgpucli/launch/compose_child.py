@@ -1,9 +1,11 @@
-"""The recipe composed in a child process while ``mgpu launch`` imports torch's agent (stdlib only here).
+"""The recipe composed in a child process while ``mgpu launch`` imports torch's agent in a thread (stdlib only here).
 
 The launcher needs the composed recipe (its run dir, device, threads) to plan the job, and torch's agent to run it.
-Composing (Hydra, the schema merge) takes a few tenths of a second and importing the agent (torch) about a second,
-both before any worker starts. So the launcher composes in a process of its own, on another core, while it imports
-the agent, and reads the result once it has: the composing is off the time to the first step.
+Composing (Hydra, the schema merge) takes a few tenths of a second and importing the agent (torch) one to several
+seconds (the CUDA build of torch takes longest), both before any worker starts. So the launcher composes in a process
+of its own, on another core, while a thread of the launcher imports the agent (:class:`Importing`), and its main
+thread waits for the composed recipe: the composing is off the time to the first step, and a recipe or an option
+the launcher refuses is refused as soon as it is composed and planned, without waiting for torch.
 
 The child (``python -m mgpucli.launch.compose_child RECIPE [overrides]``) writes one JSON object to its stdout: the
 composed recipe, or the problems it found (what :func:`mgpucli.config.load_recipe` raised: the launcher raises the
@@ -14,10 +16,12 @@ would without a child; so a bug in a recipe's composition shows its own tracebac
 from __future__ import annotations
 
 import contextlib
+import importlib
 import json
 import signal
 import subprocess
 import sys
+import threading
 from typing import Any
 
 
@@ -56,6 +60,36 @@ class Composing:
         self._proc.kill()
         with contextlib.suppress(OSError, ValueError):
             self._proc.communicate()
+
+
+class Importing:
+    """``module`` imported in a thread of this process (started at once): :meth:`wait` joins it. ``settled`` is set
+    when the import ends, or by whoever no longer needs it (a launch refused meanwhile: the thread is a daemon, and the
+    process exits without it)."""
+
+    def __init__(self, module: str, settled: threading.Event | None = None) -> None:
+        self.settled = settled or threading.Event()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(module,), name="mgpu-import", daemon=True)
+        self._thread.start()
+
+    def _run(self, module: str) -> None:
+        try:
+            importlib.import_module(module)
+        except BaseException as err:  # noqa: BLE001 - raised in the thread that waits for it
+            self._error = err
+        finally:
+            self.settled.set()
+
+    def wait(self) -> bool:
+        """Until the module is imported (True), or :attr:`settled` is set first (False); raises what importing it
+        raised."""
+        self.settled.wait()
+        if self._thread.is_alive():
+            return False
+        if self._error is not None:
+            raise self._error
+        return True
 
 
 def main(argv: list[str]) -> None:

@@ -2,7 +2,9 @@
 
 ``mgpu launch`` composes the recipe, builds the plan and checks the run dir (all quick), then starts torch's agent at
 once, and checks the rest of the recipe meanwhile (the ``_target_`` signatures, the trackers, the optimizer,
-scheduler, task and model built: what imports most of torch, and its dynamo). Each worker imports what its job
+scheduler, task and model built: what imports most of torch, and its dynamo). The part that needs no worker (the
+``_target_``s, the trackers) begins as soon as the recipe is composed (:meth:`Gate.begin`): its refusal, found before
+the agent starts the workers, starts none. Each worker imports what its job
 needs (torch, the engine) during that check and then waits here, before it trains or writes anything, for the
 launcher's verdict: a small JSON file that says ``go`` or ``refused``. A refused launch kills the workers (one that is
 not yet waiting ends at the verdict, exit 2, writing nothing), removes what the launch created (the run dir if it
@@ -47,23 +49,34 @@ class Gate:
         self._abandoned = threading.Event()
         self.error: BaseException | None = None
         self._thread: threading.Thread | None = None
+        self._first: threading.Thread | None = None  # begin()'s part of the check
         self._created: list[str] = []  # folders this launch created, removed on a refusal
         self._before: dict[str, set[str]] = {}  # folders it writes in: what they held before
 
+    def begin(self, first: Callable[[], None], on_refusal: Callable[[], None]) -> None:
+        """Start ``first``, the part of the check that needs no worker, now, in a thread of its own: a refusal it finds
+        sets :attr:`error` at once (and runs ``on_refusal``), so that one found before the agent starts any worker
+        starts none. :meth:`check`'s part runs once it has passed."""
+        self._first = threading.Thread(target=self._run_first, args=(first, on_refusal), name="mgpu-recipe-check-first",
+                                       daemon=True)
+        self._first.start()
+
     def check(self, run_check: Callable[[], None], on_go: Callable[[], None], on_refusal: Callable[[], None]) -> None:
-        """What :meth:`start` runs in a thread: ``run_check``; then ``on_go`` (under the lock) and the verdict
-        ``go``, or the verdict ``refused`` and ``on_refusal`` (which ends the workers)."""
+        """What :meth:`start` runs in a thread: ``run_check`` (once :meth:`begin`'s part, if any, has passed); then
+        ``on_go`` (under the lock) and the verdict ``go``, or the verdict ``refused`` and ``on_refusal`` (which ends
+        the workers)."""
 
         def run() -> None:
+            if self._first is not None:
+                self._first.join()
+                if self.error is not None:
+                    return
             try:
                 run_check()
             except _Abandoned:  # the workers ended first (a crash): no verdict; the job's failure is told
                 return
             except BaseException as err:  # noqa: BLE001 - any failure of the check refuses the launch
-                with self.lock:
-                    self.error = err
-                    write_json(self.path, {"verdict": REFUSED})
-                on_refusal()
+                self._refuse(err, on_refusal)
                 return
             with self.lock:
                 on_go()
@@ -71,6 +84,18 @@ class Gate:
                 write_json(self.path, {"verdict": GO})
 
         self._thread = threading.Thread(target=run, name="mgpu-recipe-check", daemon=True)
+
+    def _run_first(self, first: Callable[[], None], on_refusal: Callable[[], None]) -> None:
+        try:
+            first()
+        except BaseException as err:  # noqa: BLE001 - any failure of the check refuses the launch
+            self._refuse(err, on_refusal)
+
+    def _refuse(self, err: BaseException, on_refusal: Callable[[], None]) -> None:
+        with self.lock:
+            self.error = err
+            write_json(self.path, {"verdict": REFUSED})
+        on_refusal()
 
     def builds_checked(self, source: str) -> None:
         """Wait for local rank 0's report on building the recipe's components (:func:`check_builds_here`): the
@@ -96,9 +121,11 @@ class Gate:
             self._thread.start()
 
     def refused(self) -> BaseException | None:
-        """Wait for the check to end; the error it refused the launch with (None: it passed)."""
-        if self._thread is not None and self._thread.ident is not None:
-            self._thread.join()
+        """Wait for the check to end (:meth:`begin`'s part, and :meth:`check`'s once started); the error it refused
+        the launch with (None: it passed)."""
+        for thread in (self._first, self._thread):
+            if thread is not None and thread.ident is not None:
+                thread.join()
         return self.error
 
     def note(self, folder: str) -> None:

@@ -65,18 +65,47 @@ def _compose(opts: LaunchOptions, composing=None):
     return facts, cfg
 
 
-def _deep_check(cfg, opts: LaunchOptions, gate=None) -> None:
+def _deep_check(cfg, opts: LaunchOptions) -> None:
     """The rest of the check, exit 2 on any problem: the ``_target_``s and trackers, and the optimizer, scheduler,
     task and model built (meta device). A launch runs it while its workers start, and its local rank 0 builds the
-    components (``gate``: :mod:`mgpucli.launch.gate`), so that this process never imports torch's dynamo."""
-    from mgpucli.config import check_recipe
+    components (:func:`_check_while_workers_start`), so that this process never imports torch's dynamo."""
     from mgpucli.config.components import check_builds
 
-    check_recipe(cfg, opts.recipe, trackers="import")  # imports the trackers it names: exit 2 here
-    if gate is not None:
-        gate.builds_checked(opts.recipe)
-    else:
-        check_builds(cfg, opts.recipe)  # the optimizer, scheduler, task and model (meta device)
+    _check_targets(cfg, opts)
+    check_builds(cfg, opts.recipe)  # the optimizer, scheduler, task and model (meta device)
+
+
+def _check_targets_now(cfg, opts: LaunchOptions, refused: threading.Event):
+    """The launch's gate (:mod:`mgpucli.launch.gate`), its check begun: the targets, at once (in a thread); a refusal
+    sets ``refused``."""
+    from mgpucli.launch.gate import Gate
+
+    def end() -> None:
+        refused.set()
+        _end_workers()
+
+    gate = Gate()
+    gate.begin(lambda: _check_targets(cfg, opts), end)
+    return gate
+
+
+def _end_workers() -> None:
+    """On a refusal: the workers killed (if any started yet), torch's agent quiet about it (the check's error is what
+    the user sees)."""
+    import logging
+
+    from mgpucli.proctree import kill_children
+
+    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
+    kill_children()
+
+
+def _check_targets(cfg, opts: LaunchOptions) -> None:
+    """Every ``_target_`` imports and takes its arguments, the Hugging Face sources can be read, the trackers named
+    import (exit 2 on any problem)."""
+    from mgpucli.config import check_recipe
+
+    check_recipe(cfg, opts.recipe, trackers="import")
 
 
 def this_machine(need_gpus: bool) -> Machine:
@@ -239,6 +268,34 @@ def _hang_watch(stall_s: float | None) -> str:
 _RESUME_GC_AFTER_S = 5.0
 
 
+def _checked_plan(opts: LaunchOptions, nodes: JobNodes, dry_run: bool):
+    """(the plan, the recipe, the gate with the recipe's check begun: None for a script or --dry-run). A recipe's
+    launch composes it in a child process while a thread imports torch's agent (:mod:`mgpucli.launch.compose_child`):
+    a recipe, an option or a ``_target_`` refused is said as soon as its check can tell, torch's agent imported or
+    not (a ``_target_``'s check imports its module: torch's optimizers need torch, not the agent)."""
+    composing = gate = None
+    try:
+        if opts.script is None and not dry_run:
+            from mgpucli.launch.compose_child import Composing, Importing
+
+            composing = Composing(opts.recipe, worker_overrides(opts))
+            agent = Importing("mgpucli.launch.runner")  # torch's agent: what the launch needs next
+        plan, cfg = _prepare(opts, nodes, claim_run_dir=not dry_run, deep=dry_run, composing=composing)
+        if composing is not None:  # the recipe and the plan stand: their refusals did not wait for torch
+            gate = _check_targets_now(cfg, opts, agent.settled)
+            agent.wait()  # or until the targets' check refused
+            if gate.error is not None:
+                raise gate.refused()
+        return plan, cfg, gate
+    except BaseException:
+        if gate is not None:
+            gate.close()
+        raise
+    finally:
+        if composing is not None:
+            composing.close()
+
+
 def launch(opts: LaunchOptions, dry_run: bool = False) -> int:
     """Run ``mgpu launch``; returns its exit code (UsageError for bad input, before anything the user sees starts)."""
     from mgpucli.heap import freeze_for_exit, postpone_full_gc, resume_full_gc
@@ -247,33 +304,22 @@ def launch(opts: LaunchOptions, dry_run: bool = False) -> int:
         raise UsageError(f"--stall-s {opts.stall_s:g}: must be a number of seconds (0: no stall watch).",
                          "Example: --stall-s 300.")
     postpone_full_gc()  # until the workers start: see mgpucli/heap.py
-    composing = None
     try:  # a recipe's launch checks the rest of it while its workers start (mgpucli/launch/gate.py)
         _check_options(opts)
         nodes = job_nodes(opts, os.environ)  # before torch is imported: a bad option is said at once
-        if opts.script is None and not dry_run:  # composed in a child while torch's agent is imported here
-            from mgpucli.launch.compose_child import Composing
-
-            composing = Composing(opts.recipe, worker_overrides(opts))
-            import mgpucli.launch.runner  # noqa: F401 - torch's agent: what the launch needs next
-        plan, cfg = _prepare(opts, nodes, claim_run_dir=not dry_run, deep=dry_run, composing=composing)
+        plan, cfg, gate = _checked_plan(opts, nodes, dry_run)
     except BaseException:
         resume_full_gc()
         raise
-    finally:
-        if composing is not None:
-            composing.close()
     if dry_run:
         resume_full_gc()
         _print_banner(plan, opts)
         print(plan.command(), flush=True)
         return 0
-    from mgpucli.launch.gate import Gate
     from mgpucli.run_records.launch_record import LaunchRecord
 
     if plan.nnodes > 1:  # compared with the other nodes' once they meet (mgpucli/launch/rendezvous_watch.py)
         plan.compared = compared_job(opts, plan, cfg)
-    gate = Gate() if cfg is not None else None
     if gate is not None:
         gate.note(plan.run_dir)
         gate.note(plan.log_dir)
@@ -355,14 +401,13 @@ def _print_banner(plan: LaunchPlan, opts: LaunchOptions) -> None:
 
 def _check_while_workers_start(gate, cfg, opts: LaunchOptions, plan: LaunchPlan, record) -> None:
     """The rest of the recipe's check (:func:`_deep_check`), run by ``gate`` as torch's agent starts the workers,
-    which wait for its verdict. The composed recipe is handed to them at once (local rank 0 builds its components
-    for the check; every worker trains it after ``go``). On ``go``: the launch record written, the banner. On a
-    refusal: the workers killed, torch's agent quiet about it (the check's error is what the user sees)."""
-    import logging
-
+    which wait for its verdict: the targets at once (a refusal found before the agent starts a worker starts none),
+    then local rank 0's builds. The composed recipe is handed to the workers at once (local rank 0 builds its
+    components for the check; every worker trains it after ``go``). On ``go``: the launch record written, the
+    banner. On a refusal: the workers killed, torch's agent quiet about it (the check's error is what the user
+    sees)."""
     from mgpucli.config import handoff
     from mgpucli.launch import gate as verdict
-    from mgpucli.proctree import kill_children
 
     os.environ[verdict.ENV] = gate.path
     os.environ.pop(handoff.ENV, None)
@@ -373,11 +418,7 @@ def _check_while_workers_start(gate, cfg, opts: LaunchOptions, plan: LaunchPlan,
         record.write()
         _print_banner(plan, opts)
 
-    def refuse() -> None:
-        logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
-        kill_children()
-
-    gate.check(lambda: _deep_check(cfg, opts, gate), go, refuse)
+    gate.check(lambda: gate.builds_checked(opts.recipe), go, _end_workers)
 
 
 def record_header(plan: LaunchPlan, opts: LaunchOptions, argv: list[str] | None = None) -> LaunchHeader:
@@ -387,6 +428,8 @@ def record_header(plan: LaunchPlan, opts: LaunchOptions, argv: list[str] | None 
     return LaunchHeader(
         mgpu_version=__version__,
         started=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        host=socket.gethostname(),
+        pid=os.getpid(),
         cwd=os.getcwd(),
         argv=["mgpu", *(sys.argv[1:] if argv is None else argv)],
         job=plan.job,

@@ -55,6 +55,7 @@ class Watching:
     join_timeout: float
     min_nodes: int | None = None  # an elastic job's MIN (--nnodes MIN:MAX); None: a fixed count
     compared: dict[str, str] = field(default_factory=dict)  # what this node runs (node_compare.job_items)
+    record: str = ""  # this node's launch record's name in the run dir: the nodes tell each other theirs
     abort: Callable[[], bool] = lambda: False  # the launch is being refused meanwhile (the recipe's check)
     last_step: Callable[[], int | None] = lambda: None  # the step this node's workers reached before a restart
     checkpoint_step: Callable[[], int | None] = lambda: None  # the step of the run's latest checkpoint, if any

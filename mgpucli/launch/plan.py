@@ -40,7 +40,7 @@ from mgpucli.launch.node_range import NodeRange
 from mgpucli.launch.ports import check_port_number, host_problem, port_problem, require_free_port
 from mgpucli.launch.script import ScriptTarget
 from mgpucli.run_files import unwritable
-from mgpucli.run_layout import LOGS, launch_json_name
+from mgpucli.run_layout import LOGS, launch_json_name, launcher_name
 
 WORKER_MODULE = "mgpucli.launch.worker"
 DEFAULT_STATIC_PORT = 29500  # torchrun's own default for a static rendezvous
@@ -600,6 +600,14 @@ class JobNodes:
     notes: tuple[str, ...]
 
 
+def _record_name(nnodes: int, rdzv: Rendezvous, hostname: str) -> str:
+    """This node's launch record in the run dir (:func:`mgpucli.run_layout.launch_json_name`): by node rank where the
+    rendezvous keeps it (static), else by this launcher alone (c10d ranks the nodes itself, whatever rank the job
+    gives a node, and two nodes may give the same one)."""
+    node_rank = rdzv.node_rank if rdzv.backend == "static" else None
+    return launch_json_name(nnodes, node_rank, launcher_name(hostname, uuid.uuid4().hex[:6]))
+
+
 def job_nodes(
     opts: LaunchOptions,
     environ: Mapping[str, str],
@@ -663,7 +671,7 @@ def build_plan(
     return LaunchPlan(
         devices=selection, nproc_per_node=nproc, nnodes=nnodes, node_rank=rdzv.node_rank,
         rdzv_backend=rdzv.backend, rdzv_endpoint=rdzv.endpoint, rdzv_id=rdzv.rdzv_id, run_dir=run_dir,
-        log_dir=log_dir, launch_json=os.path.join(run_dir, launch_json_name(nnodes, rdzv.node_rank, machine.hostname)),
+        log_dir=log_dir, launch_json=os.path.join(run_dir, _record_name(nnodes, rdzv, machine.hostname)),
         worker_args=worker_argv, torchrun_args=args,
         env=workers_env(opts, facts, machine, selection, nproc, run_dir, rdzv.backend, restarts=restarts),
         scheduler=job, notes=notes, script=opts.script, shown_args=shown, join_timeout=waits,

@@ -78,10 +78,16 @@ class Round:
     lost: tuple[Member, ...]  # in this launcher's round before, not in this one
     joined: tuple[Member, ...]  # in this one, not in the round before (none at this launcher's first)
     continues: bool  # a node of it had met before: the job ran, and its workers resume from its checkpoint
+    records: tuple[str, ...] = ()  # each member's launch record's name in the run dir, in the members' order
 
     @property
     def changed(self) -> bool:
         return bool(self.lost or self.joined)
+
+    def nodes(self) -> list[dict[str, Any]]:
+        """The members as a launch record keeps them (an attempt's ``nodes``): label, host, pid, record's name."""
+        return [{"node": label, "host": m.host, "pid": m.pid, "record": record}
+                for m, label, record in zip(self.members, self.labels(self.members), self.records, strict=True)]
 
     def labels(self, members: tuple[Member, ...]) -> list[str]:
         return labels(list(members), [*self.members, *self.lost])
@@ -282,7 +288,7 @@ class WatchedRendezvous(RendezvousHandler):
         prefix = "mgpu/compare/" + (f"{entry}/" if self._w.backend == "static" else "")  # c10d: a store per round
         node = self._me.node_rank if self._me.node_rank is not None else info.rank
         mine = {"host": self._me.host, "pid": self._me.pid, "node": node, "met": len(_rounds),
-                "items": self._w.compared}
+                "items": self._w.compared, "record": self._w.record}
         call(store.set, f"{prefix}{info.rank}", json.dumps(mine), tick=meeting.tick)
         keys = [f"{prefix}{rank}" for rank in range(info.world_size)]
         wait_for_keys(store, keys, float("inf"), tick=meeting.tick)  # the meeting's deadline ends it
@@ -297,7 +303,8 @@ class WatchedRendezvous(RendezvousHandler):
             message, hint = node_compare.refusal(found)
             raise NodesDiffer(message, hint, {**meeting.details("differ"), "differences": [
                 {"item": d.item, "values": d.values, "said": d.describe()} for d in found]})
-        _note_round(entry, self._met, members, any(int(r.get("met") or 0) > 0 for r in records))
+        _note_round(entry, self._met, members, any(int(r.get("met") or 0) > 0 for r in records),
+                    tuple(str(r.get("record") or "") for r in records))
         return members
 
     def _leave_after_all_read(self, store, prefix: str, info: RendezvousInfo) -> None:
@@ -344,15 +351,17 @@ class WatchedRendezvous(RendezvousHandler):
         return bool(call(self._inner.shutdown))
 
 
-def _note_round(entry: int, before: list[Member], members: list[Member], continues: bool) -> None:
-    """Record a completed rendezvous (:func:`last_round`), with who was lost and who joined since the one before."""
+def _note_round(entry: int, before: list[Member], members: list[Member], continues: bool,
+                records: tuple[str, ...] = ()) -> None:
+    """Record a completed rendezvous (:func:`last_round`), with who was lost and who joined since the one before
+    (``records``: each member's launch record's name)."""
     def key(m: Member) -> tuple[str, int]:
         return m.host, m.pid
 
     now, then = {key(m) for m in members}, {key(m) for m in before}
     lost = tuple(m for m in before if key(m) not in now)
     joined = tuple(m for m in members if key(m) not in then) if entry else ()
-    _rounds.append(Round(entry, tuple(members), lost, joined, continues))
+    _rounds.append(Round(entry, tuple(members), lost, joined, continues, records or ("",) * len(members)))
 
 
 def watch_plan(plan, abort, last_step, checkpoint_step=lambda: None) -> str:
@@ -369,5 +378,6 @@ def watch_plan(plan, abort, last_step, checkpoint_step=lambda: None) -> str:
         raise ValueError("a plan of one node has no rendezvous to watch")
     return prepare(Watching(backend=plan.rdzv_backend, endpoint=plan.rdzv_endpoint, run_id=plan.rdzv_id,
                             nnodes=plan.nnodes, node_rank=plan.node_rank, join_timeout=plan.join_timeout,
-                            min_nodes=plan.nnodes_min, compared=dict(plan.compared), abort=abort,
+                            min_nodes=plan.nnodes_min, compared=dict(plan.compared),
+                            record=os.path.basename(plan.launch_json), abort=abort,
                             last_step=last_step, checkpoint_step=checkpoint_step, say=say))

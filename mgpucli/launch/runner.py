@@ -10,7 +10,8 @@ changes two things in that config:
   only repeat the failure before it (see :func:`mgpucli.launch.restart.stop_reason`);
 * SIGINT and SIGTERM are handled by mgpu instead of torch: the first one does what torch does (raise
   torch's ``SignalException`` so the agent forwards the signal to the workers and gives them its shutdown
-  window), a second one SIGKILLs the workers at once. Other signals (SIGHUP, SIGQUIT, SIGUSR1 under SLURM)
+  window), a second one SIGKILLs the workers at once (the first one delivered twice at once, as GNU ``timeout`` does,
+  counts once: :mod:`mgpucli.stop_signals`). Other signals (SIGHUP, SIGQUIT, SIGUSR1 under SLURM)
   stay torch's. A signal that comes once every rank has finished (its ``mgpu_finished`` mark: the final
   checkpoint complete) only met the teardown: the run finished, exit 0; one that comes once the outcome is decided
   is ignored.
@@ -68,10 +69,16 @@ from mgpucli.run_records.first_failure import (
 )
 from mgpucli.run_records.launch_record import LaunchRecord, build_attempt, world_size_of
 from mgpucli.run_records.script_outcome import never_trained
+from mgpucli.stop_signals import FIRST, SAME, SignalCount
 
 _MGPU_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 _STILL_S = 5.0  # on Ctrl-C, ranks still for this long are judged hung (who held the others up)
 _TORCH_DEFAULT_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT"
+
+
+class LaunchRefused(Exception):
+    """The recipe's check refused the launch (:mod:`mgpucli.launch.gate`): the agent starts no worker (raised where it
+    would start them); the check's own error is what the user sees."""
 
 
 class RestartRefused(Exception):
@@ -104,6 +111,8 @@ class IndexingLogsSpecs(DefaultLogsSpecs):
         self.world_size: int | None = None  # the latest attempt's
 
     def reify(self, envs):
+        if self._gate is not None and self._gate.error is not None:
+            raise LaunchRefused  # refused while the agent met its rendezvous: no worker starts
         attempt = len(self._record.attempts)
         if attempt > 0:
             self._check_restart(attempt)
@@ -113,8 +122,11 @@ class IndexingLogsSpecs(DefaultLogsSpecs):
             env.update({env_vars.RESTART_COUNT: str(attempt), env_vars.CONTINUES: continues})
         dest = super().reify(envs)
         self.world_size = world_size_of(envs)
+        started = build_attempt(attempt, envs, dest.stdouts, dest.stderrs, dest.error_files)
+        if met is not None:  # the nodes that met for it, and where each keeps its record (mgpu doctor reads them all)
+            started.nodes = met.nodes()
         with self._gate.lock if self._gate is not None else contextlib.nullcontext():
-            self._record.add_attempt(build_attempt(attempt, envs, dest.stdouts, dest.stderrs, dest.error_files))
+            self._record.add_attempt(started)
             if self._gate is None or self._gate.passed:
                 self._record.write()
         if attempt > 0 and met is not None and met.changed and self.membership is not None:
@@ -124,8 +136,6 @@ class IndexingLogsSpecs(DefaultLogsSpecs):
 
     def _check_restart(self, attempt: int) -> None:
         """RestartRefused when the restart that starts attempt ``attempt`` would only repeat the failure before it."""
-        if self._gate is not None and self._gate.error is not None:
-            raise RestartRefused("the launch was refused", attempt - 1)
         if self._elastic_restarts is not None:
             met = rendezvous_watch.last_round()
             if met is not None and met.changed:
@@ -144,10 +154,12 @@ class IndexingLogsSpecs(DefaultLogsSpecs):
 
 
 class _Signals:
-    """First SIGINT/SIGTERM: every rank's stacks, then torch's graceful path. Second: kill the workers now."""
+    """First SIGINT/SIGTERM: every rank's stacks, then torch's graceful path. Second (a moment after the first, not the
+    first delivered twice: :mod:`mgpucli.stop_signals`): kill the workers now."""
 
-    def __init__(self, record: LaunchRecord):
+    def __init__(self, record: LaunchRecord, count: SignalCount | None = None):
         self.record = record
+        self.count = count or SignalCount()
         self.stacks_asked: float | None = None  # when the first signal asked the ranks for their stacks
         self.received: list[int] = []
         self.active = False  # raise into torch's agent only while it runs; afterwards launch is just finishing
@@ -165,12 +177,15 @@ class _Signals:
             signal.signal(sig, signal.SIG_IGN)
 
     def _handle(self, signum, frame) -> None:
+        counted = self.count.arrived()
+        if counted == SAME:
+            return  # the first signal, delivered once more (to the launcher and to its process group)
         self.received.append(signum)
         name = signal.Signals(signum).name
         if not self.active:
             kill_children()
             return
-        if len(self.received) == 1:
+        if counted == FIRST:
             err_console().print(
                 f"[yellow]mgpu launch: {name} received; stopping the workers gracefully (press Ctrl-C again to "
                 "kill them at once).[/]" if not rendezvous_watch.meeting() else
@@ -461,6 +476,8 @@ def run_plan(plan: LaunchPlan, record: LaunchRecord, live: bool = False, show_ra
         try:
             if gate is not None:
                 gate.start()
+                if gate.error is not None:
+                    raise LaunchRefused  # refused before the agent started: nothing to start
             elastic_launch(config, cmd)(*cmd_args)
         finally:
             handler.active = False
@@ -468,6 +485,8 @@ def run_plan(plan: LaunchPlan, record: LaunchRecord, live: bool = False, show_ra
         outcome = _succeeded(plan, record, time.monotonic() - start, config.logs_specs.world_size)
     except ChildFailedError as err:
         outcome = _child_failed(plan, record, err, watchers.stall, total)
+    except LaunchRefused:
+        outcome = None  # the check's own error is raised below
     except RestartRefused as err:
         outcome = _restart_refused(plan, record, err, total)
     except SignalException as err:

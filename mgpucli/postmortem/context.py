@@ -16,6 +16,7 @@ from mgpucli import env_vars, procfs
 from mgpucli.postmortem.lines import LogLine
 from mgpucli.postmortem.matchers import Match
 from mgpucli.postmortem.reader import RunRecord
+from mgpucli.run_records.node_records import last_ranks, named_records
 from mgpucli.training_libraries import BY_PACKAGE, package_of
 
 _SETTINGS = ("data.batch_size", "data.num_workers", "trainer.grad_accum", "trainer.timeout_s", "optim.lr")
@@ -135,6 +136,26 @@ def nodes_disagree(run: RunRecord) -> Match | None:
                  evidence[:6], "Start every node with the same recipe (same content), the same overrides, the same "
                  "--nnodes and --nproc/--gpus and the same mgpu version; the nodes' launch records are compared here.",
                  details={"differ": differ})
+
+
+def job_nodes(run: RunRecord) -> list[dict[str, Any]]:
+    """A job of several nodes: each node, from its launch record (which one, its host and launcher pid, the node rank
+    the job gave it, its global ranks in its last attempt, how its launch ended), then each node it met whose record
+    is not in this run dir (``record`` only: the nodes did not share it). [] for a job of one node."""
+    read = {os.path.basename(path): record for path, record in run.node_records}
+    nodes = [{"record": name, "host": record.get("host") or None,
+              "pid": record.get("pid") or (record.get("env") or {}).get(env_vars.LAUNCH_PID),
+              "node_rank": record.get("node_rank"), "ranks": last_ranks(record),
+              "status": _launch_status(record)} for name, record in read.items()]
+    for name in (n for _, record in run.node_records for n in named_records(record)):
+        if name not in read and name not in [n["record"] for n in nodes]:
+            nodes.append({"record": name, "host": None, "pid": None, "node_rank": None, "ranks": [], "status": None})
+    return nodes if len(nodes) > 1 else []
+
+
+def _launch_status(record: dict[str, Any]) -> str | None:
+    status = (record.get("result") or {}).get("status")
+    return "launcher gone" if status == "running" and not launcher_alive(record) else status
 
 
 def launcher_alive(launch: dict[str, Any]) -> bool:

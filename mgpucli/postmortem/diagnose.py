@@ -16,7 +16,14 @@ import re
 from mgpucli.batch_layout import describe as describe_segments
 from mgpucli.errors import EXIT_PREEMPTED
 from mgpucli.postmortem.checkpoint_peek import read_checkpoint_info
-from mgpucli.postmortem.context import launcher_alive, nodes_disagree, resume_command, running_verdict, tailor
+from mgpucli.postmortem.context import (
+    job_nodes,
+    launcher_alive,
+    nodes_disagree,
+    resume_command,
+    running_verdict,
+    tailor,
+)
 from mgpucli.postmortem.lines import LogLine
 from mgpucli.postmortem.matchers import Match, explain, signal_fix
 from mgpucli.postmortem.meeting import meeting_failure
@@ -217,6 +224,7 @@ def diagnose_run(run_dir: str) -> Report:
     report.segments = _segments(run.checkpoint)
     report.membership = [str(a["membership"]["said"]) for a in launch.get("attempts") or [] if isinstance(a, dict)
                          and isinstance(a.get("membership"), dict) and a["membership"].get("said")]
+    report.nodes = job_nodes(run)
     report.straggler = straggler_of(run)
     idle = never_trained(run.attempts[-1]) if run.is_script and status == "succeeded" and run.attempts else None
     report.never_trained = idle.describe() if idle is not None else None

@@ -1,15 +1,15 @@
 """Read a run directory: the launch record, every rank's logs and error files per attempt, metrics, recipe.
 
-``mgpu launch`` writes ``RUN_DIR/launch.json`` (node K of a multi-node job: ``launch.nodeK.json``) with an
-index from global rank to its stdout/stderr/error files for every restart attempt; the workers leave torch's
-``error.json`` and mgpu's ``mgpu_failure.json`` beside them; rank 0 writes ``metrics.jsonl``, ``recipe.yaml``,
+``mgpu launch`` writes ``RUN_DIR/launch.json`` (each other node of a job of several: its own record; every one of
+the latest job is read, :mod:`mgpucli.run_records.node_records`) with an index from global rank to its
+stdout/stderr/error files for every restart attempt; the workers leave torch's ``error.json`` and mgpu's
+``mgpu_failure.json`` beside them; rank 0 writes ``metrics.jsonl``, ``recipe.yaml``,
 ``checkpoints/`` and, with experiment trackers, ``trackers.json``. A run dir copied elsewhere (from a cluster to a
 laptop) still reads: recorded paths that no longer exist are looked up again under the directory actually given.
 """
 
 from __future__ import annotations
 
-import glob
 import json
 import os
 import re
@@ -20,11 +20,11 @@ from typing import Any
 from mgpucli.errors import UsageError
 from mgpucli.postmortem.lines import LogLine, parse, read_log
 from mgpucli.run_files import saved_checkpoint
-from mgpucli.run_layout import METRICS, RECIPE, is_launch_json
+from mgpucli.run_layout import METRICS, NODE_LAUNCH_JSONS, RECIPE, is_launch_json
 from mgpucli.run_records.audit_records import AUDIT_JSON, findings_path, from_rank_files, read_audit
 from mgpucli.run_records.first_failure import TORN_DOWN, failure_record_of, first_to_fail, torn_down
-from mgpucli.run_records.json_files import read_json_object
 from mgpucli.run_records.launch_record import LAUNCH_JSON, Attempt, RankExit, RankFiles, record_problem
+from mgpucli.run_records.node_records import job_records
 from mgpucli.run_records.worker_records import FailureRecord, read_error_file, record_path
 from mgpucli.trackers import read_state
 
@@ -104,15 +104,15 @@ def read_run(path: str) -> RunRecord:
     if not os.path.isdir(run_dir):
         raise UsageError(f"{path}: no such directory.", "Give the run directory of a `mgpu launch` run, e.g. "
                          "mgpu doctor runs/quickstart (the run_dir of its recipe).")
-    paths = sorted((p for p in glob.glob(os.path.join(run_dir, "*")) if is_launch_json(os.path.basename(p))),
-                   key=lambda p: (p != os.path.join(run_dir, LAUNCH_JSON), p))
-    if not paths:
+    found = job_records(run_dir, os.path.abspath(path) if os.path.isfile(path) else None)
+    if not found:
         raise UsageError(
-            f"{path} is not a run directory of `mgpu launch`: it holds no {LAUNCH_JSON}.",
+            f"{path} is not a run directory of `mgpu launch`: it holds no {LAUNCH_JSON} (nor a node's "
+            f"{NODE_LAUNCH_JSONS}).",
             "Give the directory `mgpu launch` trained into (its recipe's run_dir, e.g. runs/quickstart). Runs "
             "started with `mgpu train` or torchrun directly leave no launch record to read.",
         )
-    records = [read_json_object(p) for p in paths]
+    paths, records = [p for p, _ in found], [r for _, r in found]
     if records[0] is None:
         raise UsageError(f"{paths[0]} cannot be read as JSON (truncated or not written by mgpu launch).",
                          "Give the run directory of a `mgpu launch` run.")

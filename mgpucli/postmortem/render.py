@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any
 
-from mgpucli.postmortem.report import Failure, Report, fate, short_path
+from mgpucli.postmortem.report import Failure, Report, fate, node_line, short_path
 from mgpucli.run_layout import AUDIT_JSON, LAUNCH_JSON, METRICS, POSTMORTEM_JSON
 from mgpucli.run_records import stacks
 from mgpucli.run_records.json_files import write_json
@@ -107,6 +107,8 @@ def render(report: Report, console: Console | None = None, compact: bool = False
     for e in report.earlier_attempts[:3]:
         step = f" at step {e.step}" if e.step is not None else ""
         console.print(Text(f"  attempt {e.attempt + 1}: rank {e.rank}{step}: {e.match.title}", style="dim"))
+    for node in report.nodes:
+        console.print(Text(f"  node: {node_line(node)}", style="dim"))
     for said in report.membership:
         console.print(Text(f"  nodes: {said}", style="dim"))
     if report.segments:

@@ -86,6 +86,7 @@ class Report:
     audit: dict[str, Any] | None = None  # mgpu launch --audit's findings (audit.json); None: not audited
     segments: str | None = None  # on how many processes each stretch of the run trained (its last checkpoint's)
     membership: list[str] = field(default_factory=list)  # an elastic job's node changes, as this node's launcher said
+    nodes: list[dict[str, Any]] = field(default_factory=list)  # a job of several nodes: each node's launch record
     straggler: dict[str, Any] | None = None  # the rank the others waited for (postmortem/pace.py); None: none
     never_trained: str | None = None  # a script that exited 0 on every rank without ever training: what it did
 
@@ -114,7 +115,7 @@ class Report:
             "last_metrics": {"train": self.last_train, "val": self.last_val},
             "checkpoint": self.checkpoint, "resume_command": self.resume_command, "logs": self.logs,
             "launch_json": self.launch_json, "trackers": self.trackers, "audit": self.audit,
-            "segments": self.segments, "membership": self.membership,
+            "segments": self.segments, "membership": self.membership, "nodes": self.nodes,
             "straggler": self.straggler, "never_trained": self.never_trained,
             "stacks": {str(rank): dump.to_json() for rank, dump in sorted(self.stacks.items())},
             "diagnosed_at": _iso(time.time()),
@@ -197,3 +198,14 @@ def short_path(path: str) -> str:
     """``checkpoints/last.pt``: the checkpoint as its run dir names it."""
     parent = os.path.basename(os.path.dirname(path))
     return f"{parent}/{os.path.basename(path)}" if parent else os.path.basename(path)
+
+
+def node_line(node: dict[str, Any]) -> str:
+    """``node 1 (box, pid 4242): ranks 2-3, succeeded (launch.node1.json)``; a record not in the run dir says so."""
+    if node["status"] is None and not node["ranks"]:
+        return f"{node['record']}: not in this run dir (a node that does not share it keeps its own)"
+    where = ", ".join(str(x) for x in (node["host"], f"pid {node['pid']}" if node["pid"] else None) if x)
+    label = f"node {node['node_rank']} ({where})" if node["node_rank"] is not None else where or "a node"
+    ranks = node["ranks"]
+    said = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {ranks[0]}-{ranks[-1]}" if ranks else "no rank"
+    return f"{label}: {said}, {node['status'] or 'unknown'} ({node['record']})"

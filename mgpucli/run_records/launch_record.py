@@ -6,7 +6,8 @@ distributed job (never the whole environment, which may hold secrets), and, for 
 from global rank to the stdout/stderr/error files of torch's own ``--log-dir`` layout
 (``LOG_DIR/<run-id>_<random>/attempt_<n>/<local-rank>/{stdout,stderr}.log, error.json``), then the result. It is
 rewritten atomically at the start, at every attempt and at the end, so it is useful even after a SIGKILL.
-``mgpu doctor RUN_DIR`` reads it back (node K of a multi-node job writes ``launch.nodeK.json``).
+``mgpu doctor RUN_DIR`` reads it back, with every other node's of a job of several nodes (``launch.nodeK.json``, or
+``launch.HOST-ID.json`` where the rendezvous ranks the nodes: :mod:`mgpucli.run_records.node_records`).
 """
 
 from __future__ import annotations
@@ -74,6 +75,9 @@ class Attempt:
     dir: str = ""
     ranks: dict[int, RankFiles] = field(default_factory=dict)
     exits: dict[int, RankExit] = field(default_factory=dict)  # global rank -> how it ended (mgpucli.launch.exit_watch)
+    # A job of several nodes: the nodes that met for this attempt, each with its launch record's name in the run dir
+    # ({"node", "host", "pid", "record"}: mgpucli.launch.rendezvous_watch), so that mgpu doctor finds every node's.
+    nodes: list[dict[str, Any]] | None = None
     # An elastic job's attempt that started on other nodes than the one before: who was lost or joined, the step it
     # went on after, its layout, what it cost, and the line said (mgpucli.launch.membership).
     membership: dict[str, Any] | None = None
@@ -82,6 +86,7 @@ class Attempt:
         return {"attempt": self.attempt, "dir": self.dir,
                 "ranks": {str(r): asdict(f) for r, f in sorted(self.ranks.items())},
                 "exits": {str(r): asdict(e) for r, e in sorted(self.exits.items())},
+                **({"nodes": self.nodes} if self.nodes is not None else {}),
                 **({"membership": self.membership} if self.membership is not None else {})}
 
 
@@ -138,6 +143,8 @@ class LaunchHeader:
 
     mgpu_version: str = ""
     started: str = ""
+    host: str = ""  # where this launcher ran, and its pid: which node's record this is
+    pid: int | None = None
     cwd: str = ""
     argv: list[str] = field(default_factory=list)
     job: str = "train"  # train | script

@@ -17,6 +17,7 @@ test was checked); ``MGPU_CTRL_C_SEED`` replays the moments of a failed run, who
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -26,7 +27,7 @@ import sys
 import time
 from pathlib import Path
 
-from tests.e2e.test_launch import RECIPE, Launch, wait_until
+from tests.e2e.test_launch import RECIPE, Launch, rank0_log, wait_until
 from tests.procs import load_ckpt, proc_state
 
 ROUNDS = int(os.environ.get("MGPU_CTRL_C_ROUNDS", "8"))
@@ -51,24 +52,37 @@ def _first_step_logged(run_dir: Path, before: set[Path], launch: Launch) -> bool
     return launch.proc.poll() is not None or any(" epoch " in log.read_text(errors="replace") for log in new)
 
 
-def _interrupted_round(cwd: Path, run_dir: Path, tag: str, resume: bool, moment: float, group: bool) -> tuple[int, str]:
-    """One launch, SIGINT ``moment`` s after its first logged step; (exit code, output). Its workers are gone within
-    seconds of its exit, before any cleanup."""
+def _interrupted_round(cwd: Path, run_dir: Path, tag: str, resume: bool, moment: float, group: bool,
+                       args: list[str] = ARGS, wrapper: tuple[str, ...] = (), echo_s: float | None = None
+                       ) -> tuple[int, str]:
+    """One launch (run by ``wrapper``, if any), SIGINT ``moment`` s after its first logged step, to the launch (or its
+    wrapper) or to its process group, and ``echo_s`` s after that once more to the launch under the wrapper; (exit
+    code, output). Its workers are gone within seconds of its exit, before any cleanup."""
     before = set(run_dir.glob("logs/*/attempt_0/0/stderr.log"))
-    launch = Launch([*ARGS, f"run_dir={run_dir}", *(["--resume", "auto"] if resume else [])], cwd, tag, SLOW_STEPS,
-                    name=f"launch-{time.monotonic_ns()}")
+    launch = Launch([*args, f"run_dir={run_dir}", *(["--resume", "auto"] if resume else [])], cwd, tag, SLOW_STEPS,
+                    name=f"launch-{time.monotonic_ns()}", wrapper=wrapper)
     try:
         assert wait_until(lambda: _first_step_logged(run_dir, before, launch), 120), launch.output
         time.sleep(moment)
         workers = launch.workers()
         if launch.proc.poll() is None:  # it may have finished by then: that is a round too (exit 0)
             (os.killpg if group else os.kill)(launch.pid, signal.SIGINT)
+            if echo_s is not None:
+                time.sleep(echo_s)  # the behaviour under test: the same signal, delivered again this much later
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(_child_of(launch.pid), signal.SIGINT)
         code = launch.wait(timeout=90)  # a hang bound (torch's graceful window is 30 s)
         assert wait_until(lambda: all(proc_state(pid) in (None, "Z") for pid in workers.values()), 20), \
             f"workers left after the launch exited: {workers}\n{launch.output}"
         return code, launch.output
     finally:
         launch.cleanup()
+
+
+def _child_of(pid: int) -> int:
+    """The one child of ``pid`` (the launch a wrapper runs)."""
+    (child,) = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    return int(child)
 
 
 def _check_stopped(code: int, output: str, run_dir: Path, cwd: Path, where: str) -> None:
@@ -114,3 +128,43 @@ def test_ctrl_c_at_random_moments_always_stops_with_a_checkpoint_or_finishes(tmp
         finally:
             launch.cleanup()
         assert _doctor(run_dir, tmp_path)[0] == 0
+
+
+# GNU timeout around the launch: 4 steps an epoch (256 samples, 2 x 32), slowed as above; more epochs than rounds use
+WRAPPED = ("timeout", "240")
+TIMEOUT_ARGS = ["--cpu", "--nproc", "2", RECIPE, "data.train.num_samples=256", "data.val.num_samples=64",
+                "trainer.epochs=30", "trainer.log_every=5", "trainer.cpu_threads=1"]
+TIMEOUT_ROUNDS = int(os.environ.get("MGPU_TIMEOUT_ROUNDS", "3"))  # more: MGPU_TIMEOUT_ROUNDS=N
+
+
+def test_ctrl_c_to_timeout_around_the_launch_is_one_stop_and_two_a_second_apart_kill(tmp_path: Path, tag: str):
+    """GNU timeout forwards a SIGINT to its child and to its process group, so ``mgpu launch`` receives it twice within
+    milliseconds: that is one Ctrl-C, and every round stops gracefully (75) with the checkpoint of its stop complete
+    (before, 2 runs in 8 took the second delivery for a second Ctrl-C: 130, the steps since the last checkpoint lost).
+    On an idle machine the two deliveries come too close to tell apart (the launch's handler runs once for both), so
+    two rounds deliver the same SIGINT to the launch once more, 50 and 300 ms later, as a loaded machine does.
+    Two SIGINTs a second apart are two: the workers are killed at once (130). timeout ignores every signal after the
+    first it forwards, so those two go to the process group of timeout and the launch, as a terminal's Ctrl-C does:
+    the first reaches the launch three times at once (from the terminal, and twice from timeout), the second once."""
+    run_dir = tmp_path / "run"
+    for number in range(TIMEOUT_ROUNDS):
+        echo_s = (None, 0.05, 0.3)[number % 3]  # timeout's two deliveries came this far apart on a loaded machine
+        code, output = _interrupted_round(tmp_path, run_dir, tag, number > 0, 0.0, False, TIMEOUT_ARGS, WRAPPED,
+                                          echo_s)
+        where = f"round {number}: SIGINT to timeout after the first logged step, again to the launch {echo_s} s later"
+        assert code == 75 and output.count("SIGINT received") == 1 and " again;" not in output, f"{where}\n{output}"
+        _check_stopped(code, output, run_dir, tmp_path, where)
+    held = tmp_path / "held"  # rank 1 asleep in step 8: the graceful stop the first SIGINT asks for cannot finish
+    launch = Launch([*TIMEOUT_ARGS, f"run_dir={held}"], tmp_path, tag, {"MGPU_FAULT": "sleep@rank=1@step=8",
+                    "MGPU_FAULT_SLEEP": "120"}, name="held", wrapper=WRAPPED)
+    try:
+        assert wait_until(lambda: (log := rank0_log(held)) and "step 5 epoch" in log.read_text(), 120), launch.output
+        os.killpg(launch.pid, signal.SIGINT)
+        assert wait_until(lambda: "SIGINT received" in launch.output, 30), launch.output
+        time.sleep(1.0)  # the behaviour under test: a second Ctrl-C, a second after the first
+        assert launch.proc.poll() is None, launch.output  # the first was one stop, still waiting for rank 1
+        os.killpg(launch.pid, signal.SIGINT)
+        assert launch.wait(timeout=30) == 128 + signal.SIGINT, launch.output
+        assert "again; killed 2 worker(s)" in launch.output, launch.output
+    finally:
+        launch.cleanup()

@@ -127,7 +127,7 @@ def test_a_lost_node_costs_no_step_and_the_survivor_finishes_on_one_node(tmp_pat
     assert re.search(r"mgpu: rank \d lost its connection to another rank; kept step 39, the last step every rank "
                      r"completed", node0.output), node0.output
     print(f"from the kill to training again: {_seconds_to_training(job.run_dir, killed):.1f} s")
-    change = json.loads((job.run_dir / "launch.json").read_text())["attempts"][1]["membership"]
+    change = _node_record(job.run_dir, 0)["attempts"][1]["membership"]
     assert (change["lost"], change["completed"], change["resumed_after"], change["steps_lost"]) == \
         (["node 1"], 39, 39, 0)
     final = load_ckpt(job.run_dir / "checkpoints/last.pt")
@@ -191,6 +191,41 @@ def test_a_node_range_the_global_batch_cannot_span_is_refused_at_launch(tmp_path
                   "127.0.0.1", "--master-port", str(free_port()), QUICK, cwd=tmp_path, timeout=120)
     assert static.returncode == 2 and "--rdzv-endpoint HOST:PORT" in static.stderr, static.output
     assert not (tmp_path / "runs").exists()  # nothing started, nothing written
+
+
+def test_two_c10d_nodes_on_one_host_keep_a_record_each_and_the_doctor_reads_both(tmp_path: Path, tag: str):
+    """c10d ranks the nodes itself, so each node's launch record is named after its launcher, not its host: two
+    nodes on one machine (each in a directory of its own, the run dir shared) write two records, and
+    ``mgpu doctor RUN_DIR`` reads them both and shows each node."""
+    port, run_dir = free_port(), tmp_path / "shared" / "run"
+    args = ["--cpu", "--nproc", "1", "--nnodes", "2", "--rdzv-endpoint", f"127.0.0.1:{port}", QUICK,
+            "trainer.epochs=1", "trainer.cpu_threads=1", "data.train.num_samples=256", "data.val.num_samples=64",
+            f"run_dir={run_dir}"]
+    nodes = []
+    try:
+        for name in ("a", "b"):
+            (tmp_path / name).mkdir()
+            nodes.append(Launch(args, tmp_path / name, tag, name=name))
+            if name == "a":  # the endpoint's store is the first launcher's
+                assert wait_until(lambda: answers("127.0.0.1", port), 120), nodes[0].output
+        assert [node.wait(timeout=240) for node in nodes] == [0, 0], "\n".join(node.output for node in nodes)
+    finally:
+        for node in nodes:
+            node.cleanup()
+    records = {path.name: json.loads(path.read_text()) for path in run_dir.glob("launch*.json")}
+    assert len(records) == 2 and "launch.json" not in records, sorted(records)
+    assert len({r["host"] for r in records.values()}) == 1  # one host: the names differ all the same
+    done = mgpu("doctor", str(run_dir), cwd=tmp_path, timeout=120)
+    assert done.returncode == 0, done.output
+    for name, record in records.items():
+        assert f"pid {record['pid']}: rank" in done.stderr and f"succeeded ({name})" in done.stderr, done.output
+
+
+def _node_record(run_dir: Path, node_rank: int) -> dict:
+    """The launch record of the node the job gave ``node_rank`` (c10d names the records after their launchers)."""
+    records = [json.loads(path.read_text()) for path in run_dir.glob("launch*.json")]
+    (found,) = [r for r in records if r.get("node_rank") == node_rank]
+    return found
 
 
 def _doctor(run_dir: Path) -> str:

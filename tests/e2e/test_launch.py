@@ -44,14 +44,16 @@ LONG = ["trainer.epochs=200", "trainer.log_every=5"]  # runs until the test inte
 class Launch:
     """One ``mgpu launch`` process, its output in files, and everything it started, found by tag."""
 
-    def __init__(self, args: list[str], cwd: Path, tag: str, env: dict[str, str] | None = None, name: str = "launch"):
+    def __init__(self, args: list[str], cwd: Path, tag: str, env: dict[str, str] | None = None, name: str = "launch",
+                 wrapper: tuple[str, ...] = ()):
+        """``wrapper``: the command that runs ``mgpu launch`` (``("timeout", "240")``); ``pid`` is then its pid."""
         self.tag, self.cwd = tag, cwd
         self.out_path, self.err_path = cwd / f"{name}.out", cwd / f"{name}.err"
         inherited = {k: v for k, v in os.environ.items() if not k.startswith("MGPU_FAULT")}
         full_env = {**inherited, "PYTHONUNBUFFERED": "1", TAG: tag, **(env or {})}
         with open(self.out_path, "w") as out, open(self.err_path, "w") as err:
-            self.proc = proctree.start([sys.executable, "-m", "mgpucli", "launch", *args], cwd=cwd, env=full_env,
-                                       stdout=out, stderr=err)
+            self.proc = proctree.start([*wrapper, sys.executable, "-m", "mgpucli", "launch", *args], cwd=cwd,
+                                       env=full_env, stdout=out, stderr=err)
         self.pid = self.proc.pid
 
     def wait(self, timeout: float) -> int:

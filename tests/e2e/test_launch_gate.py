@@ -57,30 +57,46 @@ class Net(torch.nn.Module):
 """
 
 
-def test_a_refused_recipe_leaves_no_log_no_run_dir_and_no_process_of_the_workers_that_started(tmp_path):
-    (tmp_path / "slowmodel.py").write_text(SLOW_MODEL)
+def _launch_seeing_workers(tmp_path: Path, *args: str) -> tuple[Result, set[int], dict[str, str]]:
+    """``mgpu launch ARGS`` in ``tmp_path``, its worker processes looked for every 0.1 s until it ends (a worker
+    lives a second at least: it imports torch); (its result, the workers seen, its environment)."""
     env = {**os.environ, TAG: f"gate-{os.getpid()}", "OMP_NUM_THREADS": "1",
            "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-    cmd = [sys.executable, "-m", "mgpucli", "launch", "--cpu", "--nproc", "2", "quickstart",
-           "model._target_=slowmodel.Net", "~model.in_features", "~model.out_features", "~model.hidden",
-           "+model.width=-1"]
+    cmd = [sys.executable, "-m", "mgpucli", "launch", *args]
     proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     workers_seen: set[int] = set()
     try:
-        while proc.poll() is None:  # the workers start while the check is still importing the slow module
+        while proc.poll() is None:
             workers_seen |= {pid for pid in tagged_by(TAG, env[TAG]) if b"mgpucli.launch.worker" in _cmdline(pid)}
             time.sleep(0.1)
         out, err = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
             proc.kill()
+    return Result(proc.returncode, out, err, proc.pid, 0.0), workers_seen, env
+
+
+def test_a_refused_recipe_leaves_no_log_no_run_dir_and_no_process_of_the_workers_that_started(tmp_path):
+    (tmp_path / "slowmodel.py").write_text(SLOW_MODEL)
+    # the workers start while the check is still importing the slow module
+    done, workers_seen, env = _launch_seeing_workers(
+        tmp_path, "--cpu", "--nproc", "2", "quickstart", "model._target_=slowmodel.Net", "~model.in_features",
+        "~model.out_features", "~model.hidden", "+model.width=-1")
     workers_seen |= {int(pid) for pid in (tmp_path / "workers.seen").read_text().split()}  # the check saw them
     assert workers_seen, "no worker started before the verdict"
-    assert_usage_error(Result(proc.returncode, out, err, proc.pid, 0.0), "model: building slowmodel.Net failed",
-                       "width must be positive")
+    assert_usage_error(done, "model: building slowmodel.Net failed", "width must be positive")
     assert not (tmp_path / "runs").exists()  # no run dir, no worker log, no launch record
-    assert "mgpu launch: 2 CPU worker(s)" not in err  # the banner belongs to a launch that goes ahead
+    assert "mgpu launch: 2 CPU worker(s)" not in done.stderr  # the banner belongs to a launch that goes ahead
     assert not [pid for pid in workers_seen if proc_state(pid) not in (None, "Z")]
+    assert not tagged_by(TAG, env[TAG])
+
+
+def test_a_target_refused_before_torchs_agent_starts_a_worker_starts_none(tmp_path):
+    """A typo in a target's argument is refused as ``mgpu train`` refuses it: once the check could tell (torch's
+    optimizer imported), not once the workers it would have started read the verdict."""
+    done, workers_seen, env = _launch_seeing_workers(tmp_path, "--cpu", "--nproc", "2", "quickstart", "optim.lrr=0.1")
+    assert_usage_error(done, "optim.lrr: torch.optim.SGD takes no argument 'lrr' (did you mean 'lr'?)")
+    assert not workers_seen and not (tmp_path / "runs").exists()
     assert not tagged_by(TAG, env[TAG])
 
 

@@ -9,7 +9,7 @@ from omegaconf import OmegaConf
 
 from mgpucli.config import load_recipe
 from mgpucli.errors import RecipeError, UsageError
-from mgpucli.launch.compose_child import Composing
+from mgpucli.launch.compose_child import Composing, Importing
 
 
 def test_the_child_composes_the_recipe_the_launcher_would():
@@ -61,3 +61,28 @@ def test_close_ends_a_child_whose_answer_nobody_reads():
     assert composing._proc.returncode is not None
     with pytest.raises(ProcessLookupError):
         os.kill(composing._proc.pid, 0)
+
+
+def test_an_import_in_a_thread_is_waited_for_unless_a_refusal_comes_first(tmp_path, monkeypatch):
+    """The launcher imports torch's agent in a thread; a refusal found meanwhile does not wait for it."""
+    import sys
+    import threading
+    import types
+
+    (tmp_path / "slow_to_import.py").write_text("from release_for_test import RELEASE\nRELEASE.wait(30)\n")
+    release = threading.Event()
+    monkeypatch.setitem(sys.modules, "release_for_test", types.SimpleNamespace(RELEASE=release))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    refused = threading.Event()
+    importing = Importing("slow_to_import", refused)
+    refused.set()  # as the targets' check does when it refuses
+    assert importing.wait() is False  # not waited for
+    release.set()
+    importing._thread.join(30)
+    assert importing.wait() is True
+    sys.modules.pop("slow_to_import", None)
+
+
+def test_an_import_that_fails_raises_in_the_thread_that_waits():
+    with pytest.raises(ModuleNotFoundError):
+        Importing("no_such_module_mgpu_51").wait()

@@ -50,6 +50,35 @@ def test_the_check_gives_its_verdict_and_its_error(tmp_path):
     assert said == ["go", "killed"] and not os.path.exists(os.path.dirname(passed.path))
 
 
+def test_a_refusal_of_the_part_begun_first_is_known_at_once_and_the_rest_never_runs():
+    """The targets' check begins before torch's agent starts a worker: its refusal is there to see before any starts."""
+    said = []
+    g = gate.Gate()
+    try:
+        g.begin(lambda: (_ for _ in ()).throw(ValueError("optim.lrr")), lambda: said.append("killed"))
+        g.check(lambda: said.append("builds checked"), lambda: said.append("go"), lambda: said.append("killed"))
+        assert isinstance(g.refused(), ValueError)  # before start(): begin()'s part alone decided
+        g.start()
+        assert isinstance(g.refused(), ValueError)
+        assert json.loads(Path(g.path).read_text()) == {"verdict": gate.REFUSED}
+    finally:
+        g.close()
+    assert said == ["killed"]
+
+
+def test_the_rest_of_the_check_runs_once_the_part_begun_first_passed():
+    said = []
+    g = gate.Gate()
+    try:
+        g.begin(lambda: said.append("targets"), lambda: said.append("killed"))
+        g.check(lambda: said.append("builds"), lambda: said.append("go"), lambda: said.append("killed"))
+        g.start()
+        assert g.refused() is None and g.passed
+    finally:
+        g.close()
+    assert said == ["targets", "builds", "go"]
+
+
 @pytest.mark.parametrize("handed_over", [True, False], ids=["the launcher's recipe", "composed by the worker"])
 def test_local_rank_0_reports_the_components_problems_to_the_launcher(tmp_path, monkeypatch, handed_over):
     from mgpucli.config import handoff, load_recipe

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shlex
 
 import pytest
@@ -231,7 +232,10 @@ def test_c10d_multi_node_and_exclusive_with_static():
     assert (arg(plan, "--rdzv-backend"), arg(plan, "--rdzv-endpoint")) == ("c10d", "node01:29400")
     assert arg(plan, "--rdzv-id").startswith("mgpu-") and arg(plan, "--rdzv-id") != "mgpu-fresh"
     assert plan.checked_ports == []  # another node may already host the store
-    assert plan.launch_json.endswith("launch.box.json")  # node rank unknown: named by host
+    assert re.fullmatch(r"launch\.box-[0-9a-f]{6}\.json", os.path.basename(plan.launch_json))  # c10d ranks the nodes
+    ranked = plan_for(cpu=True, nnodes=2, rdzv_endpoint="node01:29400", node_rank=1)
+    assert re.fullmatch(r"launch\.box-[0-9a-f]{6}\.json", os.path.basename(ranked.launch_json))  # rank given or not
+    assert ranked.launch_json != plan_for(cpu=True, nnodes=2, rdzv_endpoint="node01:29400").launch_json  # same host
     assert arg(plan_for(cpu=True, nnodes=2, rdzv_endpoint="n:1", rdzv_id="job7"), "--rdzv-id") == "job7"
     assert "exclude each other" in usage_error(cpu=True, nnodes=2, rdzv_endpoint="n:1", master_port=2)
 

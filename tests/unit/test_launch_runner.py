@@ -15,6 +15,7 @@ from mgpucli.launch.main import record_header
 from mgpucli.launch.plan import LaunchOptions, Machine, RecipeFacts, build_plan
 from mgpucli.run_records.launch_record import LaunchRecord
 from mgpucli.run_records.worker_records import FailureRecord, record_path, write_record
+from mgpucli.stop_signals import SignalCount
 
 
 def make_record(tmp_path: Path) -> LaunchRecord:
@@ -74,6 +75,48 @@ def test_a_different_step_is_restarted_and_non_retryable_is_refused_at_once(tmp_
         logs.reify(envs(3))
 
 
+def test_every_attempt_records_the_nodes_that_met_and_where_each_keeps_its_record(tmp_path: Path, monkeypatch):
+    from mgpucli.launch import rendezvous_watch
+    from mgpucli.launch.node_presence import Member
+
+    monkeypatch.setattr(rendezvous_watch, "_rounds", [])
+    members = [Member("box", 41), Member("box", 42)]
+    rendezvous_watch._note_round(0, [], members, False, ("launch.box-aaaaaa.json", "launch.box-bbbbbb.json"))
+    record = make_record(tmp_path)
+    specs(tmp_path, record).reify(envs(0))
+    assert record.attempts[0].to_json()["nodes"] == [
+        {"node": "box (pid 41)", "host": "box", "pid": 41, "record": "launch.box-aaaaaa.json"},
+        {"node": "box (pid 42)", "host": "box", "pid": 42, "record": "launch.box-bbbbbb.json"}]
+
+
+def test_a_launch_refused_while_the_agent_met_its_rendezvous_starts_no_worker(tmp_path: Path):
+    """The recipe's check refused before torch's agent got to start the workers: it starts none, records none."""
+    from mgpucli.launch.gate import Gate
+
+    record = make_record(tmp_path)
+    gate = Gate()
+    try:
+        gate.begin(lambda: (_ for _ in ()).throw(ValueError("optim.lrr")), lambda: None)
+        gate.refused()
+        logs = runner.IndexingLogsSpecs(record, gate, log_dir=str(tmp_path / "logs"), redirects=Std.ALL,
+                                        tee=Std.from_str("0:3"))
+        with pytest.raises(runner.LaunchRefused):
+            logs.reify(envs(0))
+    finally:
+        gate.close()
+    assert record.attempts == [] and not list((tmp_path / "logs").rglob("attempt_0"))
+
+
+class Clock:
+    """Seconds that pass only when a test says so."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
 def test_first_signal_is_torchs_graceful_path_second_kills(monkeypatch, tmp_path):
     killed = []
     monkeypatch.setattr(runner, "kill_children", lambda: killed.append(True) or [123])
@@ -81,13 +124,29 @@ def test_first_signal_is_torchs_graceful_path_second_kills(monkeypatch, tmp_path
     handler._handle(signal.SIGINT, None)  # before/after the agent runs: nothing raised into launch's own code
     assert killed == [True]
     killed.clear()
-    handler.received.clear()
+    clock = Clock()
+    handler = runner._Signals(LaunchRecord(str(tmp_path / "launch.json"), {}), SignalCount(clock))
     handler.active = True
     with pytest.raises(SignalException) as info:
         handler._handle(signal.SIGINT, None)
     assert info.value.sigval == signal.SIGINT and not killed
+    clock.now += 1.0  # a person's second Ctrl-C
     handler._handle(signal.SIGINT, None)  # no exception: the agent's shutdown wait sees the workers gone
     assert killed == [True] and handler.stacks_asked is None
+
+
+def test_the_first_signal_delivered_twice_at_once_is_one_signal(monkeypatch, tmp_path):
+    """GNU timeout forwards one SIGINT to the launcher and to its process group: two deliveries, milliseconds apart."""
+    killed = []
+    monkeypatch.setattr(runner, "kill_children", lambda: killed.append(True) or [123])
+    clock = Clock()
+    handler = runner._Signals(LaunchRecord(str(tmp_path / "launch.json"), {}), SignalCount(clock))
+    handler.active = True
+    with pytest.raises(SignalException):
+        handler._handle(signal.SIGINT, None)
+    clock.now += 0.003
+    handler._handle(signal.SIGINT, None)  # the same one: neither a second graceful stop nor a kill
+    assert killed == [] and handler.received == [signal.SIGINT]
 
 
 def test_the_first_signal_asks_every_rank_for_its_stacks_before_the_graceful_path(monkeypatch, tmp_path):

@@ -13,6 +13,7 @@ from mgpucli.engine import train_entry
 from mgpucli.errors import EXIT_PREEMPTED, Preempted
 from mgpucli.launch import worker
 from mgpucli.run_records.worker_records import failure_step, read_record, record_path
+from mgpucli.stop_signals import SignalCount
 
 MESSAGE = ("stopped by SIGTERM at step 40 (epoch 2); every rank agreed on that step and the checkpoint in "
            "runs/q/checkpoints is complete.")
@@ -102,6 +103,12 @@ def test_after_a_graceful_stop_the_worker_exits_through_signals(monkeypatch, cod
             signal.signal(sig, handler)
 
 
+def seconds_apart():
+    """A clock for signals that come a second apart each (none is the one before it delivered again)."""
+    ticks = iter(range(1000))
+    return lambda: float(next(ticks))
+
+
 def test_after_a_finished_run_a_signal_is_only_noted_until_released():
     """A finished run's teardown: Ctrl-C (twice) and SIGTERM are noted, not raised; release() gives them back."""
     import os
@@ -110,7 +117,7 @@ def test_after_a_finished_run_a_signal_is_only_noted_until_released():
     from mgpucli.engine.stop_requests import StopRequests
 
     before = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
-    stop = StopRequests()
+    stop = StopRequests(SignalCount(seconds_apart()))
     with stop.listening():
         stop.finish()
     for sig in (signal.SIGINT, signal.SIGINT, signal.SIGTERM):
@@ -125,13 +132,19 @@ def test_an_unfinished_run_gives_the_signals_back_at_once_and_a_second_ctrl_c_st
     import signal
 
     from mgpucli.engine.stop_requests import StopRequests
+    from mgpucli.stop_signals import AGAIN_AFTER_S
 
     before = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
-    stop = StopRequests()
+    now = [50.0]
+    stop = StopRequests(SignalCount(lambda: now[0]))
     with pytest.raises(KeyboardInterrupt), stop.listening():
         os.kill(os.getpid(), signal.SIGINT)
         assert stop.received == "SIGINT"
-        os.kill(os.getpid(), signal.SIGINT)
+        now[0] += AGAIN_AFTER_S / 10
+        os.kill(os.getpid(), signal.SIGINT)  # the same Ctrl-C delivered again (GNU timeout: child and group)
+        assert stop.received == "SIGINT"
+        now[0] += AGAIN_AFTER_S
+        os.kill(os.getpid(), signal.SIGINT)  # a second Ctrl-C, a moment later: stop now
     assert {sig: signal.getsignal(sig) for sig in before} == before
 
 
@@ -160,7 +173,7 @@ def test_a_sigterm_of_the_teardown_ends_the_rank_by_that_signal_any_other_is_a_s
     monkeypatch.setattr(stop_requests.signal, "signal", lambda sig, handler: done.append(("handler", sig, handler)))
     asked = []
     monkeypatch.setattr(StopRequests, "is_teardown", staticmethod(lambda: asked.append(1) or True))
-    stop = StopRequests()
+    stop = StopRequests(SignalCount(seconds_apart()))
     stop._note(signal.SIGINT, None)  # the agent's teardown never sends SIGINT: a stop request, not asked
     assert (stop.received, asked, done) == ("SIGINT", [], [])
     stop._note(signal.SIGTERM, None)

@@ -97,3 +97,23 @@ def test_the_packaged_copy_is_preferred_and_a_missing_one_is_reported(tmp_path, 
     monkeypatch.setattr(recipes, "CHECKOUT_DIR", tmp_path / "gone-too")
     with pytest.raises(UsageError, match="shipped recipes are missing"):
         recipes.shipped_names()
+
+
+def test_each_extra_a_recipe_needs_is_named_once():
+    from rich.text import Text
+
+    from mgpucli.cli.recipes import needs_line
+
+    def line(*modules: tuple[str, bool]) -> str:
+        return Text.from_markup(needs_line(tuple(recipes.Requirement(m, ok) for m, ok in modules))).plain
+
+    assert line(("transformers", True), ("datasets", True)) == "needs: the hf extra (Transformers, datasets), installed"
+    assert line(("transformers", True), ("datasets", False)) == \
+        "needs: the hf extra (Transformers, datasets), not installed: pip install 'mgpu[hf]'"
+    assert line(("timm", True), ("torchvision", False), ("no_such_module_mgpu", False)) == \
+        ("needs: the timm extra (and a torchvision that matches your torch), installed; torchvision, not installed: "
+         "pip install torchvision (the build that matches your torch); no_such_module_mgpu, not installed: "
+         "pip install no_such_module_mgpu")
+    assert line() == "needs: nothing extra"
+    assert [q.label for q in recipes.describe("text-classification").requires] == \
+        ["the hf extra (Transformers)", "the hf extra (datasets)"]  # each module's own, as --json lists them

@@ -7,7 +7,14 @@ import torch
 
 from mgpucli.errors import UsageError
 from mgpucli.run_files import check_start, holds_a_run, saved_checkpoint, unwritable
-from mgpucli.run_layout import is_launch_json, launch_json_name, step_glob, step_name
+from mgpucli.run_layout import (
+    is_launch_json,
+    launch_json_name,
+    launcher_name,
+    record_node_rank,
+    step_glob,
+    step_name,
+)
 
 
 def _with_checkpoint(run_dir, name="last.pt"):
@@ -114,8 +121,12 @@ def test_the_runs_newest_and_best_checkpoints_are_found_in_either_format_and_onl
 def test_the_run_dirs_derived_names():
     assert (step_name(40, sharded=False), step_name(40, sharded=True)) == ("step-00000040.pt", "step-00000040.dcp")
     assert step_glob(sharded=False) == "step-*.pt"
-    names = {(1, None): "launch.json", (2, 0): "launch.json", (2, 3): "launch.node3.json", (2, None): "launch.h.json"}
-    assert {key: launch_json_name(*key, hostname="h") for key in names} == names
-    records = ("launch.json", "launch.node12.json")
-    others = ("launch.h.json", "launch.node.json", "launch.nodex.json", "xlaunch.json")
+    names = {(1, None): "launch.json", (2, 0): "launch.json", (2, 3): "launch.node3.json",
+             (2, None): "launch.h-1a2b3c.json"}
+    assert {key: launch_json_name(*key, launcher="h-1a2b3c") for key in names} == names
+    assert launcher_name("gpu-7.example.com", "1a2b3c") == "gpu-7.example.com-1a2b3c"
+    assert launcher_name("a b/c", "x") == "a_b_c-x"  # kept to the characters safe in a file name
+    records = ("launch.json", "launch.node12.json", "launch.h-1a2b3c.json", "launch.h.json")  # the last: earlier
+    others = ("launch..json", "xlaunch.json", "launch.json.tmp123", "launch.h.json.tmp9", "launch-abc")
     assert all(map(is_launch_json, records)) and not any(map(is_launch_json, others))
+    assert [record_node_rank(n) for n in records] == [0, 12, None, None]
