@@ -5,8 +5,9 @@ help text, a ``--dry-run``), at the cost of a function call instead of a Python 
 directory and the environment a subprocess would get, captures stdout and stderr, and returns the same
 :class:`tests.procs.Result` as :func:`tests.procs.mgpu`, so ``assert_usage_error`` reads both alike. Starting a
 process from inside the call fails the test: a command that needs one is a test for ``tests/e2e``, through the
-real console script. What the call changes in the process (environment, working directory, signal handlers, torch's
-thread count, the garbage collector) is put back afterwards.
+real console script. What the call changes in the process (environment, working directory, ``sys.path``, signal
+handlers, torch's thread count, the garbage collector) is put back afterwards. Modules it imported stay imported, as
+in any process that imports them twice.
 """
 
 from __future__ import annotations
@@ -65,7 +66,7 @@ def _no_process(allowed: tuple[str, ...]):
 @contextlib.contextmanager
 def _process_state(cwd: Path, env: dict[str, str] | None, argv: list[str]):
     """The process as ``mgpu ARGV`` in ``cwd`` would start, put back as it was afterwards."""
-    saved_env, saved_cwd, saved_argv = dict(os.environ), os.getcwd(), sys.argv
+    saved_env, saved_cwd, saved_argv, saved_path = dict(os.environ), os.getcwd(), sys.argv, list(sys.path)
     saved_signals = {sig: signal.getsignal(sig) for sig in _SIGNALS}
     saved_gc = gc.isenabled(), gc.get_threshold(), gc.get_freeze_count()
     torch = sys.modules.get("torch")
@@ -83,6 +84,7 @@ def _process_state(cwd: Path, env: dict[str, str] | None, argv: list[str]):
         os.environ.clear()
         os.environ.update(saved_env)
         sys.argv = saved_argv
+        sys.path[:] = saved_path  # a run puts its working directory first (engine/run.py): not the next test's
         main_module.__package__ = saved_package
         for sig, handler in saved_signals.items():
             if handler is not None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 
 import pytest
 
@@ -23,10 +24,11 @@ def test_the_help_names_the_program_as_python_dash_m_does(tmp_path):
 
 
 def test_the_process_is_put_back_as_it_was(tmp_path):
-    before = dict(os.environ), os.getcwd(), signal.getsignal(signal.SIGTERM)
+    before = dict(os.environ), os.getcwd(), signal.getsignal(signal.SIGTERM), list(sys.path)
     r = cli("launch", "--cpu", "--nproc", "2", "quickstart", "--dry-run", cwd=tmp_path, env={"MGPU_TEST_X": "1"})
     assert r.returncode == 0 and "torchrun --nnodes 1 --nproc-per-node 2" in r.stdout, r.output
-    assert (dict(os.environ), os.getcwd(), signal.getsignal(signal.SIGTERM)) == before
+    assert (dict(os.environ), os.getcwd(), signal.getsignal(signal.SIGTERM), list(sys.path)) == before
+    assert str(tmp_path) not in sys.path  # the launch put its working directory first, for its own components
 
 
 def test_a_command_that_starts_a_process_fails_the_test(tmp_path):
