@@ -30,9 +30,31 @@ def checkpoint_dir(run_dir: str | Path) -> Path:
     return Path(run_dir) / CHECKPOINTS
 
 
-def last_checkpoint(run_dir: str | Path, sharded: bool = False) -> Path:
-    """Where the run's latest checkpoint of a format goes (a file, or a directory of shards), there or not."""
+def last_checkpoint(run_dir: str | Path, sharded: bool | None = False) -> Path:
+    """Where the run's latest checkpoint of a format goes (a file, or a directory of shards), there or not.
+    ``sharded`` None (``trainer.checkpoint_format: auto``): the one the run dir holds, the full file when neither."""
+    if sharded is None:
+        link = checkpoint_dir(run_dir) / last_name(True)
+        sharded = not (checkpoint_dir(run_dir) / last_name(False)).exists() and (link.exists() or link.is_symlink())
     return checkpoint_dir(run_dir) / last_name(sharded)
+
+
+def requested_sharded(checkpoint_format: str) -> bool | None:
+    """``trainer.checkpoint_format`` as the run-dir rule takes it: True (sharded), False (full) or None (auto: decided
+    by :func:`writes_sharded` once the checkpoint a resume continues is known)."""
+    return {"sharded": True, "full": False}.get(str(checkpoint_format))
+
+
+def writes_sharded(checkpoint_format: str, strategy: str, resumed: str | Path | None) -> bool:
+    """Whether a run writes sharded checkpoints. ``auto`` (the default): a resumed run keeps the format of the
+    checkpoint it continues (one format per run dir), a new one writes sharded ones under FSDP (no rank gathers the
+    whole model and optimizer state) and full ones under any other strategy."""
+    chosen = requested_sharded(checkpoint_format)
+    if chosen is not None:
+        return chosen
+    if resumed is not None:
+        return Path(resumed).is_dir()
+    return str(strategy) == "fsdp"
 
 
 def saved_checkpoint(run_dir: str | Path, which: str = "last") -> Path | None:
@@ -64,7 +86,7 @@ def _holds_launch_record(path: Path) -> bool:
         return False
 
 
-def resume_path(run_dir: str | Path, resume: str | None, sharded: bool = False) -> Path | None:
+def resume_path(run_dir: str | Path, resume: str | None, sharded: bool | None = False) -> Path | None:
     """The checkpoint a start with ``--resume`` continues from (None: a fresh start; ``auto`` without one)."""
     if resume == "auto":
         last = last_checkpoint(run_dir, sharded)
@@ -72,7 +94,7 @@ def resume_path(run_dir: str | Path, resume: str | None, sharded: bool = False) 
     return Path(resume) if resume else None
 
 
-def check_start(run_dir: str | Path, resume: str | None, overwrite: bool, sharded: bool = False) -> Path | None:
+def check_start(run_dir: str | Path, resume: str | None, overwrite: bool, sharded: bool | None = False) -> Path | None:
     """Raise UsageError when a run cannot start in ``run_dir`` as asked; else return the checkpoint it resumes.
 
     Refused: ``--resume`` with ``--overwrite``; an empty ``--resume``; a ``--resume`` checkpoint that does not
@@ -112,7 +134,7 @@ def check_start(run_dir: str | Path, resume: str | None, overwrite: bool, sharde
             last = last_checkpoint(run_dir, sharded)
             raise UsageError(
                 f"--resume auto continues from {last}{_dangling(last) or ', which does not exist'}; run dir "
-                f"{run_dir} holds {names} (trainer.checkpoint_format={'sharded' if sharded else 'full'}).",
+                f"{run_dir} holds {names} (trainer.checkpoint_format={_format_name(sharded)}).",
                 "Name the checkpoint to continue from (--resume PATH), start afresh with --overwrite (deletes "
                 "them), or set run_dir=... (or name=...) for a new run dir.",
             )
@@ -126,6 +148,10 @@ def check_start(run_dir: str | Path, resume: str | None, overwrite: bool, sharde
         raise UsageError(f"cannot create run dir {run_dir}: {problem}.",
                          "Choose another location with run_dir=PATH (or fix the path/permissions).")
     return found
+
+
+def _format_name(sharded: bool | None) -> str:
+    return "auto" if sharded is None else "sharded" if sharded else "full"
 
 
 def _dangling(path: Path) -> str:

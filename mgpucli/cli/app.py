@@ -10,6 +10,7 @@ import sys
 import typer
 
 from mgpucli import __version__
+from mgpucli.cli import convert as convert_cmd
 from mgpucli.cli import doctor as doctor_cmd
 from mgpucli.cli import export as export_cmd
 from mgpucli.cli import launch as launch_cmd
@@ -59,6 +60,7 @@ app.command("validate")(validate_cmd.validate)
 app.command("launch", context_settings={"allow_extra_args": False})(launch_cmd.launch)
 app.command("doctor")(doctor_cmd.doctor)
 app.command("export")(export_cmd.export)
+app.command("convert")(convert_cmd.convert)
 app.add_typer(recipes_cmd.app, name="recipes")
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 
 def check_and_print(recipe: str, overrides: list[str], quiet: bool = False,
-                    check_run_dir: Callable[[str, bool], Path | None] | None = None,
+                    check_run_dir: Callable[[str, bool | None], Path | None] | None = None,
                     world_size: int | None = None) -> None:
     """Run the deep check (see :mod:`mgpucli.config.deep_check`) and report it; ``quiet`` for non-zero ranks.
 
@@ -21,6 +21,7 @@ def check_and_print(recipe: str, overrides: list[str], quiet: bool = False,
     from mgpucli.config.deep_check import check_deep
     from mgpucli.console import err_console
     from mgpucli.engine.run import ensure_cwd_on_path
+    from mgpucli.run_files import requested_sharded
 
     ensure_cwd_on_path()  # user components in the working directory, as a run finds them
     result = check_deep(recipe, overrides, trackers="find" if quiet else "import")  # a job's other ranks: no import
@@ -34,7 +35,7 @@ def check_and_print(recipe: str, overrides: list[str], quiet: bool = False,
     if quiet:
         return
     run_dir = str(result.cfg.run_dir)
-    resumes = (check_run_dir(run_dir, str(result.cfg.trainer.checkpoint_format) == "sharded")
+    resumes = (check_run_dir(run_dir, requested_sharded(result.cfg.trainer.checkpoint_format))
                if check_run_dir is not None else None)
     print(result.resolved_yaml(), end="", flush=True)
     where = f"shipped recipe {result.source} ({result.file})" if result.shipped else f"recipe {result.file}"

@@ -91,13 +91,12 @@ def _parent(checkpoint: str, gpus: str | None, cpu: bool, nproc: int | None, **a
     import torch
 
     from mgpucli.distributed.select import select_devices
-    from mgpucli.engine.checkpoints.files import read_file
-    from mgpucli.engine.validate_checkpoint import _state_dict_of, resolve_recipe
+    from mgpucli.engine.validate_checkpoint import read_checkpoint, resolve_recipe
     from mgpucli.launch.spawn import run_workers
 
     selection = select_devices(gpus, cpu, nproc, torch.cuda.device_count(), os.environ.get("CUDA_VISIBLE_DEVICES"))
     # bad input fails here, before any process
-    _, info = _state_dict_of(read_file(checkpoint), checkpoint, args["weights"])
+    _, info = read_checkpoint(checkpoint, args["weights"])
     resolve_recipe(info, checkpoint, overrides, args["recipe"], args["trust_recipe"])
     with tempfile.TemporaryDirectory(prefix="mgpu-validate-") as tmp:
         out = Path(tmp) / "result.json"

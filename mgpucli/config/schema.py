@@ -18,7 +18,7 @@ from mgpucli import trackers
 CHOICES: dict[str, tuple[str, ...]] = {
     "trainer.device": ("auto", "cpu", "cuda"),
     "trainer.strategy": ("auto", "single", "ddp", "dp", "fsdp"),
-    "trainer.checkpoint_format": ("full", "sharded"),
+    "trainer.checkpoint_format": ("auto", "full", "sharded"),
     "trainer.precision": ("fp32", "bf16", "fp16"),
     "trainer.scheduler_interval": ("step", "epoch"),
     "trainer.best_mode": ("auto", "min", "max"),
@@ -103,8 +103,9 @@ class TrainerSchema:
     ema: Optional[EMAOptions] = None
     early_stopping: Optional[EarlyStoppingOptions] = None
     profile: Optional[ProfileOptions] = None
-    # full: one file any strategy reads; sharded: a torch.distributed.checkpoint directory
-    checkpoint_format: str = "full"
+    # full: one file gathered on rank 0; sharded: a torch.distributed.checkpoint directory, each rank writing its
+    # part; auto: sharded under FSDP, full otherwise (a resumed run keeps its checkpoint's format)
+    checkpoint_format: str = "auto"
     scheduler_interval: str = "step"
     log_every: int = 10  # optimizer steps per train-metrics record (and per metrics all-reduce)
     # each rank's step time by phase in every train record, the straggler named. Off until its cost is shown under

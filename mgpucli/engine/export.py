@@ -1,7 +1,8 @@
 """``mgpu export RUN_DIR OUT_DIR``: a run's checkpoint as a Hugging Face Transformers model directory.
 
-The checkpoint is loaded as ``mgpu validate`` loads it (``weights_only=True``, the allowlist for its recipe), the
-model is built from its recipe with the checkpoint's weights, and written with ``save_pretrained`` (safetensors),
+The checkpoint is loaded as ``mgpu validate`` loads it (``weights_only=True``, the allowlist for its recipe; a
+sharded checkpoint's weights read from its shards in this process, its optimizer state never read), the model is
+built from its recipe with the checkpoint's weights, and written with ``save_pretrained`` (safetensors),
 with the tokenizer the recipe's train set uses and, when the dataset names its classes (``labels``), the model's
 ``id2label``. ``AutoModelFor<head>.from_pretrained(OUT_DIR)`` then gives the checkpoint's outputs.
 """
@@ -31,19 +32,16 @@ class Exported:
 
 
 def checkpoint_of(run_dir: str, which: str) -> Path:
-    """The run's ``last`` or ``best`` full checkpoint; exit 2 naming what is there instead."""
+    """The run's ``last`` or ``best`` checkpoint (a file, or a sharded one's directory); exit 2 naming what is there
+    instead."""
     if which not in WHICH:
         raise UsageError(f"--checkpoint {which!r}: choose last or best.")
     if not Path(run_dir).is_dir():
         raise UsageError(f"{run_dir} is not a run dir (it does not exist).", "Pass the run dir a run trained into, "
                          "e.g. runs/NAME.")
     found = saved_checkpoint(run_dir, which)
-    if found is not None and found.is_file():
-        return found
     if found is not None:
-        raise CheckpointError(f"{found} is a sharded checkpoint; export reads full ones.",
-                              "Train with trainer.checkpoint_format=full (the default), or resume the run with it "
-                              "for one more save.")
+        return found
     folder = checkpoint_dir(run_dir)
     held = sorted(p.name for p in folder.glob("*")) if folder.is_dir() else []
     said = f"its checkpoints: {', '.join(held)}" if held else "no checkpoints at all"

@@ -36,19 +36,45 @@ class Loaded:
 WEIGHTS = ("model", "ema")
 
 
-def _state_dict_of(obj: Any, path: str, weights: str = "model") -> tuple[dict[str, Any], dict[str, Any]]:
-    """(weights, info) from an mgpu checkpoint or a plain state_dict. ``weights``: the model's own (``model``) or
-    their moving average (``ema``, in checkpoints of runs with trainer.ema)."""
+def read_checkpoint(path: str, weights: str = "model",
+                    map_location: str | torch.device = "cpu") -> tuple[dict[str, Any] | None, dict[str, Any]]:
+    """(weights, info) of a checkpoint file (an mgpu checkpoint or a plain state_dict); (None, info) of a sharded
+    checkpoint's directory, whose weights :func:`fill_weights` reads once the model is built (its meta alone is
+    read here). ``weights``: the model's own (``model``) or their moving average (``ema``)."""
     if weights not in WEIGHTS:
         raise UsageError(f"weights {weights!r}: choose model or ema.")
+    if Path(path).is_dir():
+        from mgpucli.engine.checkpoints.sharded import read_meta
+
+        meta = read_meta(path)
+        return None, _mgpu_info(meta, path, weights, has_ema="ema" in meta.get("extra", ()), fmt="mgpu-sharded")
+    return _state_dict_of(read_file(path, map_location=map_location), path, weights)
+
+
+def fill_weights(model: torch.nn.Module, state: dict[str, Any] | None, path: str, weights: str = "model") -> None:
+    """Load what :func:`read_checkpoint` returned into ``model``, after checking that every key and shape fits."""
+    if state is None:
+        from mgpucli.engine.checkpoints.sharded import load_weights
+
+        load_weights(model, path, weights)
+    else:
+        load_model_state(model, state, path)
+
+
+def _mgpu_info(obj: dict[str, Any], path: str, weights: str, has_ema: bool, fmt: str) -> dict[str, Any]:
+    info = {k: obj.get(k) for k in ("step", "world_size")}
+    mid = bool(obj.get("mid_epoch"))  # the epoch of its last step, numbered from 1 (see state.epoch_label)
+    info.update(epoch=obj.get("epoch", 0) + 1 if mid else obj.get("epoch"), mid_epoch=mid, weights=weights)
+    if weights == "ema" and not has_ema:
+        raise CheckpointError(f"{path} holds no EMA weights: its run was trained without trainer.ema.",
+                              "Use --weights model (the default), or train with trainer.ema={decay: 0.999}.")
+    return {**info, "format": fmt, "recipe_text": obj.get("recipe")}
+
+
+def _state_dict_of(obj: Any, path: str, weights: str = "model") -> tuple[dict[str, Any], dict[str, Any]]:
+    """(weights, info) from an mgpu checkpoint or a plain state_dict."""
     if is_mgpu_checkpoint(obj):
-        info = {k: obj.get(k) for k in ("step", "world_size")}
-        mid = bool(obj.get("mid_epoch"))  # the epoch of its last step, numbered from 1 (see state.epoch_label)
-        info.update(epoch=obj.get("epoch", 0) + 1 if mid else obj.get("epoch"), mid_epoch=mid, weights=weights)
-        if weights == "ema" and obj.get("ema") is None:
-            raise CheckpointError(f"{path} holds no EMA weights: its run was trained without trainer.ema.",
-                                  "Use --weights model (the default), or train with trainer.ema={decay: 0.999}.")
-        return obj[weights], {**info, "format": "mgpu", "recipe_text": obj.get("recipe")}
+        return obj[weights], _mgpu_info(obj, path, weights, has_ema=obj.get("ema") is not None, fmt="mgpu")
     if weights == "ema":
         raise CheckpointError(f"{path} is not an mgpu checkpoint, so it holds no EMA weights.",
                               "EMA weights are in checkpoints of runs trained with trainer.ema; use --weights model.")
@@ -101,11 +127,11 @@ def load_checkpoint(path: str | Path, overrides: list[str] | None = None, *, rec
     ``weights="ema"`` loads the weights' moving average (runs trained with ``trainer.ema``) instead.
     """
     path = str(path)
-    state, info = _state_dict_of(read_file(path, map_location=map_location), path, weights)
+    state, info = read_checkpoint(path, weights, map_location)
     cfg = resolve_recipe(info, path, list(overrides or []), recipe, trust_recipe)
     torch.manual_seed(int(cfg.seed))
     model = build_component("model", cfg.model, source=path)
-    load_model_state(model, state, path)
+    fill_weights(model, state, path, weights)
     model.to(map_location).eval()
     info.pop("recipe_text", None)
     return Loaded(model=model, recipe=cfg, info={"path": path, **info})
@@ -134,13 +160,13 @@ def run_validation(checkpoint: str, overrides: list[str], *, recipe: str | None,
 
     ensure_cwd_on_path()
     device = choose_device("cpu" if prefer_cpu else "auto", env)
-    state, info = _state_dict_of(read_file(checkpoint, map_location=device), checkpoint, weights)
+    state, info = read_checkpoint(checkpoint, weights, device)
     cfg = resolve_recipe(info, checkpoint, overrides, recipe, trust_recipe)
     runtime = setup_process_group(env, cfg.trainer.device, cfg.trainer.timeout_s, cfg.trainer.cpu_threads)
     try:
         torch.manual_seed(int(cfg.seed))
         model = build_component("model", cfg.model, source=checkpoint)
-        load_model_state(model, state, checkpoint)
+        fill_weights(model, state, checkpoint, weights)
         model.to(runtime.device)
         if cfg.trainer.channels_last:
             model.to(memory_format=torch.channels_last)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from mgpucli import env_vars
 from mgpucli.launch.node_range import check_global_batch, global_batch_at_max, layout_line
-from mgpucli.run_files import resume_path
+from mgpucli.run_files import requested_sharded, resume_path
 
 
 def add_global_batch(plan, cfg, resume: str | None) -> None:
@@ -23,7 +23,7 @@ def add_global_batch(plan, cfg, resume: str | None) -> None:
         return
     batch, accum, nproc = int(cfg.data.batch_size), int(cfg.trainer.grad_accum), plan.nproc_per_node
     kept, whose = global_batch_at_max(nodes, nproc, batch, accum), f"the recipe's on {nodes.high} nodes"
-    saved = _checkpoint_global_batch(plan.run_dir, resume, str(cfg.trainer.checkpoint_format) == "sharded")
+    saved = _checkpoint_global_batch(plan.run_dir, resume, requested_sharded(cfg.trainer.checkpoint_format))
     if saved is not None:
         kept, whose = saved, "the checkpoint's it resumes"
     check_global_batch(nodes, nproc, batch, kept, whose)
@@ -31,7 +31,7 @@ def add_global_batch(plan, cfg, resume: str | None) -> None:
     plan.notes.append(layout_line(nodes, nproc, batch, kept))
 
 
-def _checkpoint_global_batch(run_dir: str, resume: str | None, sharded: bool) -> int | None:
+def _checkpoint_global_batch(run_dir: str, resume: str | None, sharded: bool | None) -> int | None:
     """The global batch of the checkpoint a ``--resume`` launch continues (None: a fresh start, or one it does not
     say)."""
     from mgpucli.postmortem.checkpoint_peek import read_checkpoint_info

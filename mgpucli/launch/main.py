@@ -28,7 +28,7 @@ from mgpucli.launch.plan import (
     worker_overrides,
 )
 from mgpucli.launch.script import check_target, default_run_dir, local_rank_flag
-from mgpucli.run_files import check_start, holds_a_run, unwritable
+from mgpucli.run_files import check_start, holds_a_run, requested_sharded, unwritable
 from mgpucli.run_layout import AUDIT_JSON, LAUNCH_DIR_PREFIX
 from mgpucli.run_records.launch_record import Devices, LaunchHeader, RendezvousInfo, ScriptJob
 
@@ -141,7 +141,7 @@ def _prepare(opts: LaunchOptions, nodes: JobNodes, claim_run_dir: bool = False, 
     plan = build_plan(opts, facts, machine, checked_nodes=nodes)
     add_global_batch(plan, cfg, opts.resume)  # an elastic job's, over its node range (mgpucli/launch/elastic_plan.py)
     if plan.node_rank == 0:  # this node's rank 0 takes the run dir: refuse here what it would refuse there
-        found = check_run_dir(plan.run_dir, opts, sharded=str(cfg.trainer.checkpoint_format) == "sharded")
+        found = check_run_dir(plan.run_dir, opts, sharded=requested_sharded(cfg.trainer.checkpoint_format))
         if found is not None:
             _check_global_batch(str(found), plan, cfg, opts)
     return plan, cfg
@@ -190,7 +190,7 @@ def _prepare_script(opts: LaunchOptions, nodes: JobNodes, claim_run_dir: bool) -
     return plan
 
 
-def check_run_dir(run_dir: str, opts: LaunchOptions, sharded: bool = False):
+def check_run_dir(run_dir: str, opts: LaunchOptions, sharded: bool | None = False):
     """The run-dir rule the workers' rank 0 applies (:func:`mgpucli.run_files.check_start`), before any worker
     starts; a refusal names the commands that fix it. Returns the checkpoint the run resumes (None: fresh)."""
     try:

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from mgpucli.errors import UsageError
-from mgpucli.run_files import check_start, holds_a_run, saved_checkpoint, unwritable
+from mgpucli.run_files import check_start, holds_a_run, saved_checkpoint, unwritable, writes_sharded
 from mgpucli.run_layout import (
     is_launch_json,
     launch_json_name,
@@ -69,6 +69,25 @@ def test_a_sharded_runs_link_to_a_deleted_step_is_named(tmp_path):
         check_start(tmp_path, "auto", False, sharded=True)
     with pytest.raises(UsageError, match=r"no such checkpoint \(a link to step-00000010.dcp, which is gone\)"):
         check_start(tmp_path, str(tmp_path / "checkpoints" / "last.dcp"), False, sharded=True)
+
+
+def test_auto_format_resumes_whichever_the_run_dir_holds_and_keeps_writing_it(tmp_path):
+    """trainer.checkpoint_format=auto (sharded=None): --resume auto continues last.pt or last.dcp, and the run keeps
+    that format; a new run writes sharded checkpoints under FSDP alone."""
+    full, sharded = tmp_path / "full", tmp_path / "sharded"
+    _with_checkpoint(full)
+    (sharded / "checkpoints" / "step-00000004.dcp").mkdir(parents=True)
+    _checkpoint(sharded / "checkpoints" / "step-00000004.dcp" / "meta.pt", model=None, optimizer=None)
+    (sharded / "checkpoints" / "last.dcp").symlink_to("step-00000004.dcp")
+    found_full, found_sharded = check_start(full, "auto", False, None), check_start(sharded, "auto", False, None)
+    assert (found_full.name, found_sharded.name) == ("last.pt", "last.dcp")
+    assert not writes_sharded("auto", "fsdp", found_full) and writes_sharded("auto", "ddp", found_sharded)
+    assert writes_sharded("auto", "fsdp", None) and not writes_sharded("auto", "ddp", None)
+    assert writes_sharded("sharded", "fsdp", found_full) and not writes_sharded("full", "fsdp", found_sharded)
+    (sharded / "checkpoints" / "step-00000004.dcp").rename(sharded / "checkpoints" / "step-00000002.dcp")
+    with pytest.raises(UsageError, match=r"continues from .*last.dcp \(a link to step-00000004.dcp, which is gone\); "
+                       r"run dir .* holds .*\(trainer.checkpoint_format=auto\)"):
+        check_start(sharded, "auto", False, None)
 
 
 @pytest.mark.parametrize("fields, problem", [

@@ -29,7 +29,7 @@ from mgpucli.engine.reporter import Reporter
 from mgpucli.engine.rundir import prepare_run_dir
 from mgpucli.engine.strategy import Wrapped
 from mgpucli.errors import UsageError
-from mgpucli.run_files import check_start, checkpoint_dir
+from mgpucli.run_files import check_start, checkpoint_dir, requested_sharded, writes_sharded
 from mgpucli.run_layout import BEST_FULL, LAST_FULL, step_glob, step_name
 
 
@@ -80,7 +80,8 @@ class Checkpoints:
         self.segments: list[Segment] = []  # the run's, this one last
         self._accum_said = False  # resolve_layout's note already says trainer.grad_accum changed
         trainer = cfg.trainer
-        self.sharded_format = trainer.checkpoint_format == "sharded"
+        self.format, self.strategy = str(trainer.checkpoint_format), str(trainer.strategy)
+        self.sharded_format = writes_sharded(self.format, self.strategy, None)  # decided again by check_run_dir
         self.keep = int(trainer.keep_checkpoints)
         self.best_metric, self.best_mode = trainer.best_metric, trainer.best_mode
         never = "the recipe has no data.val" if cfg.data.get("val") is None else \
@@ -121,7 +122,11 @@ class Checkpoints:
         every rank gets the same verdict and the same checkpoint to resume from (None: a fresh start), so all fail or
         resume together. Nothing is written yet: a checkpoint that turns out not to fit leaves the run dir as it was.
         """
-        found = self._agree("run-dir check", lambda: check_start(self.run_dir, resume, overwrite, self.sharded_format))
+        def decide() -> tuple[str | None, bool]:  # and the format this run writes (auto: rank 0's look at it)
+            found = check_start(self.run_dir, resume, overwrite, requested_sharded(self.format))
+            return (str(found) if found is not None else None), writes_sharded(self.format, self.strategy, found)
+
+        found, self.sharded_format = self._agree("run-dir check", decide)
         return Path(found) if found is not None else None
 
     def take_run_dir(self, overwrite: bool) -> None:
