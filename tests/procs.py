@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -143,6 +144,13 @@ def torchrun(nproc: int, *args: str, cwd: Path, env: dict[str, str] | None = Non
 
 
 def load_ckpt(path: Path) -> dict:
+    """A checkpoint file, or a sharded checkpoint's directory as ``mgpu convert`` writes it as one file."""
     import torch
 
+    if Path(path).is_dir():
+        from mgpucli.engine.checkpoints.sharded import to_full_file
+
+        with tempfile.TemporaryDirectory(prefix="mgpu-test-ckpt-") as tmp:
+            to_full_file(path, Path(tmp) / "converted.pt")
+            return torch.load(Path(tmp) / "converted.pt", map_location="cpu", weights_only=True)
     return torch.load(path, map_location="cpu", weights_only=True)

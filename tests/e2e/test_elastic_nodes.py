@@ -176,7 +176,7 @@ def test_under_fsdp_the_job_goes_on_from_the_latest_checkpoint_and_says_so(tmp_p
     assert ("node 1 lost at step 40; continuing on 1 node x 1 process(es) from its latest checkpoint, after step 30; "
             "under FSDP the lost node's shards of the steps since went with it: global batch 64 = 1 x 32 x grad_accum "
             "2; 9 steps lost") in node0.output, node0.output
-    assert load_ckpt(job.run_dir / "checkpoints/last.pt")["step"] == 64
+    assert load_ckpt(job.run_dir / "checkpoints/last.dcp")["step"] == 64  # sharded, FSDP's default
 
 
 def test_a_node_range_the_global_batch_cannot_span_is_refused_at_launch(tmp_path: Path):

@@ -121,16 +121,14 @@ def test_a_global_batch_no_whole_grad_accum_keeps_is_refused_with_the_options(cw
 
 
 def test_fsdp_sharded_checkpoints_resume_on_one_process_with_the_global_batch_and_the_optimizer_state(cwd):
-    """trainer.checkpoint_format=sharded: the shards of 2 processes load on 1 (torch.distributed.checkpoint), which
+    """FSDP's default, sharded checkpoints: the shards of 2 processes load on 1 (torch.distributed.checkpoint), which
     keeps writing sharded checkpoints, so --resume auto finds the newest."""
-    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
-
     tiny = ["vars.block_size=32", "model.d_model=32", "model.n_head=2", "+data.train.num_chars=12000",
             "+data.val.num_chars=3000", "trainer.log_every=5", "trainer.cpu_threads=1", "trainer.strategy=fsdp",
             "data.val=null", "trainer.best_metric=null"]  # 337 samples, a global batch of 32: 10 full steps
     whole = torchrun(2, "train", CHARLM, *tiny, "trainer.max_steps=10", "run_dir=fsdp-whole", cwd=cwd)
     assert whole.returncode == 0, whole.output
-    sharded = [*tiny, "trainer.checkpoint_format=sharded", "run_dir=fsdp"]
+    sharded = [*tiny, "run_dir=fsdp"]
     part = torchrun(2, "train", CHARLM, *sharded, "trainer.max_steps=5", cwd=cwd)
     assert part.returncode == 0, part.output
     resumed = cli("train", CHARLM, *sharded, "trainer.max_steps=10", "--resume", "auto", cwd=cwd)  # 1 process
@@ -138,8 +136,7 @@ def test_fsdp_sharded_checkpoints_resume_on_one_process_with_the_global_batch_an
     assert "resumed from fsdp/checkpoints/last.dcp at step 5" in resumed.stderr
     assert "keeping the checkpoint's global batch 32" in resumed.stderr and "grad_accum=2" in resumed.stderr
     assert not (cwd / "fsdp/checkpoints/last.pt").exists()
-    dcp_to_torch_save(cwd / "fsdp/checkpoints/last.dcp", cwd / "fsdp-step10.pt")
-    a, b = load_ckpt(cwd / "fsdp-whole/checkpoints/last.pt"), load_ckpt(cwd / "fsdp-step10.pt")
+    a, b = load_ckpt(cwd / "fsdp-whole/checkpoints/last.dcp"), load_ckpt(cwd / "fsdp/checkpoints/last.dcp")
     assert a["step"] == 10
     assert_weights_close(a["model"], b["model"], CHARLM_TOL)
     for key, value in a["optimizer"]["state"].items():

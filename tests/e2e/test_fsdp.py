@@ -1,15 +1,15 @@
-"""trainer.strategy=fsdp end to end on 2 CPU processes (gloo): same curves, same checkpoints, exact resume."""
+"""trainer.strategy=fsdp end to end on 2 CPU processes (gloo): same curves, same checkpoints, exact resume. By
+default (trainer.checkpoint_format=auto) FSDP writes sharded checkpoints, which every reader reads."""
 
 from __future__ import annotations
 
 import json
-import shutil
 
 import pytest
 import torch
 
 from tests.inproc import cli
-from tests.procs import RECIPES, load_ckpt, torchrun
+from tests.procs import RECIPES, load_ckpt, mgpu, torchrun
 
 CHARLM = str(RECIPES / "charlm.yaml")
 TINY = ["vars.block_size=32", "model.d_model=32", "model.n_head=2", "+data.train.num_chars=12000",
@@ -28,7 +28,10 @@ def fsdp_and_ddp(tmp_path_factory):
         r = torchrun(2, "train", CHARLM, *TINY, "trainer.max_steps=20", f"trainer.strategy={strategy}",
                      f"run_dir={strategy}", cwd=cwd)
         assert r.returncode == 0, r.output
-    shutil.copy(cwd / "fsdp/checkpoints/last.pt", cwd / "fsdp-step20.pt")  # other tests resume run_dir=fsdp
+    # the default under FSDP: each rank wrote its shards, none gathered the model (other tests resume run_dir=fsdp)
+    assert (cwd / "fsdp/checkpoints/last.dcp").is_symlink() and not (cwd / "fsdp/checkpoints/last.pt").exists()
+    r = cli("convert", "fsdp/checkpoints/last.dcp", "fsdp-step20.pt", cwd=cwd)  # one file, in this process
+    assert r.returncode == 0 and "as one file: fsdp-step20.pt" in r.stderr, r.output
     return cwd
 
 
@@ -37,18 +40,24 @@ def test_fsdp_follows_the_ddp_loss_curve(fsdp_and_ddp):
     assert len(a) == len(b) == 4
     assert a == pytest.approx(b, rel=1e-5)
     assert a[-1] < a[0]  # it learns
-    ck = load_ckpt(fsdp_and_ddp / "fsdp/checkpoints/last.pt")
-    assert ck["world_size"] == 2 and "blocks.0.qkv.weight" in ck["model"]  # full, unsharded, clean keys
+    ck = load_ckpt(fsdp_and_ddp / "fsdp-step20.pt")
+    assert ck["world_size"] == 2 and "blocks.0.qkv.weight" in ck["model"]  # converted: full, clean keys
     assert ck["model"]["blocks.0.qkv.weight"].shape == (96, 32)
 
 
-def test_fsdp_checkpoint_validates_on_one_process_like_ddp(fsdp_and_ddp):
+def test_fsdp_checkpoint_validates_on_one_and_two_processes_like_ddp(fsdp_and_ddp):
     results = {}
-    for strategy in ("fsdp", "ddp"):
-        r = cli("validate", f"{strategy}/checkpoints/last.pt", "--json", cwd=fsdp_and_ddp)  # one process: this one
+    for name, path in (("fsdp", "fsdp/checkpoints/last.dcp"), ("ddp", "ddp/checkpoints/last.pt"),
+                       ("converted", "fsdp-step20.pt")):
+        r = cli("validate", path, "--json", cwd=fsdp_and_ddp)  # one process: this one
         assert r.returncode == 0, r.output
-        results[strategy] = json.loads(r.stdout)
-    assert results["fsdp"]["samples"] == results["ddp"]["samples"]
+        results[name] = json.loads(r.stdout)
+    two = mgpu("validate", "fsdp/checkpoints/last.dcp", "--cpu", "--nproc", "2", "--json", cwd=fsdp_and_ddp)
+    assert two.returncode == 0, two.output
+    on_two = json.loads(two.stdout)
+    assert on_two["processes"] == 2 and on_two["checkpoint"]["step"] == 20
+    assert on_two["metrics"] == results["fsdp"]["metrics"] == results["converted"]["metrics"]  # identical
+    assert results["fsdp"]["samples"] == results["ddp"]["samples"] == on_two["samples"]
     assert results["fsdp"]["metrics"]["loss"] == pytest.approx(results["ddp"]["metrics"]["loss"], rel=1e-5)
     # and the 2-process FSDP validation during training saw the same
     assert losses(fsdp_and_ddp / "fsdp", "val")[-1] == pytest.approx(results["fsdp"]["metrics"]["loss"], rel=1e-6)
@@ -61,14 +70,17 @@ def test_ddp_resumes_from_an_fsdp_checkpoint_and_back(fsdp_and_ddp):
     r = torchrun(2, "train", CHARLM, *TINY, "trainer.max_steps=25", "trainer.strategy=fsdp", "run_dir=ddp",
                  "--resume", "auto", cwd=fsdp_and_ddp)
     assert r.returncode == 0, r.output
-    a, b = load_ckpt(fsdp_and_ddp / "fsdp/checkpoints/last.pt"), load_ckpt(fsdp_and_ddp / "ddp/checkpoints/last.pt")
+    # each run dir keeps its format: DDP went on writing the FSDP run's shards, FSDP the DDP run's file
+    assert not (fsdp_and_ddp / "fsdp/checkpoints/last.pt").exists()
+    a, b = load_ckpt(fsdp_and_ddp / "fsdp/checkpoints/last.dcp"), load_ckpt(fsdp_and_ddp / "ddp/checkpoints/last.pt")
     assert a["step"] == b["step"] == 25
     for key in a["model"]:
         torch.testing.assert_close(a["model"][key], b["model"][key], rtol=1e-3, atol=1e-4)  # float order differs
 
 
-def test_fsdp_resume_equals_uninterrupted(fsdp_and_ddp):
-    args = [*TINY, "trainer.strategy=fsdp", "run_dir=part"]
+def test_fsdp_resume_from_full_checkpoints_equals_uninterrupted(fsdp_and_ddp):
+    """trainer.checkpoint_format=full under FSDP (rank 0 gathers one file): bitwise the sharded run, converted."""
+    args = [*TINY, "trainer.strategy=fsdp", "trainer.checkpoint_format=full", "run_dir=part"]
     part = torchrun(2, "train", CHARLM, *args, "trainer.max_steps=7", cwd=fsdp_and_ddp)
     assert part.returncode == 0, part.output
     resumed = torchrun(2, "train", CHARLM, *args, "trainer.max_steps=20", "--resume", "auto", cwd=fsdp_and_ddp)
@@ -80,17 +92,9 @@ def test_fsdp_resume_equals_uninterrupted(fsdp_and_ddp):
         assert torch.equal(value["exp_avg"], b["optimizer"]["state"][key]["exp_avg"])
 
 
-def _dcp_to_dict(path):
-    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
-
-    out = path.parent.parent / f"{path.parent.parent.name}-converted.pt"
-    dcp_to_torch_save(str(path), str(out))
-    return torch.load(out, weights_only=True)["model"]
-
-
 def test_sharded_checkpoint_round_trips(fsdp_and_ddp):
     """Stopped at step 6 in shards, resumed from them to step 20: the uninterrupted FSDP run's weights, bitwise."""
-    args = [*TINY, "trainer.strategy=fsdp", "trainer.checkpoint_format=sharded", "run_dir=sharded"]
+    args = [*TINY, "trainer.strategy=fsdp", "run_dir=sharded"]
     part = torchrun(2, "train", CHARLM, *args, "trainer.max_steps=6", cwd=fsdp_and_ddp)
     assert part.returncode == 0, part.output
     ckpts = fsdp_and_ddp / "sharded/checkpoints"
@@ -100,7 +104,7 @@ def test_sharded_checkpoint_round_trips(fsdp_and_ddp):
     assert resumed.returncode == 0, resumed.output
     assert "resumed from" in resumed.stderr and "last.dcp" in resumed.stderr
     a = load_ckpt(fsdp_and_ddp / "fsdp-step20.pt")["model"]
-    b = _dcp_to_dict(fsdp_and_ddp / "sharded/checkpoints/last.dcp")
+    b = load_ckpt(fsdp_and_ddp / "sharded/checkpoints/last.dcp")["model"]
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 

@@ -101,35 +101,37 @@ def test_causal_lm_token_metrics_are_exact_on_any_process_count_and_accumulation
     assert vals[-1]["loss"] == one["loss"] and vals[-1]["samples"] == 70
 
 
-def _export_gives_the_checkpoints_logits(folder: Path, run: str, monkeypatch) -> None:
+def _export_gives_the_checkpoints_logits(folder: Path, run: str, monkeypatch, last: str = "last.pt") -> None:
     """``mgpu export``, then ``from_pretrained`` of what it wrote: the checkpoint's model, tokenizer and logits."""
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    r = cli("export", run, "exported", "--json", cwd=folder, env=offline_env(folder))  # in this process
+    out = f"{run}-exported"
+    r = cli("export", run, out, "--json", cwd=folder, env=offline_env(folder))  # in this process
     assert r.returncode == 0, r.output
     done = json.loads(r.stdout)
     assert {"config.json", "model.safetensors", "tokenizer.json"} <= set(done["files"]) and done["tokenizer"]
-    assert done["load_with"] == "transformers.AutoModelForSequenceClassification.from_pretrained('exported')"
-    again = cli("export", run, "exported", cwd=folder, env=offline_env(folder))  # never over files
+    assert done["load_with"] == f"transformers.AutoModelForSequenceClassification.from_pretrained('{out}')"
+    assert done["checkpoint"].endswith(last)
+    again = cli("export", run, out, cwd=folder, env=offline_env(folder))  # never over files
     assert again.returncode == 2 and "not an empty directory" in again.stderr and "Traceback" not in again.output
     for name, value in offline_env(folder).items():
         monkeypatch.setenv(name, value)
     monkeypatch.chdir(folder)  # the recipe names the tokenizer relative to the run's working directory
     from mgpucli import load_checkpoint
 
-    ours = load_checkpoint(folder / run / "checkpoints/last.pt").model
-    theirs = AutoModelForSequenceClassification.from_pretrained(folder / "exported").eval()
-    tokenizer = AutoTokenizer.from_pretrained(folder / "exported")
+    ours = load_checkpoint(folder / run / "checkpoints" / last).model
+    theirs = AutoModelForSequenceClassification.from_pretrained(folder / out).eval()
+    tokenizer = AutoTokenizer.from_pretrained(folder / out)
     batch = tokenizer(["the film was lovely.", "sadly, the meal was dull and poor."], padding=True,
                       return_tensors="pt")
     with torch.no_grad():
         assert torch.equal(ours(**batch).logits, theirs(**batch).logits)
 
 
-def test_dict_batches_under_fsdp_checkpointing_mixed_precision_ema_and_the_anatomy(text_dir):
+def test_dict_batches_under_fsdp_checkpointing_mixed_precision_ema_and_the_anatomy(text_dir, monkeypatch):
     """FSDP2 shards the Transformers layers (the blocks of its nn.ModuleList), the model's own gradient
     checkpointing recomputes them, bf16 autocast, EMA weights validated, the step anatomy in every train record;
-    the checkpoint then validates on one process as the run did."""
+    the checkpoint (sharded, FSDP's default) then validates on one process as the run did, and exports."""
     recipe = str(text_recipe(text_dir, "sequence_classification"))
     env = offline_env(text_dir)
     features = ["trainer.strategy=fsdp", "trainer.activation_checkpointing=true", "trainer.precision=bf16",
@@ -142,8 +144,9 @@ def test_dict_batches_under_fsdp_checkpointing_mixed_precision_ema_and_the_anato
     assert all(len(m["anatomy"]) == 2 for m in records if m["split"] == "train")
     val = [m for m in records if m["split"] == "val"][-1]
     assert val["weights"] == "ema"
-    again = validate(text_dir, "seq-fsdp/checkpoints/last.pt", "--weights", "ema")["metrics"]
+    again = validate(text_dir, "seq-fsdp/checkpoints/last.dcp", "--weights", "ema")["metrics"]
     assert again["loss"] == pytest.approx(val["loss"], rel=1e-2)  # bf16 forwards: not bitwise across layouts
+    _export_gives_the_checkpoints_logits(text_dir, "seq-fsdp", monkeypatch, last="last.dcp")
 
 
 def test_the_fit_probe_measures_a_transformers_recipe(text_dir):

@@ -106,13 +106,13 @@ def test_ema_resumes_bitwise_after_sigterm_and_validates_as_logged(tmp_path, tag
 
 def test_ema_under_fsdp_round_trips_a_sharded_checkpoint_bitwise(tmp_path):
     args = [*CHARLM_SMALL, "trainer.strategy=fsdp", "trainer.ema.decay=0.9", "trainer.ema.validate=true"]
-    straight = torchrun(2, "train", CHARLM, *args, "run_dir=straight", cwd=tmp_path)
+    whole = [*args, "trainer.checkpoint_format=full"]
+    straight = torchrun(2, "train", CHARLM, *whole, "run_dir=straight", cwd=tmp_path)
     assert straight.returncode == 0, straight.output
-    half = torchrun(2, "train", CHARLM, *args, "trainer.max_steps=3", "trainer.checkpoint_format=sharded",
-                    "run_dir=split", cwd=tmp_path)
+    half = torchrun(2, "train", CHARLM, *args, "trainer.max_steps=3", "run_dir=split", cwd=tmp_path)  # sharded
     assert half.returncode == 0, half.output
     # the rest from the shards (each rank's share of the average), then saved whole, to compare
-    rest = torchrun(2, "train", CHARLM, *args, "run_dir=split", "--resume", "split/checkpoints/last.dcp",
+    rest = torchrun(2, "train", CHARLM, *whole, "run_dir=split", "--resume", "split/checkpoints/last.dcp",
                     cwd=tmp_path)
     assert rest.returncode == 0, rest.output
     a, b = load_ckpt(tmp_path / "straight/checkpoints/last.pt"), load_ckpt(tmp_path / "split/checkpoints/last.pt")
