@@ -9,11 +9,12 @@ from dataclasses import asdict
 import typer
 
 from mgpucli.errors import MgpuError
+from mgpucli.run_layout import CHECKPOINTS, LAST_FULL, LAST_SHARDED
 
 
 def convert(
-    checkpoint: str = typer.Argument(..., help="A sharded checkpoint, e.g. runs/NAME/checkpoints/last.dcp."),
-    out: str = typer.Argument(..., help="The file to write, e.g. last.pt (a new file)."),
+    checkpoint: str = typer.Argument(..., help=f"A sharded checkpoint, e.g. runs/NAME/{CHECKPOINTS}/{LAST_SHARDED}."),
+    out: str = typer.Argument(..., help=f"The file to write, e.g. {LAST_FULL} (a new file)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object on stdout (and nothing else there)."),
 ) -> None:
     """Write a sharded checkpoint as one checkpoint file (what trainer.checkpoint_format=full writes)."""

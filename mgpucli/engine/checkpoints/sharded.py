@@ -21,7 +21,15 @@ from mgpucli.distributed import collectives
 from mgpucli.distributed.runtime import Runtime
 from mgpucli.engine.checkpoints.files import read_file, save_atomic
 from mgpucli.errors import CheckpointError
-from mgpucli.run_layout import BEST_SHARDED, CHECKPOINTS, LAST_SHARDED, SHARDED_META, step_glob, step_name
+from mgpucli.run_layout import (
+    BEST_SHARDED,
+    CHECKPOINTS,
+    EXAMPLE_LAST_FULL,
+    LAST_SHARDED,
+    SHARDED_META,
+    step_glob,
+    step_name,
+)
 
 META = SHARDED_META
 # One process (FSDP resumed on one, which trains unsharded) saves and loads without a process group: dcp says so.
@@ -105,7 +113,7 @@ def require_sharded(path: str | Path) -> Path:
     if not is_sharded(path):
         raise CheckpointError(f"{path} is a directory without {META}: not a sharded mgpu checkpoint.",
                               f"Give a run's RUN_DIR/{CHECKPOINTS}/{LAST_SHARDED} (or a {step_glob(sharded=True)} "
-                              f"directory), or a checkpoint file such as RUN_DIR/{CHECKPOINTS}/last.pt.")
+                              f"directory), or a checkpoint file such as {EXAMPLE_LAST_FULL}.")
     return path
 
 
