@@ -14,6 +14,8 @@ step unless narrowed). Faults:
   (SIGINT/SIGTERM/SIGUSR1) arrives, or ``MGPU_FAULT_SLEEP`` seconds.
 - ``hold_step``: in the training step (``@step``), wait until a stop signal arrives (SIGINT/SIGTERM/SIGUSR1, or
   torch's agent stopping the workers to admit a node) or ``MGPU_FAULT_SLEEP`` seconds: a job held at a known step.
+- ``hold_async_save``: once a background save's shards are written (``trainer.async_save``), wait before it is
+  committed (``last.dcp``) until a stop signal arrives, or ``MGPU_FAULT_SLEEP`` seconds: a save held in flight.
 - ``hold_at_exit``: once the run finished (the final checkpoint complete, every rank agreed), wait before the
   teardown until a stop signal arrives, or ``MGPU_FAULT_SLEEP`` seconds: a job held in its teardown.
 
@@ -34,7 +36,7 @@ from mgpucli import env_vars
 from mgpucli.errors import UsageError
 
 KNOWN = ("crash", "nan", "sleep", "kill_in_save", "sleep_in_save", "disk_full_in_save", "tracker", "hold_last_save",
-         "hold_step", "hold_at_exit")  # as listed above
+         "hold_step", "hold_at_exit", "hold_async_save")  # as listed above
 
 
 @lru_cache(maxsize=1)

@@ -106,6 +106,8 @@ class TrainerSchema:
     # full: one file gathered on rank 0; sharded: a torch.distributed.checkpoint directory, each rank writing its
     # part; auto: sharded under FSDP, full otherwise (a resumed run keeps its checkpoint's format)
     checkpoint_format: str = "auto"
+    # sharded checkpoints written in the background (torch.distributed.checkpoint's async save) while training goes on
+    async_save: bool = False
     scheduler_interval: str = "step"
     log_every: int = 10  # optimizer steps per train-metrics record (and per metrics all-reduce)
     # each rank's step time by phase in every train record, the straggler named. Off until its cost is shown under

@@ -76,6 +76,13 @@ def check_combinations(trainer_cfg, runtime: Runtime) -> None:
             f"trainer.checkpoint_format=sharded needs trainer.strategy=fsdp (got {strategy}).",
             "Use checkpoint_format=full (the default) with other strategies.",
         )
+    fmt = trainer_cfg.checkpoint_format
+    if trainer_cfg.async_save and (fmt == "full" or (fmt == "auto" and strategy != "fsdp")):
+        why = "checkpoint_format=full" if fmt == "full" else f"checkpoint_format=auto with strategy {strategy}"
+        raise UsageError(
+            f"trainer.async_save writes sharded checkpoints in the background, but this run writes full ones ({why}).",
+            "Drop trainer.async_save, or train with trainer.strategy=fsdp (sharded checkpoints by default).",
+        )
     if strategy == "fsdp" and trainer_cfg.sync_batchnorm:
         raise UsageError("trainer.sync_batchnorm is a DDP option; FSDP does not convert BatchNorm layers.",
                          "Use trainer.strategy=ddp with sync_batchnorm, or drop sync_batchnorm.")

@@ -90,6 +90,7 @@ class Trainer:
         self.heartbeat = Heartbeat(runtime.rank, runtime.world_size)  # where each rank is, for timeout messages
         self.heartbeat.start()
         self.checkpoints = Checkpoints(self.cfg, runtime, self.heartbeat, self.reporter)
+        self.checkpoints.stop_requested = lambda: self.stop.received is not None
         # Read before the run dir is touched: a checkpoint that doesn't fit leaves it as it was.
         found = None if self.probe else self.checkpoints.check_run_dir(self.resume, self.overwrite)
         if found is not None:
@@ -397,6 +398,7 @@ class Trainer:
     def _preempt(self, mid_epoch: bool, saved: bool = False) -> None:
         if not saved:
             self.save(mid_epoch=mid_epoch)
+        self.checkpoints.wait()  # a save in the background (trainer.async_save) is complete before the exit
         # Before the ranks meet to leave (engine/run.py): a rank that exited 75 first would have torch's agent
         # SIGTERM rank 0 while its trackers finish.
         self.finish_tracking("preempted")
@@ -414,6 +416,7 @@ class Trainer:
         was complete (as each rank saw its save end, :meth:`_note_saved`; rank 0's ends with the write) still ends the
         run as preempted (exit 75; the checkpoint holds the last step). Otherwise the run has finished, and a signal
         from now on only waits for the teardown (:meth:`StopRequests.finish`)."""
+        self.checkpoints.wait()  # the final save, if written in the background (trainer.async_save), is complete
         before = self._stop_before_save if self._stop_before_save is not None else self.stop.received is not None
         asked = torch.tensor([float(before)], dtype=torch.float64, device=self.runtime.device)
         with self.heartbeat.in_phase("end of the run: stop all-reduce"):

@@ -51,10 +51,17 @@ def test_dp_with_several_processes_on_gpus_is_refused():
     ({"strategy": "ddp", "fsdp.wrap": ["Block"]}, "FSDP options need strategy fsdp"),
     ({"strategy": "ddp", "checkpoint_format": "sharded"}, "checkpoint_format=sharded needs trainer.strategy=fsdp"),
     ({"strategy": "fsdp", "sync_batchnorm": True}, "sync_batchnorm is a DDP option"),
+    ({"strategy": "ddp", "async_save": True}, r"async_save writes sharded .* \(checkpoint_format=auto with strategy ddp"),
+    ({"strategy": "fsdp", "checkpoint_format": "full", "async_save": True}, r"full ones \(checkpoint_format=full\)"),
 ])
 def test_options_that_do_not_combine(overrides, fragment):
     with pytest.raises(UsageError, match=fragment):
         check_combinations(trainer(**overrides), rt())
+
+
+def test_async_save_is_allowed_wherever_checkpoints_are_sharded():
+    check_combinations(trainer(strategy="fsdp", async_save=True), rt())
+    check_combinations(trainer(strategy="fsdp", checkpoint_format="sharded", async_save=True), rt())
 
 
 def test_fsdp_cpu_offload_is_allowed_on_gpus():

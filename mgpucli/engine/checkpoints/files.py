@@ -82,7 +82,7 @@ def save_atomic(payload: Mapping[str, Any], path: str | Path, step: int | None =
     except RuntimeError as err:
         written = _size(tmp)
         tmp.unlink(missing_ok=True)
-        if not _ZIP_WRITE_FAILED.search(str(err)):
+        if not ZIP_WRITE_FAILED.search(str(err)):
             raise
         raise _disk_full(path, needed or written, _free_bytes(path.parent)) from None
     except BaseException:
@@ -92,7 +92,7 @@ def save_atomic(payload: Mapping[str, Any], path: str | Path, step: int | None =
 
 # torch's zip writer when the disk fills under it: "[enforce fail at inline_container.cc:...] . unexpected pos ..."
 # or "PytorchStreamWriter failed writing file ...".
-_ZIP_WRITE_FAILED = re.compile(r"unexpected pos \d+|PytorchStreamWriter failed writing|file write failed")
+ZIP_WRITE_FAILED = re.compile(r"unexpected pos \d+|PytorchStreamWriter failed writing|file write failed")
 
 
 def _disk_full(path: Path, needed: int | None, free: int | None, before: bool = False) -> DiskWriteError:

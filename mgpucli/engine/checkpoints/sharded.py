@@ -9,9 +9,12 @@ loader position, recipe...) is ``meta.pt`` inside the directory, written by rank
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
+import threading
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +22,7 @@ import torch
 
 from mgpucli.distributed import collectives
 from mgpucli.distributed.runtime import Runtime
-from mgpucli.engine.checkpoints.files import read_file, save_atomic
+from mgpucli.engine.checkpoints.files import ZIP_WRITE_FAILED, read_file, save_atomic
 from mgpucli.errors import CheckpointError
 from mgpucli.run_layout import (
     BEST_SHARDED,
@@ -46,32 +49,118 @@ def _flip(link: Path, target: str) -> None:
 
 def save_sharded(model: torch.nn.Module, optimizer: torch.optim.Optimizer, meta: dict[str, Any], ckpts: Path,
                  step: int, runtime: Runtime, keep: int, best: bool,
-                 extra: dict[str, dict[str, torch.Tensor]] | None = None) -> Path:
+                 extra: dict[str, dict[str, torch.Tensor]] | None = None, in_background: bool = False,
+                 held_until: Callable[[], bool] = lambda: False) -> AsyncSave | None:
     """Collective: every rank calls it. ``extra``: more named state dicts of (sharded) tensors to save beside the
-    model and the optimizer (the EMA's); meta's ``extra`` lists their names. Returns the final directory."""
+    model and the optimizer (the EMA's); meta's ``extra`` lists their names. ``in_background``
+    (``trainer.async_save``): each rank's state is copied (staged) and written by a thread of
+    ``torch.distributed.checkpoint``'s async save while training goes on; the returned :class:`AsyncSave` commits
+    it (``last.dcp``) once every rank's part is on disk, and ``wait()`` says how it ended. ``held_until``: when the
+    test-only ``hold_async_save`` fault lets the commit go on (a stop signal arrived)."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
     name = step_name(step, sharded=True)
-    tmp, final = ckpts / f".{name}.tmp", ckpts / name
+    tmp = ckpts / f".{name}.tmp"
     if runtime.is_main and tmp.exists():
         shutil.rmtree(tmp)  # a stale one from a killed writer
     collectives.barrier(runtime)
     model_sd, optim_sd = get_state_dict(model, optimizer)
     extra = extra or {}
-    dcp.save({"model": model_sd, "optimizer": optim_sd, **extra}, checkpoint_id=str(tmp))
-    if runtime.is_main:
-        save_atomic({**meta, "extra": sorted(extra)}, tmp / META, step=step)
+    state = {"model": model_sd, "optimizer": optim_sd, **extra}
+    meta = {**meta, "extra": sorted(extra)}
+    commit = _Commit(ckpts, name, tmp, meta, step, keep, best, runtime.is_main)
+    if in_background:
+        distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+        future = dcp.async_save(state, checkpoint_id=str(tmp), process_group=_save_group() if distributed else None,
+                                no_dist=not distributed)
+        return AsyncSave(future, commit, held_until)
+    dcp.save(state, checkpoint_id=str(tmp))
     collectives.barrier(runtime)  # every shard is on disk
-    if runtime.is_main:
+    commit()
+    return None
+
+
+_GROUP: list[Any] = []
+
+
+def _save_group():
+    """A gloo process group of every rank for async saves alone: their collectives run in dcp's thread while the
+    training's run in the main thread, never interleaved on one group. Made at the first async save (a collective
+    call, which every rank makes)."""
+    if not _GROUP:
+        _GROUP.append(torch.distributed.new_group(backend="gloo"))
+    return _GROUP[0]
+
+
+class _Commit:
+    """Rank 0 makes a written checkpoint the run's: its meta, the rename to ``step-N.dcp``, ``last.dcp`` (and
+    ``best.dcp``) flipped, older ones pruned. Called once every rank's shards are on disk."""
+
+    def __init__(self, ckpts: Path, name: str, tmp: Path, meta: dict[str, Any], step: int, keep: int, best: bool,
+                 is_main: bool):
+        self.ckpts, self.name, self.tmp, self.meta, self.step = ckpts, name, tmp, meta, step
+        self.keep, self.best, self.is_main = keep, best, is_main
+
+    def __call__(self) -> None:
+        if not self.is_main:
+            return
+        save_atomic(self.meta, self.tmp / META, step=self.step)
+        final = self.ckpts / self.name
         if final.exists():
             shutil.rmtree(final)
-        os.replace(tmp, final)
-        _flip(ckpts / LAST_SHARDED, name)
-        if best:
-            _flip(ckpts / BEST_SHARDED, name)
-        _prune(ckpts, keep)
-    return final
+        os.replace(self.tmp, final)
+        _flip(self.ckpts / LAST_SHARDED, self.name)
+        if self.best:
+            _flip(self.ckpts / BEST_SHARDED, self.name)
+        _prune(self.ckpts, self.keep)
+
+    def discard(self) -> None:
+        if self.is_main:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+class AsyncSave:
+    """A sharded checkpoint being written in the background. When dcp's write ends on rank 0 (which is after every
+    rank's shards are on disk), its thread commits it; a failed write leaves the previous checkpoint the run's."""
+
+    def __init__(self, future, commit: _Commit, held_until: Callable[[], bool]):
+        self.step, self.path = commit.step, commit.ckpts / commit.name
+        self._commit, self._error, self._held_until = commit, None, held_until
+        self._done = threading.Event()
+        future.add_done_callback(self._finish)
+
+    def _finish(self, future) -> None:  # in dcp's thread
+        try:
+            future.result()
+            from mgpucli import faults
+
+            faults.hold("hold_async_save", self._held_until, step=self.step)  # test-only: inert without MGPU_FAULT
+            self._commit()
+        except BaseException as err:  # noqa: BLE001 - said by wait(), in the training thread
+            self._error = err
+            self._commit.discard()
+        finally:
+            self._done.set()
+
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def wait(self) -> None:
+        """Until the save has ended; a DiskWriteError (exit 1) when it failed: the previous checkpoint is kept."""
+        self._done.wait()
+        if self._error is not None:
+            from mgpucli.engine.checkpoints.files import DiskWriteError
+
+            reason = _why(self._error)
+            error = DiskWriteError(
+                f"could not write checkpoint {self.path} in the background (trainer.async_save): {reason}. "
+                "The previous checkpoint is kept.",
+                "Free disk space (or point run_dir at a larger, writable disk), then continue with --resume auto.",
+                retryable=False,
+            )
+            error.same_on_every_rank = True  # every rank's save failed with the same causes: rank 0 says it
+            raise error
 
 
 def _prune(ckpts: Path, keep: int) -> None:
@@ -104,6 +193,20 @@ def load_sharded(model: torch.nn.Module, optimizer: torch.optim.Optimizer, path:
     dcp.load(state, checkpoint_id=str(path))
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
     return meta
+
+
+def _why(error: BaseException) -> str:
+    """A failed save's cause in one line: each failing rank's own error (``torch.distributed.checkpoint``'s
+    CheckpointException carries them, with tracebacks no user needs), "the disk is full" for ENOSPC."""
+    failures = getattr(error, "failures", None)  # CheckpointException: {rank: (exception, traceback)}
+    causes = {rank: got[0] if isinstance(got, tuple) else got for rank, got in failures.items()} \
+        if isinstance(failures, dict) and failures else {None: error}
+    said = []
+    for rank, cause in sorted(causes.items(), key=lambda item: -1 if item[0] is None else item[0]):
+        full = getattr(cause, "errno", None) == errno.ENOSPC or bool(ZIP_WRITE_FAILED.search(str(cause)))
+        text = "the disk is full" if full else " ".join(str(cause).split())[:200] or type(cause).__name__
+        said.append(text if rank is None else f"rank {rank}: {text}")
+    return "; ".join(said)
 
 
 # ------------------------------------------------------------------ readers: validate, export, convert

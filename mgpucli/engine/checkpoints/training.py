@@ -7,6 +7,7 @@ the sharded (FSDP, ``torch.distributed.checkpoint``) variant is :mod:`.sharded`'
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +23,7 @@ from mgpucli.distributed.heartbeat import Heartbeat
 from mgpucli.distributed.runtime import Runtime
 from mgpucli.engine.checkpoints import state as engine_state
 from mgpucli.engine.checkpoints.files import copy_atomic, save_atomic
-from mgpucli.engine.checkpoints.sharded import load_sharded, save_sharded
+from mgpucli.engine.checkpoints.sharded import AsyncSave, load_sharded, save_sharded
 from mgpucli.engine.early_stopping import EarlyStopping, resolve_mode
 from mgpucli.engine.ema import EMA
 from mgpucli.engine.reporter import Reporter
@@ -91,6 +92,11 @@ class Checkpoints:
                           f"run writes no {BEST_FULL} (set trainer.best_metric=null to say so).")
         self.best: float | None = None
         self.tracker_ids: Callable[[], dict[str, str]] | None = None  # rank 0's experiment trackers' run ids
+        self.async_save = bool(trainer.async_save)  # sharded checkpoints written in the background
+        self.stop_requested: Callable[[], bool] = lambda: False  # set by the trainer: a stop signal arrived
+        self._in_flight: AsyncSave | None = None
+        self._written: Callable[[], None] = lambda: None
+        self._started = 0.0
 
     def use(self, cfg: DictConfig, layout: Layout, nodes: int | None = None) -> None:
         """The recipe as built (its run length resolved) and the layout this run trains on (on ``nodes``, recorded
@@ -127,6 +133,11 @@ class Checkpoints:
             return (str(found) if found is not None else None), writes_sharded(self.format, self.strategy, found)
 
         found, self.sharded_format = self._agree("run-dir check", decide)
+        if self.async_save and not self.sharded_format:  # auto, resuming a full checkpoint
+            raise UsageError(f"trainer.async_save writes sharded checkpoints, but this run continues {found}, a full "
+                             "checkpoint, and keeps its format.",
+                             "Drop trainer.async_save, or set trainer.checkpoint_format=sharded to write sharded ones "
+                             "from now on.")
         return Path(found) if found is not None else None
 
     def take_run_dir(self, overwrite: bool) -> None:
@@ -151,38 +162,70 @@ class Checkpoints:
 
     def save(self, trained: Trained, position: Position, epoch_sums: list[float], data_position: dict[str, int] | None,
              best: bool = False, written: Callable[[], None] | None = None) -> None:
-        """Every rank joins; rank 0 writes ``last.pt`` atomically (and ``best.pt``, numbered copies).
-        ``data_position`` (mid-epoch only): ``consumed``, the samples of the epoch's order every rank together has
-        taken, and ``skipped``, those this segment's sampler started after. ``written()`` is called once this rank's
-        part is done; on rank 0 as ``last.pt`` becomes complete (just before its rename)."""
+        """Every rank joins; rank 0 writes ``last.pt`` atomically (and ``best.pt``, numbered copies), or every rank its
+        shards (``last.dcp``). ``data_position`` (mid-epoch only): ``consumed``, the samples of the epoch's order every
+        rank together has taken, and ``skipped``, those this segment's sampler started after. ``written()`` is called
+        once this rank's part is done; on rank 0 as ``last.pt`` becomes complete (just before its rename). With
+        ``trainer.async_save`` the shards are written in the background: ``written()`` is called by :meth:`wait`,
+        which the next save, a stop and the end of the run call."""
         written = written or (lambda: None)
+        self.wait()  # a save still in flight ends first
+        started = time.monotonic()
         mid_epoch = data_position is not None
-        sharded = self.sharded_format  # also FSDP on one process (not sharded there): one format per run dir
         with self.heartbeat.in_phase("checkpoint: gathering state from every rank"):
-            if not sharded:
-                model = engine_state.model_state(trained.model.raw)
-                optim = engine_state.optimizer_state(trained.model.raw, trained.optimizer)
-                ema = trained.ema.full_state(model) if trained.ema is not None else None
+            tensors = None if self.sharded_format else self._full_tensors(trained)
             mine = {"rng": engine_state.capture_rng(self.runtime.device),
                     "loader": trained.train_loader.state_dict() if mid_epoch else None}
             per_rank = collectives.all_gather_objects(mine, self.runtime)
         meta = self._meta(trained, position, epoch_sums, data_position, per_rank)
-        ckpts = checkpoint_dir(self.run_dir)
-        if sharded:
+        if tensors is not None:
+            self._write_full(tensors, meta, position.step, best, written)
+        else:
             with self.heartbeat.in_phase("checkpoint: writing shards"):
-                save_sharded(trained.model.raw, trained.optimizer, meta, ckpts, position.step, self.runtime,
-                             self.keep, best, extra=self._sharded_extra(trained))
+                pending = save_sharded(trained.model.raw, trained.optimizer, meta, checkpoint_dir(self.run_dir),
+                                       position.step, self.runtime, self.keep, best,
+                                       extra=self._sharded_extra(trained), in_background=self.async_save,
+                                       held_until=self.stop_requested)
+            if pending is not None:
+                self._in_flight, self._written, self._started = pending, written, started
+                self.reporter.message(f"checkpoint at step {position.step}: training goes on after "
+                                      f"{time.monotonic() - started:.2f} s; its shards are written in the background")
+                return
             written()
+        self.reporter.message(f"checkpoint at step {position.step} written in {time.monotonic() - started:.2f} s "
+                              f"({'sharded' if tensors is None else 'full'})")
+
+    def wait(self) -> None:
+        """The checkpoint being written in the background (``trainer.async_save``), if any, is complete when this
+        returns (``last.dcp`` names it); a DiskWriteError when its write failed (the previous checkpoint is kept)."""
+        pending, self._in_flight = self._in_flight, None
+        if pending is None:
             return
+        with self.heartbeat.in_phase("checkpoint: waiting for the save in flight"):
+            pending.wait()
+        self._written()
+        self.reporter.message(f"checkpoint at step {pending.step} complete, {time.monotonic() - self._started:.2f} s "
+                              "after it began")
+
+    def _full_tensors(self, trained: Trained) -> dict[str, Any]:
+        """The whole model, optimizer state (and EMA) gathered on rank 0 (``{}`` parts elsewhere): collective."""
+        model = engine_state.model_state(trained.model.raw)
+        tensors = {"model": model, "optimizer": engine_state.optimizer_state(trained.model.raw, trained.optimizer)}
+        if trained.ema is not None:
+            tensors["ema"] = trained.ema.full_state(model)
+        return tensors
+
+    def _write_full(self, tensors: dict[str, Any], meta: dict[str, Any], step: int, best: bool,
+                    written: Callable[[], None]) -> None:
         if not self.runtime.is_main:
             written()
             return
-        tensors = {"model": model, "optimizer": optim, **({"ema": ema} if ema is not None else {})}
-        save_atomic({**meta, **tensors}, ckpts / LAST_FULL, step=position.step, committing=written)
+        ckpts = checkpoint_dir(self.run_dir)
+        save_atomic({**meta, **tensors}, ckpts / LAST_FULL, step=step, committing=written)
         if best:
             copy_atomic(ckpts / LAST_FULL, ckpts / BEST_FULL)
         if self.keep > 0:
-            copy_atomic(ckpts / LAST_FULL, ckpts / step_name(position.step, sharded=False))
+            copy_atomic(ckpts / LAST_FULL, ckpts / step_name(step, sharded=False))
             for old in sorted(ckpts.glob(step_glob(sharded=False)))[: -self.keep]:
                 old.unlink(missing_ok=True)
 
