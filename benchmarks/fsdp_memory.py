@@ -4,7 +4,7 @@
 Two one-step runs of the char LM recipe through ``mgpu launch`` (CPU, gloo; nccl is not needed for this count),
 with a larger model and AdamW:
   ddp:  every rank holds all of it: the tensors of last.pt's ``model`` and ``optimizer``;
-  fsdp: each rank holds its shards: with ``trainer.checkpoint_format=sharded`` each rank writes exactly those to
+  fsdp: each rank holds its shards: with sharded checkpoints (fsdp's default) each rank writes exactly those to
         its own file of the torch.distributed.checkpoint folder (last.dcp/__<rank>_*.distcp), whose size is counted.
 
     python benchmarks/fsdp_memory.py [--nproc 2] [--d-model 256] [--layers 4]      # ~30 s on 2 cores
