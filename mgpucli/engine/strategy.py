@@ -74,7 +74,7 @@ def check_combinations(trainer_cfg, runtime: Runtime) -> None:
     if trainer_cfg.checkpoint_format == "sharded" and strategy != "fsdp":
         raise UsageError(
             f"trainer.checkpoint_format=sharded needs trainer.strategy=fsdp (got {strategy}).",
-            "Use checkpoint_format=full (the default) with other strategies.",
+            "Use checkpoint_format=auto (the default: full checkpoints with other strategies) or full.",
         )
     fmt = trainer_cfg.checkpoint_format
     if trainer_cfg.async_save and (fmt == "full" or (fmt == "auto" and strategy != "fsdp")):

@@ -487,8 +487,8 @@ class Trainer:
             return "under FSDP each rank holds only its shards, and the lost node's are gone; the restart continues " \
                    "from the latest checkpoint"
         if self.checkpoints.sharded_format:
-            return ("trainer.checkpoint_format=sharded needs every rank; the restart continues from the latest "
-                    "checkpoint")
+            return ("sharded checkpoints (trainer.checkpoint_format) need every rank; the restart continues from the "
+                    "latest checkpoint")
         if self.heartbeat.phase == "optimizer step":
             return "the failure came inside an optimizer step"
         if not all(bool(torch.isfinite(p).all()) for p in self.trained.model.raw.parameters()):

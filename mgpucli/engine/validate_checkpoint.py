@@ -43,7 +43,7 @@ def read_checkpoint(path: str, weights: str = "model",
     read here). ``weights``: the model's own (``model``) or their moving average (``ema``)."""
     if weights not in WEIGHTS:
         raise UsageError(f"weights {weights!r}: choose model or ema.")
-    if Path(path).is_dir():
+    if str(path).strip() and Path(path).is_dir():  # "" would be the current directory: read_file says it is empty
         from mgpucli.engine.checkpoints.sharded import read_meta
 
         meta = read_meta(path)
@@ -74,7 +74,8 @@ def _mgpu_info(obj: dict[str, Any], path: str, weights: str, has_ema: bool, fmt:
 def _state_dict_of(obj: Any, path: str, weights: str = "model") -> tuple[dict[str, Any], dict[str, Any]]:
     """(weights, info) from an mgpu checkpoint or a plain state_dict."""
     if is_mgpu_checkpoint(obj):
-        return obj[weights], _mgpu_info(obj, path, weights, has_ema=obj.get("ema") is not None, fmt="mgpu")
+        info = _mgpu_info(obj, path, weights, has_ema=obj.get("ema") is not None, fmt="mgpu")
+        return obj[weights], info
     if weights == "ema":
         raise CheckpointError(f"{path} is not an mgpu checkpoint, so it holds no EMA weights.",
                               "EMA weights are in checkpoints of runs trained with trainer.ema; use --weights model.")

@@ -120,7 +120,7 @@ def test_resume_auto_without_the_checkpoint_it_continues_from_says_what_is_there
 @pytest.mark.parametrize("args, fragments", [
     (["newer.pt"], ["newer.pt was written by a newer mgpu (checkpoint format 99; this mgpu reads format 1)",
                     "Upgrade mgpu"]),
-    (["adir.pt"], ["adir.pt is a directory, not a checkpoint file"]),
+    (["adir.pt"], ["adir.pt is a directory without meta.pt: not a sharded mgpu checkpoint"]),
     ([LAST, "trainer.epchs=2"], [f"1 problem(s) in recipe stored in {LAST}:", "did you mean 'trainer.epochs'?",
                                  "--recipe RECIPE"]),
     ([LAST, "--cpu", "--nproc", "0"], ["--nproc 0: the process count must be at least 1"]),

@@ -1,5 +1,5 @@
-"""Sharded checkpoints (``trainer.checkpoint_format: sharded``, FSDP): a torch.distributed.checkpoint directory
-for models too big to gather on one rank.
+"""Sharded checkpoints (``trainer.checkpoint_format: sharded``, and ``auto``'s under FSDP): a
+torch.distributed.checkpoint directory for models too big to gather on one rank.
 
 Every rank writes its shard into a temporary directory, all ranks meet at a barrier, then rank 0 renames it to
 ``step-NNNNNNNN.dcp`` and flips the ``last.dcp`` symlink to it (``os.replace`` of a symlink is atomic), so a
