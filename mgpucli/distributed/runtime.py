@@ -130,8 +130,23 @@ def _attempt_store(env: RankEnv, timeout_s: int):
     return connect_job_store(timeout_s, prefix=f"mgpu/attempt_{attempt}")
 
 
+_BACKGROUND: list[Any] = []
+
+
+def background_group() -> Any:
+    """A gloo group of every rank for collectives made by another thread than the training's (the background
+    checkpoint writes of ``trainer.async_save``): never interleaved with the training's on one group. Made at its
+    first use, a collective call every rank makes; None without a process group. :func:`teardown` destroys it."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return None
+    if not _BACKGROUND:
+        _BACKGROUND.append(dist.new_group(backend="gloo"))
+    return _BACKGROUND[0]
+
+
 def teardown() -> None:
-    """Destroy the process group if one exists (success or failure)."""
+    """Destroy the process group if one exists (success or failure), and every group made beside it."""
+    _BACKGROUND.clear()
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
 

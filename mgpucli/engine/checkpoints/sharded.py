@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from mgpucli.distributed import collectives
-from mgpucli.distributed.runtime import Runtime
+from mgpucli.distributed.runtime import Runtime, background_group
 from mgpucli.engine.checkpoints.files import ZIP_WRITE_FAILED, read_file, save_atomic
 from mgpucli.errors import CheckpointError
 from mgpucli.run_layout import (
@@ -71,26 +71,13 @@ def save_sharded(model: torch.nn.Module, optimizer: torch.optim.Optimizer, meta:
     meta = {**meta, "extra": sorted(extra)}
     commit = _Commit(ckpts, name, tmp, meta, step, keep, best, runtime.is_main)
     if in_background:
-        distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
-        future = dcp.async_save(state, checkpoint_id=str(tmp), process_group=_save_group() if distributed else None,
-                                no_dist=not distributed)
+        group = background_group()
+        future = dcp.async_save(state, checkpoint_id=str(tmp), process_group=group, no_dist=group is None)
         return AsyncSave(future, commit, held_until)
     dcp.save(state, checkpoint_id=str(tmp))
     collectives.barrier(runtime)  # every shard is on disk
     commit()
     return None
-
-
-_GROUP: list[Any] = []
-
-
-def _save_group():
-    """A gloo process group of every rank for async saves alone: their collectives run in dcp's thread while the
-    training's run in the main thread, never interleaved on one group. Made at the first async save (a collective
-    call, which every rank makes)."""
-    if not _GROUP:
-        _GROUP.append(torch.distributed.new_group(backend="gloo"))
-    return _GROUP[0]
 
 
 class _Commit:
