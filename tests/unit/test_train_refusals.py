@@ -99,6 +99,16 @@ def test_resume_into_a_model_that_does_not_fit(tmp_path):
                        "model (32, 32))", "unexpected in the checkpoint (2): net.4.weight, net.4.bias")
 
 
+def test_async_save_of_a_run_that_keeps_its_full_checkpoints_is_refused(tmp_path):
+    """trainer.checkpoint_format=auto: FSDP resuming a full checkpoint keeps writing full ones, which trainer.async_save
+    cannot write; refused before anything is built or written."""
+    assert mgpu_here("train", QUICK, *SMALL, "trainer.max_steps=2", cwd=tmp_path).returncode == 0  # last.pt
+    r = mgpu_here("train", QUICK, *SMALL, "trainer.strategy=fsdp", "trainer.async_save=true", "--resume", "auto",
+                  cwd=tmp_path)
+    assert_usage_error(r, "trainer.async_save writes sharded checkpoints, but this run continues",
+                       "last.pt, a full checkpoint, and keeps its format", "trainer.checkpoint_format=sharded")
+
+
 def test_run_dir_that_cannot_be_created(tmp_path):
     (tmp_path / "afile").write_text("x")
     assert_usage_error(mgpu_here("train", QUICK, *SMALL, "run_dir=afile/run", cwd=tmp_path),
