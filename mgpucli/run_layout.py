@@ -92,3 +92,6 @@ def is_launch_json(name: str) -> bool:
 
 
 EXAMPLE_LAST_FULL = f"RUN_DIR/{CHECKPOINTS}/{LAST_FULL}"  # how messages name a run's latest checkpoint
+
+SWEEP_JSON = "sweep.json"  # mgpu sweep's record, in the sweep's directory (runs/NAME/), beside one run dir per trial
+SWEEP_LOGS = "sweep-logs"  # in the sweep's directory: each trial's launcher output (TRIAL.log)
