@@ -18,6 +18,7 @@ NODE_LAUNCH_JSONS = "launch.*.json"  # how a message names the other nodes' reco
 POSTMORTEM_JSON = "postmortem.json"  # the post-mortem's report, beside launch.json
 AUDIT_JSON = "audit.json"  # mgpu launch --audit's findings, beside launch.json
 LOGS = "logs"  # every rank's stdout/stderr in torch's log layout (default --log-dir)
+SWEEP_JSON = "sweep.json"  # in a sweep's folder (not itself a run dir: one run dir per trial beside it)
 LAUNCH_DIR_PREFIX = "launch-"  # logs/launch-<rendezvous id>/: a launch's record while an earlier run's stays
 
 CHECKPOINTS = "checkpoints"
