@@ -11,17 +11,20 @@ imports torch. The API, kept stable for both:
   (``mgpu train`` alone, or torchrun) gets its state from its records and checkpoint.
 - :func:`curve` ``(run_dir, metric, split="val") -> list[(step, value)]``: one point per step, the latest record's.
 - :func:`read_records` and :func:`metric_names`: the records of ``metrics.jsonl`` and the metrics they hold.
+- :func:`list_runs` ``(root, sort=None) -> list[RunSummary]``: ``mgpu runs``' list, sorted, its bad input refused
+  (:class:`~mgpucli.errors.UsageError`, exit 2); :func:`plot_split`: the records a ``--plot METRIC`` draws.
 """
 
 from __future__ import annotations
 
+import datetime
 import math
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mgpucli.errors import MgpuError
+from mgpucli.errors import MgpuError, UsageError
 from mgpucli.metric_mode import resolve_mode
 from mgpucli.postmortem.checkpoint_peek import read_checkpoint_info
 from mgpucli.postmortem.diagnose import diagnose_run
@@ -61,6 +64,7 @@ class RunSummary:
     seconds: float | None  # wall time: the latest launch's (launch.json), else first to last record's time
     cause: str | None  # a run that did not finish: the post-mortem's first failure, in one line
     val_metrics: list[str] = field(default_factory=list)  # the metrics its validation records hold
+    train_metrics: list[str] = field(default_factory=list)  # and its training records
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -92,7 +96,7 @@ def read_records(run_dir: Path) -> list[dict[str, Any]]:
 
 def _value(record: dict[str, Any], metric: str) -> float | None:
     value = record.get(metric)
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+    if not _number(value) or not math.isfinite(value):
         return None
     return float(value)
 
@@ -100,7 +104,7 @@ def _value(record: dict[str, Any], metric: str) -> float | None:
 def metric_names(records: list[dict[str, Any]], split: str = VAL) -> list[str]:
     """The metrics the ``split`` records hold (numbers, not their step, epoch, time or sample count), sorted."""
     return sorted({key for r in records if r.get("split") == split for key, value in r.items()
-                   if key not in NOT_METRICS and isinstance(value, int | float) and not isinstance(value, bool)})
+                   if key not in NOT_METRICS and _number(value)})
 
 
 def curve(run_dir: Path, metric: str, split: str = VAL, records: list[dict[str, Any]] | None = None,
@@ -144,9 +148,9 @@ def summarize(run_dir: Path, metric: str | None = None, root: Path | None = None
         step=_last(records, "step"), epoch=_last(records, "epoch"), metric=name if isinstance(name, str) else None,
         mode=mode, best=best[1] if best else None, best_step=best[0] if best else None,
         last_val=next((r for r in reversed(records) if r.get("split") == VAL), None), seconds=None, cause=None,
-        val_metrics=val_names)
+        val_metrics=val_names, train_metrics=metric_names(records, TRAIN))
     if records_in(str(path)):
-        _from_the_post_mortem(summary, path)
+        _from_the_post_mortem(summary, path, records)
     else:
         _from_the_records(summary, path, records, trainer)
     summary.seconds = _seconds(path, records) if summary.seconds is None else summary.seconds
@@ -160,11 +164,11 @@ def _name(path: Path, root: Path | None) -> str:
 
 
 def _last(records: list[dict[str, Any]], key: str) -> int | None:
-    values = [r[key] for r in records if isinstance(r.get(key), int) and not isinstance(r.get(key), bool)]
+    values = [r[key] for r in records if _number(r.get(key)) and isinstance(r[key], int)]
     return max(values) if values else None
 
 
-def _from_the_post_mortem(summary: RunSummary, path: Path) -> None:
+def _from_the_post_mortem(summary: RunSummary, path: Path, records: list[dict[str, Any]]) -> None:
     """State, verdict, exit code, cause and wall time from ``mgpu doctor RUN_DIR``'s diagnosis."""
     summary.launched = True
     try:
@@ -177,14 +181,32 @@ def _from_the_post_mortem(summary: RunSummary, path: Path) -> None:
         summary.cause = report.first_failure.match.title
     if report.preemption is not None and report.preemption.step is not None:  # the step the stop saved
         summary.step = max(summary.step or 0, report.preemption.step)
-    summary.seconds = _launch_seconds(report)
+    summary.seconds = _launch_seconds(report, records)
 
 
-def _launch_seconds(report: Report) -> float | None:
-    """The latest launch's wall time as its record says (None while it runs: the records' time is used)."""
-    launch = read_json_object(report.launch_json) if report.launch_json else None
-    seconds = ((launch or {}).get("result") or {}).get("seconds")
-    return float(seconds) if isinstance(seconds, int | float) and not isinstance(seconds, bool) else None
+def _launch_seconds(report: Report, records: list[dict[str, Any]]) -> float | None:
+    """The latest launch's wall time as its record says: its ``seconds``, else from ``started`` to ``finished`` (to
+    the last record while it runs); None: the record says neither."""
+    launch = (read_json_object(report.launch_json) if report.launch_json else None) or {}
+    result = launch.get("result") or {}
+    if _number(result.get("seconds")):
+        return float(result["seconds"])
+    started, finished = _iso(launch.get("started")), _iso(result.get("finished"))
+    last = max((float(r["time"]) for r in records if _number(r.get("time"))), default=None)
+    end = finished if finished is not None else last
+    return max(0.0, end - started) if started is not None and end is not None else None
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _iso(stamp: Any) -> float | None:
+    """A launch record's time (``2026-12-06T19:48:43+0000``) in seconds since the epoch; None: not one."""
+    try:
+        return datetime.datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%S%z").timestamp()
+    except (TypeError, ValueError):
+        return None
 
 
 def _from_the_records(summary: RunSummary, path: Path, records: list[dict[str, Any]],
@@ -211,6 +233,61 @@ def _from_the_records(summary: RunSummary, path: Path, records: list[dict[str, A
 
 def _seconds(path: Path, records: list[dict[str, Any]]) -> float | None:
     """First to last record's time in metrics.jsonl (None: fewer than two timed records)."""
-    times = [float(r["time"]) for r in records if isinstance(r.get("time"), int | float)]
+    times = [float(r["time"]) for r in records if _number(r.get("time"))]
     return max(times) - min(times) if len(times) > 1 else None
 
+
+
+# ------------------------------------------------------------------------------------------ the list
+SORT_KEYS = ("name", "step", "time")  # besides a validation metric's name
+_EXAMPLE = "mgpu runs runs (the folder a recipe's run_dir puts its runs in: runs/NAME by default)"
+
+
+def list_runs(root: Path, sort: str | None = None) -> list[RunSummary]:
+    """Every run under ``root``, summarized (with ``sort`` a validation metric: its best) and sorted: by name;
+    ``step`` most first; ``time`` shortest first; a metric best first (min or max by its mode), runs without it
+    last. UsageError (exit 2): ``root`` is no directory, holds no run, or no run has the metric."""
+    root = Path(root)
+    if not root.is_dir():
+        what = "is a file, not a directory" if root.exists() else "no such directory"
+        raise UsageError(f"{root}: {what}.", f"Give the folder the runs are in, e.g. {_EXAMPLE}.")
+    found = find_runs(root)
+    if not found:
+        raise UsageError(f"no run under {root}: no folder there holds a launch record, {METRICS} or checkpoints.",
+                         f"Give the folder mgpu launch or mgpu train wrote the runs to, e.g. {_EXAMPLE}.")
+    metric = sort if sort is not None and sort not in SORT_KEYS else None
+    summaries = [summarize(path, metric=metric, root=root) for path in found]
+    if metric is not None and not any(metric in s.val_metrics for s in summaries):
+        raise _unknown_metric("--sort", metric, root, summaries, also=", or sort by step, time or name")
+    return sorted(summaries, key=_sort_key(sort))
+
+
+def _sort_key(sort: str | None):
+    if sort in (None, "name"):
+        return lambda s: s.name
+    if sort == "step":
+        return lambda s: (s.step is None, -(s.step or 0), s.name)
+    if sort == "time":
+        return lambda s: (s.seconds is None, s.seconds or 0.0, s.name)
+    return lambda s: (s.best is None, 0.0 if s.best is None else s.best if s.mode == "min" else -s.best, s.name)
+
+
+def plot_split(summaries: list[RunSummary], metric: str, root: Path) -> str:
+    """The records ``--plot metric`` draws: ``val`` where a run validates it, else ``train`` where a run logs it in
+    training (lr, samples_per_s); UsageError (exit 2) when none has it."""
+    if any(metric in s.val_metrics for s in summaries):
+        return VAL
+    if any(metric in s.train_metrics for s in summaries):
+        return TRAIN
+    raise _unknown_metric("--plot", metric, root, summaries, train=True)
+
+
+def _unknown_metric(option: str, metric: str, root: Path, summaries: list[RunSummary], also: str = "",
+                    train: bool = False) -> UsageError:
+    val = sorted({m for s in summaries for m in s.val_metrics})
+    have = f"validation: {', '.join(val) or 'none'}"
+    if train:
+        have += f"; training: {', '.join(sorted({m for s in summaries for m in s.train_metrics})) or 'none'}"
+    what = "validation metric" if not train else "metric"
+    return UsageError(f"{option} {metric}: no run under {root} records a {what} named {metric!r}.",
+                      f"Name one the runs record ({have}){also}.")
