@@ -61,7 +61,8 @@ class RunSummary:
     best: float | None  # its best value in the run's validations
     best_step: int | None  # the step of the validation that reached it
     last_val: dict[str, Any] | None  # the latest validation record
-    seconds: float | None  # wall time: the latest launch's (launch.json), else first to last record's time
+    seconds: float | None  # wall time: the latest launch's (launch.json: its seconds, else started to finished),
+    #                        else first to last record's time in metrics.jsonl
     cause: str | None  # a run that did not finish: the post-mortem's first failure, in one line
     val_metrics: list[str] = field(default_factory=list)  # the metrics its validation records hold
     train_metrics: list[str] = field(default_factory=list)  # and its training records
@@ -153,7 +154,7 @@ def summarize(run_dir: Path, metric: str | None = None, root: Path | None = None
         _from_the_post_mortem(summary, path, records)
     else:
         _from_the_records(summary, path, records, trainer)
-    summary.seconds = _seconds(path, records) if summary.seconds is None else summary.seconds
+    summary.seconds = _seconds(records) if summary.seconds is None else summary.seconds
     return summary
 
 
@@ -231,7 +232,7 @@ def _from_the_records(summary: RunSummary, path: Path, records: list[dict[str, A
                        "alone or torchrun: mgpu launch keeps one, which mgpu doctor reads).")
 
 
-def _seconds(path: Path, records: list[dict[str, Any]]) -> float | None:
+def _seconds(records: list[dict[str, Any]]) -> float | None:
     """First to last record's time in metrics.jsonl (None: fewer than two timed records)."""
     times = [float(r["time"]) for r in records if _number(r.get("time"))]
     return max(times) - min(times) if len(times) > 1 else None
