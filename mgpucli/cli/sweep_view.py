@@ -10,7 +10,7 @@ from typing import Any
 
 from mgpucli.console import err_console
 from mgpucli.run_layout import METRICS
-from mgpucli.sweep.record import FAILED, FINISHED, RUNNING, STOPPED, SweepRecord, TrialRecord
+from mgpucli.sweep.record import FAILED, FINISHED, RUNNING, STOPPED, SweepRecord
 from mgpucli.sweep.summary import value
 from mgpucli.sweep.trials import Running
 
