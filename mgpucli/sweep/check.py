@@ -25,8 +25,8 @@ def check_trials(recipe: str, grid: Grid, device_overrides: list[str], metric: s
 
     from mgpucli.config import check_recipe, load_recipe
     from mgpucli.config.components import check_builds
-    from mgpucli.engine.early_stopping import resolve_mode
     from mgpucli.engine.run import ensure_cwd_on_path
+    from mgpucli.metric_mode import resolve_mode
 
     ensure_cwd_on_path()  # a recipe's own components in this directory, as a run finds them
     problems: list[str] = []
@@ -45,7 +45,8 @@ def check_trials(recipe: str, grid: Grid, device_overrides: list[str], metric: s
             continue
         if compared is None:
             name = metric or OmegaConf.select(cfg, "trainer.best_metric", default=None) or "loss"
-            compared = Compared(str(name), resolve_mode(str(name), str(cfg.trainer.best_mode)))
+            mode = "auto" if metric else str(cfg.trainer.best_mode)  # the recipe's mode is its best_metric's
+            compared = Compared(str(name), resolve_mode(str(name), mode))
     if problems:
         raise UsageError(f"{len(problems)} problem(s) in the sweep's trials of recipe {recipe}:\n"
                          + "\n".join(f"  - {p}" for p in problems),

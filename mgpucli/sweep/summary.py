@@ -16,36 +16,13 @@ from mgpucli.sweep.record import FAILED, SweepRecord, TrialRecord
 def record_outcome(trial: TrialRecord, metric: str, mode: str) -> None:
     """Set the trial's best value of ``metric`` (its run's validation records) and, when it failed, its one-line
     cause: the post-mortem's verdict, or the refusal its launcher printed."""
-    best = _best(_val_curve(trial.run_dir, metric), mode)
+    from pathlib import Path
+
+    from mgpucli.postmortem.run_summary import best_of, curve
+
+    best = best_of(curve(Path(trial.run_dir), metric), mode)
     trial.best, trial.best_step = (best[1], best[0]) if best else (None, None)
     trial.cause = _cause(trial) if trial.state == FAILED else None
-
-
-def _val_curve(run_dir: str, metric: str) -> list[tuple[int, float]]:  # TODO: the run summary's reader
-    import json
-
-    from mgpucli.run_layout import METRICS
-
-    points = []
-    try:
-        with open(os.path.join(run_dir, METRICS), encoding="utf-8") as fh:
-            for line in fh:
-                try:
-                    rec = json.loads(line)
-                except ValueError:
-                    continue
-                if rec.get("split") == "val" and isinstance(rec.get(metric), int | float):
-                    points.append((int(rec["step"]), float(rec[metric])))
-    except OSError:
-        pass
-    return points
-
-
-def _best(points: list[tuple[int, float]], mode: str) -> tuple[int, float] | None:
-    finite = [p for p in points if math.isfinite(p[1])]
-    if not finite:
-        return None
-    return (min if mode == "min" else max)(finite, key=lambda p: p[1])
 
 
 def _cause(trial: TrialRecord) -> str | None:
