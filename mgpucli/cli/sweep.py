@@ -84,6 +84,7 @@ def _summary(prepared, code: int) -> None:
     import os
 
     from rich.table import Table
+    from rich.text import Text
 
     from mgpucli.console import err_console
     from mgpucli.errors import EXIT_PREEMPTED
@@ -96,8 +97,9 @@ def _summary(prepared, code: int) -> None:
         table.add_column(column, overflow="fold")
     for place, t in enumerate(order.trials, 1):
         cause = f": {t.cause}" if t.cause else ""
-        table.add_row(str(place), t.name, t.describe(), t.state + cause, value(t.best),
-                      "-" if t.best_step is None else str(t.best_step), f"{t.seconds:.0f} s")
+        cells = (str(place), t.name, t.describe(), t.state + cause, value(t.best),
+                 "-" if t.best_step is None else str(t.best_step), f"{t.seconds:.0f} s" if t.launches else "-")
+        table.add_row(*(Text(c) for c in cells))  # a value such as [64] is no markup
     console = err_console()
     console.print(table)
     if order.best is not None:

@@ -83,6 +83,7 @@ class TableView(LineView):
 
     def _table(self):
         from rich.table import Table
+        from rich.text import Text
 
         metric = self.record.metric or "loss"
         table = Table(title=f"sweep {self.record.name}", caption=self._caption(), title_justify="left")
@@ -94,9 +95,9 @@ class TableView(LineView):
             tail = self.tails.get(t.index)
             latest = tail.latest() if tail and run else None
             best = t.best if run is None else tail.best(self.record.mode) if tail else None
-            cause = f" ({t.cause})" if t.cause else ""
-            table.add_row(t.name, t.describe(), t.slot or "-", f"[{_STYLE.get(t.state, '')}]{t.state}[/]{cause}",
-                          _steps(run), value(latest), value(best))
+            state = Text(t.state, style=_STYLE.get(t.state, "")) + (f" ({t.cause})" if t.cause else "")
+            cells = (t.name, t.describe(), t.slot or "-", state, _steps(run), value(latest), value(best))
+            table.add_row(*(c if isinstance(c, Text) else Text(c) for c in cells))  # values are no markup: [64]
         return table
 
     def _caption(self) -> str:

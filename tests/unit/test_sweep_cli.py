@@ -49,11 +49,13 @@ def test_a_name_that_is_no_directory_name_is_refused(tmp_path):
 def test_a_finished_sweep_run_again_starts_nothing_and_shows_its_summary(tmp_path):
     sweep_dir = tmp_path / "runs/done"
     sweep_dir.mkdir(parents=True)
-    rec = records.new("done", "quickstart", expand(["optim.lr=0.1,0.01"]), "runs/done", "accuracy", "max")
+    grid = ["model.hidden=[64],[32]"]
+    rec = records.new("done", "quickstart", expand(grid), "runs/done", "accuracy", "max")
     for i, trial in enumerate(rec.trials):
         trial.end(0, 1.0)
         trial.best, trial.best_step = 0.5 + i / 10, 10
     rec.save(str(sweep_dir))
-    r = cli("sweep", "--cpu", "--name", "done", "quickstart", "optim.lr=0.1,0.01", cwd=tmp_path)
+    r = cli("sweep", "--cpu", "--name", "done", "quickstart", *grid, cwd=tmp_path)
     assert r.returncode == 0, r.output
-    assert "continuing (2 finished)" in r.stderr and "best: trial 1-lr=0.01 (optim.lr=0.01), accuracy 0.6" in r.stderr
+    assert "continuing (2 finished)" in r.stderr
+    assert "best: trial 1-hidden=32 (model.hidden=[32]), accuracy 0.6" in r.stderr
