@@ -12,6 +12,7 @@ one that failed, and one the sweep was running when it ended otherwise are launc
 from __future__ import annotations
 
 import os
+import signal
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -51,11 +52,15 @@ class TrialRecord:
     def describe(self) -> str:
         return " ".join(self.overrides)
 
-    def end(self, code: int, now: float) -> None:
-        """The trial's launch ended with ``code``: finished (0), stopped (75: a complete checkpoint), else failed."""
+    def end(self, code: int, now: float, signalled: bool = False) -> None:
+        """The trial's launch ended with ``code``: finished (0), stopped (75: a complete checkpoint), else failed;
+        ``signalled``: the sweep had passed a stop signal on to it, so an end by that signal (a launcher stopped
+        before its workers started: 130, 143, or killed by it) is a stop too."""
         self.exit_code, self.ended = code, now
         self.seconds += now - (self.started or now)
-        self.state = FINISHED if code == EXIT_OK else STOPPED if code == EXIT_PREEMPTED else FAILED
+        by_signal = code < 0 or code in (128 + signal.SIGINT, 128 + signal.SIGTERM)
+        stopped = code == EXIT_PREEMPTED or (signalled and by_signal)
+        self.state = FINISHED if code == EXIT_OK else STOPPED if stopped else FAILED
 
 
 @dataclass

@@ -84,7 +84,7 @@ def run_trials(record: SweepRecord, slots: Slots, command: TrialCommand, sweep_d
                 free.append(run.slot)
                 free.sort(key=lambda s: s.index)
                 run.log.close()
-                run.trial.end(run.proc.returncode, time.time())
+                run.trial.end(run.proc.returncode, time.time(), signalled=stops.passed_on is not None)
                 ended(run)
                 record.save(sweep_dir)
                 view.ended(run)

@@ -110,6 +110,14 @@ def test_the_same_command_again_runs_every_trial_not_finished(tmp_path):
     assert again.trials[2].state == "failed" and records.to_run(again)[-1].name == "2-lr=0.001"  # a failed one again
 
 
+def test_a_trial_ended_by_the_signal_the_sweep_passed_on_is_stopped_not_failed(tmp_path):
+    rec = _record(tmp_path)
+    rec.trials[0].end(130, 1.0, signalled=True)  # its launcher stopped before any worker started
+    rec.trials[1].end(130, 1.0)  # a Ctrl-C that was not the sweep's
+    rec.trials[2].end(1, 1.0, signalled=True)  # a failure while the sweep stopped is a failure
+    assert [t.state for t in rec.trials] == ["stopped", "failed", "failed"]
+
+
 def test_other_values_in_a_sweep_folder_are_refused_naming_both(tmp_path):
     rec = _record(tmp_path)
     with pytest.raises(UsageError) as err:
