@@ -33,6 +33,12 @@ _METRIC = typer.Option(None, "--metric", metavar="NAME", show_default=False,
                        help="The validation metric trials are compared by (default: the recipe's "
                        "trainer.best_metric, else loss).")
 _FAIL_FAST = typer.Option(False, "--fail-fast", help="Stop every trial (at a checkpoint) when one fails.")
+_SEARCH = typer.Option("grid", "--search", metavar="grid|optuna",
+                       help="grid: every combination of the values. optuna: --trials N trials whose values Optuna's "
+                       "sampler picks in 'interval(lo,hi)', 'tag(log, interval(lo,hi))', range(...) or a,b,c, its "
+                       "pruner stopping a trial whose validation falls behind (pip install 'mgpu[sweep]').")
+_TRIALS = typer.Option(None, "--trials", metavar="N", show_default=False,
+                       help="With --search optuna: how many trials to run in all.")
 
 
 def sweep(
@@ -46,6 +52,8 @@ def sweep(
     parallel: int | None = _PARALLEL,
     metric: str | None = _METRIC,
     fail_fast: bool = _FAIL_FAST,
+    search: str = _SEARCH,
+    trials: int | None = _TRIALS,
 ) -> None:
     """Run a recipe over a grid of values: each trial a full mgpu launch, in runs/NAME/, queued for the next free
     GPU (or group of GPUs, or CPU slot).
@@ -61,7 +69,8 @@ def sweep(
 
     devices = DeviceOptions(gpus, gpus_per_run, cpu, nproc_per_run, parallel)
     try:
-        prepared = prepare(SweepOptions(recipe, tuple(overrides or ()), name, devices, metric, fail_fast))
+        prepared = prepare(SweepOptions(recipe, tuple(overrides or ()), name, devices, metric, fail_fast, search,
+                                        trials))
         if prepared.continued:
             _said_continued(prepared.record)
         code = run(prepared, view_for, fail_fast)

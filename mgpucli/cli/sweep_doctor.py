@@ -36,6 +36,9 @@ def sweep_postmortem(sweep_dir: str, json_out: bool) -> None:
         summary = summarize(Path(t.run_dir), record.metric) if started else None
         code = summary.exit_code if summary is not None else None
         said = summary.verdict if summary is not None else f"{t.run_dir} not started yet ({t.state})."
+        if t.state == records.PRUNED:  # stopped at a checkpoint by the search: its end, not a preemption
+            code = EXIT_OK
+            said = f"{t.run_dir} was pruned by the search (its validation fell behind the others')."
         lines.append(f"trial {t.name} ({t.describe()}): {said}")
         codes.append(code)
         trials.append({"name": t.name, "values": t.values, "state": t.state,

@@ -18,9 +18,11 @@ class Compared:
     mode: str  # "min" or "max"
 
 
-def check_trials(recipe: str, grid: Grid, device_overrides: list[str], metric: str | None) -> Compared:
+def check_trials(recipe: str, grid: Grid, device_overrides: list[str], metric: str | None,
+                 label: str = "trial") -> Compared:
     """Check every trial's recipe as its workers will get it; returns the metric trials are compared by (``metric``,
-    else the recipe's ``trainer.best_metric``, else ``loss``). One UsageError lists every trial's problems."""
+    else the recipe's ``trainer.best_metric``, else ``loss``). One UsageError lists every trial's problems, each named
+    ``label N (its values)`` (a search checks its bounds and categories: ``values``)."""
     from omegaconf import OmegaConf
 
     from mgpucli.config import check_recipe, load_recipe
@@ -38,10 +40,10 @@ def check_trials(recipe: str, grid: Grid, device_overrides: list[str], metric: s
             check_recipe(cfg, recipe, trackers="import")
             check_builds(cfg, recipe)
         except RecipeError as err:
-            problems += [f"trial {trial.index} ({trial.describe()}): {_named(p, metric)}" for p in err.problems]
+            problems += [f"{label} {trial.index} ({trial.describe()}): {_named(p, metric)}" for p in err.problems]
             continue
         except MgpuError as err:
-            problems.append(f"trial {trial.index} ({trial.describe()}): {err.message}")
+            problems.append(f"{label} {trial.index} ({trial.describe()}): {err.message}")
             continue
         if compared is None:
             name = metric or OmegaConf.select(cfg, "trainer.best_metric", default=None) or "loss"

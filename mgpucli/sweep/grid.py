@@ -55,15 +55,14 @@ class Grid:
     trials: tuple[Trial, ...]
 
 
-def expand(overrides: list[str]) -> Grid:
-    """The grid the overrides describe; UsageError (exit 2) for an override Hydra cannot read, for one that names the
-    run dir (the sweep gives each trial its own), and for a sweep with nothing swept or an interval in it."""
+def parsed(overrides: list[str]) -> list[tuple[str, object]]:
+    """Each override with Hydra's reading of it (``hydra.core.override_parser``'s ``Override``); UsageError (exit 2)
+    for one Hydra cannot read and for one that names the run dir (the sweep gives each trial its own)."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
 
     parser = OverridesParser.create()
-    common: list[str] = []
-    axes: list[Axis] = []
+    found = []
     for line in overrides:
         try:
             (override,) = parser.parse_overrides([line])
@@ -71,15 +70,26 @@ def expand(overrides: list[str]) -> Grid:
             raise UsageError(f"{line}: not an override Hydra can read ({_first_line(err)}).",
                              "Sweep a key with key=a,b,c, key=range(1,4) or key=choice(a,b); set one with key=value."
                              ) from None
-        key = override.get_key_element()
-        if key.lstrip("+~") == "run_dir":
+        if override.get_key_element().lstrip("+~") == "run_dir":
             raise UsageError(f"{line}: a sweep gives each trial its own run dir, under runs/NAME/.",
                              "Drop run_dir; --name NAME names the sweep's directory.")
+        found.append((line, override))
+    return found
+
+
+def expand(overrides: list[str]) -> Grid:
+    """The grid the overrides describe; UsageError (exit 2) for an override :func:`parsed` refuses, and for a sweep
+    with nothing swept or an interval in it."""
+    common: list[str] = []
+    axes: list[Axis] = []
+    for line, override in parsed(overrides):
+        key = override.get_key_element()
         if not override.is_sweep_override():
             common.append(line)
         elif override.is_interval_sweep():
             raise UsageError(f"{line}: an interval has no grid of values to run.",
-                             f"Give the values ({key}=0.1,0.01,0.001 or {key}=range(...)).")
+                             f"Give the values ({key}=0.1,0.01,0.001 or {key}=range(...)), or search the interval: "
+                             "--search optuna --trials N.")
         else:
             axes.append(Axis(key, tuple(override.sweep_string_iterator())))
     if not axes:
@@ -88,21 +98,30 @@ def expand(overrides: list[str]) -> Grid:
     return Grid(tuple(common), tuple(axes), _trials(axes))
 
 
+def trial_name(index: int, width: int, labels: list[str], values: list[str]) -> str:
+    """``03-lr=0.1-hidden=128_128``: the trial's index (``width`` digits) and its values as a directory keeps them."""
+    return f"{index:0{width}d}-" + "-".join(f"{label}={_safe(value)}" for label, value in zip(labels, values,
+                                                                                              strict=True))
+
+
 def _trials(axes: list[Axis]) -> tuple[Trial, ...]:
     labels = _labels(axes)
     combos = list(itertools.product(*(axis.values for axis in axes)))
     width = len(str(len(combos) - 1))
-    return tuple(
-        Trial(i, tuple((axis.key, value) for axis, value in zip(axes, combo, strict=True)),
-              f"{i:0{width}d}-" + "-".join(f"{label}={_safe(value)}" for label, value in zip(labels, combo,
-                                                                                               strict=True)))
-        for i, combo in enumerate(combos))
+    return tuple(Trial(i, tuple((axis.key, value) for axis, value in zip(axes, combo, strict=True)),
+                       trial_name(i, width, labels, list(combo)))
+                 for i, combo in enumerate(combos))
+
+
+def labels_of(keys: list[str]) -> list[str]:
+    """Each key's label in trial names: its last part (``lr``), or the whole key where two keys share one."""
+    paths = [key.lstrip("+~") for key in keys]
+    last = [path.rsplit(".", 1)[-1] for path in paths]
+    return [part if last.count(part) == 1 else path for path, part in zip(paths, last, strict=True)]
 
 
 def _labels(axes: list[Axis]) -> list[str]:
-    """Each axis's label in trial names: its last key part (``lr``), or the whole key where two axes share one."""
-    last = [axis.path.rsplit(".", 1)[-1] for axis in axes]
-    return [part if last.count(part) == 1 else axis.path for axis, part in zip(axes, last, strict=True)]
+    return labels_of([axis.key for axis in axes])
 
 
 def _safe(value: str) -> str:

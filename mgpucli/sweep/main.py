@@ -14,8 +14,9 @@ from mgpucli.run_files import holds_a_run
 from mgpucli.run_layout import SWEEP_JSON
 from mgpucli.sweep import record as records
 from mgpucli.sweep.check import check_trials
-from mgpucli.sweep.grid import expand
+from mgpucli.sweep.grid import Grid, expand
 from mgpucli.sweep.record import SweepRecord
+from mgpucli.sweep.search import Space, require_optuna, space
 from mgpucli.sweep.slots import DeviceOptions, Slots, plan
 from mgpucli.sweep.trials import TrialCommand
 
@@ -32,6 +33,8 @@ class SweepOptions:
     devices: DeviceOptions
     metric: str | None = None
     fail_fast: bool = False
+    search: str = "grid"  # or "optuna"
+    trials: int | None = None  # a search's trials in all
 
 
 @dataclass(frozen=True)
@@ -43,12 +46,42 @@ class Prepared:
     slots: Slots
     command: TrialCommand
     continued: bool  # the directory held this sweep already
+    space: Space | None = None  # a search's (None: a grid)
+
+
+@dataclass(frozen=True)
+class _Trials:
+    """What the overrides ask for: the overrides every trial gets, the axes sweep.json records, the compositions
+    checked before anything starts, and a search's space."""
+
+    common: tuple[str, ...]
+    axes: list
+    checked: Grid
+    space: Space | None = None
+
+
+def _trials(opts: SweepOptions) -> _Trials:
+    if opts.search not in ("grid", "optuna"):
+        raise UsageError(f"--search {opts.search}: mgpu searches with 'grid' (every combination, the default) or "
+                         "'optuna'.", "Example: --search optuna --trials 20.")
+    if opts.search == "grid":
+        if opts.trials is not None:
+            raise UsageError("--trials counts a search's trials; a grid runs every combination.",
+                             "Drop --trials, or search: --search optuna --trials N.")
+        grid = expand(list(opts.overrides))
+        return _Trials(grid.common, records.grid_axes(grid), grid)
+    if opts.trials is None or opts.trials < 1:
+        raise UsageError("--search optuna needs the number of trials to run: --trials N (1 or more).",
+                         "Example: --search optuna --trials 20.")
+    require_optuna()
+    found = space(list(opts.overrides))
+    return _Trials(found.common, found.axes(), Grid(found.common, (), found.corners()), found)
 
 
 def prepare(opts: SweepOptions, visible_gpus: int | None = None) -> Prepared:
     """Everything checked, nothing written: UsageError (exit 2) for any problem. ``visible_gpus``: the machine's
     (None: asked of torch when GPUs are used)."""
-    grid = expand(list(opts.overrides))
+    asked = _trials(opts)
     if visible_gpus is None:
         visible_gpus = 0 if opts.devices.cpu else _visible_gpus()
     slots = plan(opts.devices, visible_gpus, available_cores(), os.environ.get("CUDA_VISIBLE_DEVICES"))
@@ -59,16 +92,19 @@ def prepare(opts: SweepOptions, visible_gpus: int | None = None) -> Prepared:
     sweep_dir = os.path.join(RUNS, name)
     recorded = records.load(sweep_dir)
     if recorded is not None:
-        records.check_same(recorded, opts.recipe, grid, sweep_dir)
+        records.check_same(recorded, opts.recipe, list(asked.common), asked.axes, sweep_dir, opts.search)
     elif os.path.isdir(sweep_dir) and (holds_a_run(sweep_dir) or os.listdir(sweep_dir)):
         raise UsageError(f"{sweep_dir} already exists and holds no sweep ({SWEEP_JSON}).",
                          "Give the sweep another name: --name NAME.")
     device = ["trainer.device=cpu"] if opts.devices.cpu else []
-    compared = check_trials(opts.recipe, grid, device, opts.metric)
-    record = recorded or records.new(name, opts.recipe, grid, sweep_dir, compared.metric, compared.mode)
-    record.metric, record.mode = compared.metric, compared.mode
-    command = TrialCommand(opts.recipe, grid.common, slots.cpu_threads)  # --cpu: the launch sets trainer.device
-    return Prepared(record, sweep_dir, slots, command, recorded is not None)
+    compared = check_trials(opts.recipe, asked.checked, device, opts.metric,
+                            label="trial" if asked.space is None else "values")
+    record = recorded or records.new(name, opts.recipe, asked.checked, sweep_dir, compared.metric, compared.mode)
+    if asked.space is not None and recorded is None:  # a search's trials are asked as slots free
+        record.trials, record.axes, record.search = [], asked.axes, "optuna"
+    record.metric, record.mode, record.budget = compared.metric, compared.mode, opts.trials
+    command = TrialCommand(opts.recipe, asked.common, slots.cpu_threads)  # --cpu: the launch sets trainer.device
+    return Prepared(record, sweep_dir, slots, command, recorded is not None, asked.space)
 
 
 def _visible_gpus() -> int:
@@ -115,14 +151,19 @@ def run(prepared: Prepared, view_for, fail_fast: bool = False) -> int:
     from mgpucli.sweep.summary import record_outcome
 
     record = prepared.record
-    if not records.to_run(record):
+    if not records.to_run(record) and len(record.trials) >= (record.budget or 0):
         return EXIT_OK
     with held(prepared.sweep_dir):
         record.save(prepared.sweep_dir)
         view = view_for(record, prepared.slots.note)
+        source = None
+        if prepared.space is not None:
+            from mgpucli.sweep.search import SearchSource
+
+            source = SearchSource(record, prepared.space, prepared.sweep_dir)
         try:
             return run_trials(record, prepared.slots, prepared.command, prepared.sweep_dir, view,
                               lambda ran: record_outcome(ran.trial, record.metric or "loss", record.mode),
-                              fail_fast=fail_fast)
+                              fail_fast=fail_fast, source=source)
         finally:
             view.close()

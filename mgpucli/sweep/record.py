@@ -23,6 +23,8 @@ from mgpucli.run_records.json_files import read_json_object, write_json
 from mgpucli.sweep.grid import Grid, Trial
 
 QUEUED, RUNNING, FINISHED, FAILED, STOPPED = "queued", "running", "finished", "failed", "stopped"
+PRUNED = "pruned"  # a search stopped it at a checkpoint, its validation fallen behind the others': not run again
+STATES = (QUEUED, RUNNING, FINISHED, FAILED, STOPPED, PRUNED)
 VERSION = 1
 
 
@@ -44,6 +46,7 @@ class TrialRecord:
     best: float | None = None  # its best validation value of the sweep's metric
     best_step: int | None = None
     cause: str | None = None  # a failed trial's one-line cause (its post-mortem's verdict)
+    search_trial: int | None = None  # a search's trial number in its study (Optuna's), told the trial's result
 
     @property
     def overrides(self) -> list[str]:
@@ -76,6 +79,8 @@ class SweepRecord:
     trials: list[TrialRecord]
     created: float = field(default_factory=time.time)
     version: int = VERSION
+    search: str = "grid"  # or "optuna": the trials are asked of its sampler as slots free
+    budget: int | None = None  # a search's trials in all (--trials)
 
     def to_json(self) -> dict[str, Any]:
         return {**asdict(self), "trials": [asdict(t) for t in self.trials]}
@@ -85,13 +90,16 @@ class SweepRecord:
 
     def counts(self) -> dict[str, int]:
         states = [t.state for t in self.trials]
-        return {s: states.count(s) for s in (QUEUED, RUNNING, FINISHED, FAILED, STOPPED) if s in states}
+        return {s: states.count(s) for s in STATES if s in states}
 
 
 def new(name: str, recipe: str, grid: Grid, sweep_dir: str, metric: str | None, mode: str) -> SweepRecord:
-    axes = [{"key": a.key, "values": list(a.values)} for a in grid.axes]
     trials = [_trial_record(t, sweep_dir) for t in grid.trials]
-    return SweepRecord(name, recipe, list(grid.common), axes, metric, mode, trials)
+    return SweepRecord(name, recipe, list(grid.common), grid_axes(grid), metric, mode, trials)
+
+
+def grid_axes(grid: Grid) -> list[dict[str, Any]]:
+    return [{"key": a.key, "values": list(a.values)} for a in grid.axes]
 
 
 def _trial_record(trial: Trial, sweep_dir: str) -> TrialRecord:
@@ -110,17 +118,19 @@ def load(sweep_dir: str) -> SweepRecord | None:
     try:
         trials = [TrialRecord(**t) for t in data["trials"]]
         fields = {k: data[k] for k in ("name", "recipe", "common", "axes", "metric", "mode", "created", "version")}
+        fields |= {k: data[k] for k in ("search", "budget") if k in data}
     except (KeyError, TypeError) as err:
         raise UsageError(f"{path} is not a sweep record mgpu {VERSION} can read ({err}).",
                          "Give the sweep another --name.") from None
     return SweepRecord(**fields, trials=trials)
 
 
-def check_same(recorded: SweepRecord, recipe: str, grid: Grid, sweep_dir: str) -> None:
-    """The command given continues the recorded sweep only if it runs the same trials: UsageError otherwise."""
-    now = {"recipe": recipe, "overrides": list(grid.common),
-           "axes": [{"key": a.key, "values": list(a.values)} for a in grid.axes]}
-    then = {"recipe": recorded.recipe, "overrides": recorded.common, "axes": recorded.axes}
+def check_same(recorded: SweepRecord, recipe: str, common: list[str], axes: list[dict[str, Any]], sweep_dir: str,
+               search: str = "grid") -> None:
+    """The command given continues the recorded sweep only if it runs the same trials (a search: the same space):
+    UsageError otherwise."""
+    now = {"recipe": recipe, "overrides": list(common), "axes": axes, "search": search}
+    then = {"recipe": recorded.recipe, "overrides": recorded.common, "axes": recorded.axes, "search": recorded.search}
     differs = [k for k in now if now[k] != then[k]]
     if differs:
         said = "; ".join(f"{k}: {_said(then[k])} then, {_said(now[k])} now" for k in differs)
@@ -135,5 +145,5 @@ def _said(value: Any) -> str:
 
 
 def to_run(record: SweepRecord) -> list[TrialRecord]:
-    """The trials the sweep runs (in order): every one not finished."""
-    return [t for t in record.trials if t.state != FINISHED]
+    """The trials the sweep runs (in order): every one neither finished nor pruned."""
+    return [t for t in record.trials if t.state not in (FINISHED, PRUNED)]

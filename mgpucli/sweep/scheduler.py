@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from mgpucli.errors import EXIT_FAILED, EXIT_OK, EXIT_PREEMPTED
 from mgpucli.stop_signals import SAME, SignalCount
-from mgpucli.sweep.record import FAILED, SweepRecord, to_run
+from mgpucli.sweep.record import FAILED, PRUNED, STOPPED, SweepRecord, TrialRecord, to_run
 from mgpucli.sweep.slots import Slot, Slots
 from mgpucli.sweep.trials import Running, TrialCommand, start
 
@@ -59,35 +59,56 @@ class StopRequests:
                 os.kill(run.proc.pid, self.passed_on)
 
 
+class GridSource:
+    """The trials a grid has left (:func:`mgpucli.sweep.record.to_run`), in order. A search
+    (:class:`mgpucli.sweep.search.SearchSource`) has the same four methods and asks for its trials as slots free."""
+
+    def __init__(self, record: SweepRecord):
+        self.queue = collections.deque(to_run(record))
+
+    def has_next(self) -> bool:
+        return bool(self.queue)
+
+    def next(self) -> TrialRecord:
+        return self.queue.popleft()
+
+    def to_prune(self, running: list[Running]) -> list[Running]:
+        """The running trials to stop now, their validation fallen behind (a grid stops none)."""
+        return []
+
+    def ended(self, run: Running) -> None:
+        pass
+
+
 def run_trials(record: SweepRecord, slots: Slots, command: TrialCommand, sweep_dir: str, view,
-               ended: Callable[[Running], None], fail_fast: bool = False) -> int:
-    """Run every trial ``record`` has left (:func:`mgpucli.sweep.record.to_run`) in ``slots``; ``ended(run)`` is
+               ended: Callable[[Running], None], fail_fast: bool = False, source=None) -> int:
+    """Run the trials ``source`` gives (default: every one ``record`` has left) in ``slots``; ``ended(run)`` is
     called as each trial's launch ends, after its state is set. Returns the sweep's exit code: 75 when it was
     stopped, else 1 when a trial failed, else 0."""
-    queue = collections.deque(to_run(record))
+    source = source or GridSource(record)
     free: list[Slot] = list(slots.slots)
     running: list[Running] = []
     stops = StopRequests(lambda: running)
     previous = {sig: signal.signal(sig, stops.handle) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        while running or (queue and not stops.requested):
-            while free and queue and not stops.requested:
-                run = start(queue.popleft(), free.pop(0), command, sweep_dir)
+        while running or (source.has_next() and not stops.requested):
+            while free and not stops.requested and source.has_next():
+                run = start(source.next(), free.pop(0), command, sweep_dir)
                 running.append(run)
                 stops.catch_up(run)  # a signal that came while it started
                 record.save(sweep_dir)
                 view.started(run)
             view.refresh(running)
             time.sleep(POLL_S)
+            for run in source.to_prune(running):
+                run.pruned = True
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(run.proc.pid, signal.SIGTERM)  # stops at a checkpoint, as a preemption
             for run in [r for r in running if r.proc.poll() is not None]:
                 running.remove(run)
                 free.append(run.slot)
                 free.sort(key=lambda s: s.index)
-                run.log.close()
-                run.trial.end(run.proc.returncode, time.time(), signalled=stops.passed_on is not None)
-                ended(run)
-                record.save(sweep_dir)
-                view.ended(run)
+                _ended(run, stops, record, sweep_dir, view, [ended, source.ended])
                 if fail_fast and run.trial.state == FAILED and not stops.requested:
                     stops.fail_fast = True
                     stops.pass_on(signal.SIGTERM)
@@ -97,3 +118,14 @@ def run_trials(record: SweepRecord, slots: Slots, command: TrialCommand, sweep_d
     if stops.signal_name is not None:
         return EXIT_PREEMPTED
     return EXIT_FAILED if any(t.state == FAILED for t in record.trials) else EXIT_OK
+
+
+def _ended(run: Running, stops: StopRequests, record: SweepRecord, sweep_dir: str, view, then) -> None:
+    run.log.close()
+    run.trial.end(run.proc.returncode, time.time(), signalled=stops.passed_on is not None or run.pruned)
+    if run.pruned and run.trial.state == STOPPED:
+        run.trial.state = PRUNED
+    for call in then:
+        call(run)
+    record.save(sweep_dir)
+    view.ended(run)

@@ -70,6 +70,7 @@ class Running:
     progress_path: str
     log: IO[str]
     progress: dict[str, Any] = field(default_factory=dict)
+    pruned: bool = False  # the search stopped it, its validation fallen behind
 
     def poll_progress(self) -> dict[str, Any]:
         """Rank 0's latest progress (epoch, steps per epoch, steps done, total epochs), kept when unreadable."""

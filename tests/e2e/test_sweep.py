@@ -123,3 +123,18 @@ def test_a_refusal_through_the_console_script_is_exit_2_and_writes_nothing(tmp_p
     r = mgpu("sweep", "--cpu", "quickstart", "optim.lr=0.1", cwd=tmp_path, timeout=60)
     assert_usage_error(r, "Nothing to sweep: no override has several values")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_an_optuna_search_runs_the_values_its_sampler_picks_and_tells_the_study(tmp_path):
+    optuna = pytest.importorskip("optuna")  # the mgpu[sweep] extra; CI installs it
+    r = mgpu("sweep", "--search", "optuna", "--trials", "2", "--name", "tpe", *COMMON,
+             "optim.lr=tag(log, interval(1e-3,1e-1))", "trainer.max_steps=20", cwd=tmp_path, timeout=240)
+    assert r.returncode == 0, r.output
+    rec = _record(tmp_path, "tpe")
+    assert rec["search"] == "optuna" and [t["state"] for t in rec["trials"]] == ["finished", "finished"]
+    study = optuna.load_study(study_name="tpe", storage=f"sqlite:///{tmp_path}/runs/tpe/optuna.db")
+    told = {t.number: t.value for t in study.trials if t.state.name == "COMPLETE"}
+    for trial in rec["trials"]:
+        ran = (tmp_path / "runs/tpe" / trial["name"] / "recipe.yaml").read_text()
+        assert f"lr: {trial['values']['optim.lr']}" in ran  # the sampled value, exactly, in the run's recipe
+        assert told[trial["search_trial"]] == trial["best"]

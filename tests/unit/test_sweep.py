@@ -121,10 +121,11 @@ def test_a_trial_ended_by_the_signal_the_sweep_passed_on_is_stopped_not_failed(t
 def test_other_values_in_a_sweep_folder_are_refused_naming_both(tmp_path):
     rec = _record(tmp_path)
     with pytest.raises(UsageError) as err:
-        records.check_same(rec, "quickstart", expand(["optim.lr=0.1,0.5"]), "runs/s")
+        records.check_same(rec, "quickstart", [], records.grid_axes(expand(["optim.lr=0.1,0.5"])), "runs/s")
     assert "runs/s holds another sweep (axes: optim.lr=0.1,0.01,0.001 then, optim.lr=0.1,0.5 now)" in str(err.value)
     assert "another --name" in str(err.value)
-    records.check_same(rec, "quickstart", expand(["optim.lr=0.1,0.01,0.001"]), "runs/s")  # the same: no problem
+    same = records.grid_axes(expand(["optim.lr=0.1,0.01,0.001"]))
+    records.check_same(rec, "quickstart", [], same, "runs/s")  # the same: no problem
 
 
 def test_an_unreadable_record_is_refused_not_overwritten(tmp_path):
