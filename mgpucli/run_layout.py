@@ -18,6 +18,8 @@ NODE_LAUNCH_JSONS = "launch.*.json"  # how a message names the other nodes' reco
 POSTMORTEM_JSON = "postmortem.json"  # the post-mortem's report, beside launch.json
 AUDIT_JSON = "audit.json"  # mgpu launch --audit's findings, beside launch.json
 LOGS = "logs"  # every rank's stdout/stderr in torch's log layout (default --log-dir)
+SWEEP_JSON = "sweep.json"  # mgpu sweep's record, in its folder runs/NAME/ (not a run dir: one run dir per trial in it)
+SWEEP_LOGS = "sweep-logs"  # in a sweep's folder: each trial's launcher output (TRIAL.log) and progress file
 LAUNCH_DIR_PREFIX = "launch-"  # logs/launch-<rendezvous id>/: a launch's record while an earlier run's stays
 
 CHECKPOINTS = "checkpoints"

@@ -15,6 +15,8 @@ from mgpucli.cli import doctor as doctor_cmd
 from mgpucli.cli import export as export_cmd
 from mgpucli.cli import launch as launch_cmd
 from mgpucli.cli import recipes as recipes_cmd
+from mgpucli.cli import runs as runs_cmd
+from mgpucli.cli import sweep as sweep_cmd
 from mgpucli.cli import train as train_cmd
 from mgpucli.cli import validate as validate_cmd
 from mgpucli.errors import MgpuError
@@ -61,6 +63,8 @@ app.command("launch", context_settings={"allow_extra_args": False})(launch_cmd.l
 app.command("doctor")(doctor_cmd.doctor)
 app.command("export")(export_cmd.export)
 app.command("convert")(convert_cmd.convert)
+app.command("sweep")(sweep_cmd.sweep)
+app.command("runs")(runs_cmd.runs)
 app.add_typer(recipes_cmd.app, name="recipes")
 
 

@@ -183,6 +183,10 @@ def postmortem(run_dir: str, json_out: bool, machine_only: list[str]) -> None:
                     f"run's logs instead.\nRun `mgpu doctor {' '.join(machine_only)}` and `mgpu doctor {run_dir}` "
                     "separately.")
         sys.exit(EXIT_USAGE)
+    from mgpucli.cli.sweep_doctor import is_sweep, sweep_postmortem
+
+    if is_sweep(run_dir):
+        sweep_postmortem(run_dir, json_out)
     try:
         report = diagnose_run(run_dir)
     except MgpuError as err:

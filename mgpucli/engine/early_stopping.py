@@ -13,15 +13,7 @@ import math
 from typing import Any
 
 from mgpucli.errors import UsageError
-
-_LOWER_IS_BETTER = ("loss", "perplexity", "mse", "mae", "error")
-
-
-def resolve_mode(metric: str, mode: str) -> str:
-    """``auto``: ``min`` for loss-like names (loss, perplexity, mse, mae, error), ``max`` otherwise."""
-    if mode != "auto":
-        return mode
-    return "min" if any(word in metric for word in _LOWER_IS_BETTER) else "max"
+from mgpucli.metric_mode import resolve_mode
 
 
 def metric_names(task) -> list[str]:

@@ -15,6 +15,7 @@ record as JSON.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import threading
@@ -25,6 +26,7 @@ from typing import Any
 BEAT_S = 2.0  # how often a launcher renews its record and reads the others'
 STALE_S = 6.0  # a record not renewed this long: its launcher is gone
 _CONNECT_S = 5.0  # one connection attempt, and the timeout of each store call on it
+_STOP_WAIT_S = 4 * _CONNECT_S + 1  # a beat in flight: a connection and its store calls, each bounded by _CONNECT_S
 
 
 @dataclass(frozen=True)
@@ -103,6 +105,20 @@ class Presence(threading.Thread):
         self._store: Any = None
         self._slot: int | None = None
         self._beat = 0
+        self._stopping = threading.Event()
+
+    def start(self) -> None:
+        super().start()
+        atexit.register(self.stop)
+
+    def stop(self) -> None:
+        """No more beats; wait for one in flight (its store calls time out within :data:`_CONNECT_S` each). Run at
+        the launcher's exit: a daemon thread still inside a store call when the interpreter finalizes is ended from
+        under torch's C++ client, and a failing call then aborts the process (``terminate called without an active
+        exception``, exit -6: node 1 of a job whose node 0 had just finished and closed the store)."""
+        self._stopping.set()
+        if self.is_alive():
+            self.join(timeout=_STOP_WAIT_S)
 
     def view(self) -> View:
         with self._lock:
@@ -121,14 +137,14 @@ class Presence(threading.Thread):
             self._state.met += 1
 
     def run(self) -> None:
-        while True:
+        while not self._stopping.is_set():
             try:
                 self._beat_once()
             except Exception:  # noqa: BLE001 - the store is gone or cut off: try again, say it is unreachable
                 self._store = None
                 with self._lock:
                     self._view = replace(self._view, reachable=False)
-            time.sleep(BEAT_S)
+            self._stopping.wait(BEAT_S)
 
     def _beat_once(self) -> None:
         store = self._connect()

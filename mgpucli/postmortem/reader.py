@@ -133,8 +133,8 @@ def read_run(path: str) -> RunRecord:
             exitcodes[int(rank)] = int(code)
     run = RunRecord(run_dir=run_dir, launch_paths=paths, launch=launch, attempts=attempts, exitcodes=exitcodes,
                     node_records=[(p, r) for p, r in zip(paths, records, strict=True) if r])
-    run.metrics = _read_metrics(os.path.join(run_dir, METRICS))
-    run.recipe = _read_recipe(os.path.join(run_dir, RECIPE))
+    run.metrics = read_metrics(os.path.join(run_dir, METRICS))
+    run.recipe = read_recipe(os.path.join(run_dir, RECIPE))
     last = saved_checkpoint(run_dir)
     run.checkpoint = str(last) if last is not None else None
     run.trackers = read_state(run_dir)
@@ -233,14 +233,16 @@ def _signal_name(code: int) -> str:
         return f"signal {-code}"
 
 
-def _read_metrics(path: str, max_bytes: int = 256 * 1024) -> list[dict[str, Any]]:
-    """The last records of metrics.jsonl (a partial last line, from a killed writer, is skipped)."""
-    if not os.path.isfile(path):
+def read_metrics(path: str, max_bytes: int | None = 256 * 1024) -> list[dict[str, Any]]:
+    """The records of metrics.jsonl, its last ``max_bytes`` only unless None (a partial line, from a killed or
+    still running writer, or cut by ``max_bytes``, is skipped); [] when there is none or it cannot be read."""
+    try:
+        with open(path, "rb") as fh:
+            size = fh.seek(0, os.SEEK_END)
+            fh.seek(0 if max_bytes is None else max(0, size - max_bytes))
+            data = fh.read().decode("utf-8", errors="replace")
+    except OSError:
         return []
-    with open(path, "rb") as fh:
-        size = fh.seek(0, os.SEEK_END)
-        fh.seek(max(0, size - max_bytes))
-        data = fh.read().decode("utf-8", errors="replace")
     out = []
     for line in data.splitlines():
         try:
@@ -252,7 +254,7 @@ def _read_metrics(path: str, max_bytes: int = 256 * 1024) -> list[dict[str, Any]
     return out
 
 
-def _read_recipe(path: str) -> dict[str, Any] | None:
+def read_recipe(path: str) -> dict[str, Any] | None:
     """The resolved recipe rank 0 wrote (PyYAML comes with omegaconf; without it the fixes stay generic)."""
     try:
         import yaml

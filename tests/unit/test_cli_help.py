@@ -19,7 +19,7 @@ TYPE_LABELS = re.compile(r"<(bool|str|int|float|list\[\w+\])>|\{[a-z_]+\}")  # t
 
 
 @pytest.mark.parametrize("command", [[], ["train"], ["validate"], ["launch"], ["doctor"], ["recipes"],
-                                     ["recipes", "show"], ["recipes", "copy"]])
+                                     ["recipes", "show"], ["recipes", "copy"], ["runs"]])
 def test_help_shows_plain_flags_and_named_values(tmp_path, command):
     r = cli(*command, "--help", cwd=tmp_path, env={"COLUMNS": "160", "TERM": "dumb"})
     assert r.returncode == 0, r.output

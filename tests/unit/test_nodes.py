@@ -202,3 +202,19 @@ def test_a_call_from_the_main_thread_runs_its_tick_and_raises_what_the_call_rais
 
     with pytest.raises(KeyboardInterrupt):  # a tick's exception (a deadline, a signal) ends the wait
         store_waits.call(threading.Event().wait, 5, tick=stop)
+
+
+def test_a_launchers_presence_stops_beating_when_asked_and_ends_its_thread():
+    """At the launcher's exit (atexit) the presence thread is stopped and joined, never left inside a store call
+    while the interpreter finalizes (an abort, exit -6, on the node whose node 0 had just closed the store)."""
+    import time
+
+    from mgpucli.launch.node_presence import Presence
+    from mgpucli.launch.ports import free_port
+
+    presence = Presence("127.0.0.1", free_port(), "stop-test", Member("box", 1, 1))  # nothing listens there
+    presence.start()
+    began = time.monotonic()
+    presence.stop()
+    assert not presence.is_alive() and time.monotonic() - began < 3
+    assert presence.view().reachable is False

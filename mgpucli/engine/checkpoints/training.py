@@ -24,12 +24,13 @@ from mgpucli.distributed.runtime import Runtime
 from mgpucli.engine.checkpoints import state as engine_state
 from mgpucli.engine.checkpoints.files import copy_atomic, save_atomic
 from mgpucli.engine.checkpoints.sharded import AsyncSave, load_sharded, save_sharded
-from mgpucli.engine.early_stopping import EarlyStopping, resolve_mode
+from mgpucli.engine.early_stopping import EarlyStopping
 from mgpucli.engine.ema import EMA
 from mgpucli.engine.reporter import Reporter
 from mgpucli.engine.rundir import prepare_run_dir
 from mgpucli.engine.strategy import Wrapped
 from mgpucli.errors import UsageError
+from mgpucli.metric_mode import resolve_mode
 from mgpucli.run_files import check_start, checkpoint_dir, requested_sharded, writes_sharded
 from mgpucli.run_layout import BEST_FULL, LAST_FULL, step_glob, step_name
 
