@@ -13,6 +13,8 @@ import signal
 import sys
 from pathlib import Path
 
+import pytest
+
 from mgpucli import proctree
 from tests.e2e.test_disk_full import small_disk  # noqa: F401 - the fixture: a tmpfs (skipped where none mounts)
 from tests.e2e.test_preempted_postmortem import _env
@@ -53,15 +55,20 @@ def test_ctrl_c_during_a_background_save_exits_75_with_a_complete_checkpoint(tmp
     assert not list(ckpts.glob(".*")), list(ckpts.iterdir())  # nothing half-written under any name
 
 
-def test_a_background_save_that_fills_the_disk_is_said_and_the_previous_checkpoint_kept(small_disk):  # noqa: F811
-    """Each checkpoint is ~1.8 MB on a 3 MiB disk: step 2's fits, step 4's does not while step 2's is kept."""
+@pytest.mark.parametrize("in_background", [True, False], ids=["async", "sync"])
+def test_a_sharded_save_that_fills_the_disk_is_said_and_the_previous_checkpoint_kept(small_disk,  # noqa: F811
+                                                                                      in_background):
+    """Each checkpoint is ~1.8 MB on a 3 MiB disk: step 2's fits, step 4's does not while step 2's is kept; each
+    rank's cause is said once, by rank 0, whether the shards were written in the background or not."""
     import subprocess
 
     subprocess.run(["mount", "-o", "remount,size=3m", str(small_disk)], check=True, capture_output=True, timeout=30)
-    r = torchrun(2, "train", CHARLM, *ASYNC, "trainer.max_steps=4", "trainer.log_every=2",
-                 f"run_dir={small_disk / 'run'}", cwd=small_disk.parent)
+    r = torchrun(2, "train", CHARLM, *ASYNC, f"trainer.async_save={str(in_background).lower()}",
+                 "trainer.max_steps=4", "trainer.log_every=2", f"run_dir={small_disk / 'run'}", cwd=small_disk.parent)
     assert r.returncode == 1, r.output
-    assert "could not write checkpoint" in r.stderr and "step-00000004.dcp in the background" in r.stderr, r.output
+    how = " in the background (trainer.async_save)" if in_background else ""
+    said = re.escape(f"could not write checkpoint {small_disk / 'run/checkpoints/step-00000004.dcp'}{how}: ")
+    assert re.search(said + r"rank \d: the disk is full", " ".join(r.stderr.split())), r.output  # whichever filled it
     assert "The previous checkpoint is kept" in r.stderr and "mgpucli/engine" not in r.stderr, r.output  # no traceback
     assert r.stderr.count("could not write checkpoint") == 1, r.output  # rank 0 says it for all
     ckpts = small_disk / "run/checkpoints"

@@ -1,10 +1,15 @@
 """Sharded checkpoints (``trainer.checkpoint_format: sharded``, and ``auto``'s under FSDP): a
 torch.distributed.checkpoint directory for models too big to gather on one rank.
 
-Every rank writes its shard into a temporary directory, all ranks meet at a barrier, then rank 0 renames it to
+Every rank writes its shard into a temporary directory, all ranks meet at a barrier, then rank 0 writes the
+non-tensor state (step, epoch, RNG, loader position, recipe...) as ``meta.pt`` inside it, renames it to
 ``step-NNNNNNNN.dcp`` and flips the ``last.dcp`` symlink to it (``os.replace`` of a symlink is atomic), so a
-crash mid-save never leaves a half checkpoint under a final name. The non-tensor state (step, epoch, RNG,
-loader position, recipe...) is ``meta.pt`` inside the directory, written by rank 0 before the barrier.
+crash mid-save never leaves a half checkpoint under a final name. With ``trainer.async_save`` the shards are
+written by dcp's thread and rank 0 does the same once that write has ended (:class:`AsyncSave`); a failed write,
+either way, is a DiskWriteError and the previous checkpoint stays the run's.
+
+Outside training, :func:`load_weights` reads the weights alone into an unsharded model (``mgpu validate``,
+``mgpu export``) and :func:`to_full_file` makes one full checkpoint file of the shards (``mgpu convert``).
 """
 
 from __future__ import annotations
@@ -74,7 +79,11 @@ def save_sharded(model: torch.nn.Module, optimizer: torch.optim.Optimizer, meta:
         group = background_group()
         future = dcp.async_save(state, checkpoint_id=str(tmp), process_group=group, no_dist=group is None)
         return AsyncSave(future, commit, held_until)
-    dcp.save(state, checkpoint_id=str(tmp))
+    try:
+        dcp.save(state, checkpoint_id=str(tmp))  # raises on every rank when any rank's write failed
+    except (Exception, dcp.CheckpointException) as err:  # noqa: BLE001 - CheckpointException is a BaseException
+        commit.discard()
+        raise _failed(commit.ckpts / name, err, "") from None
     collectives.barrier(runtime)  # every shard is on disk
     commit()
     return None
@@ -137,17 +146,20 @@ class AsyncSave:
         """Until the save has ended; a DiskWriteError (exit 1) when it failed: the previous checkpoint is kept."""
         self._done.wait()
         if self._error is not None:
-            from mgpucli.engine.checkpoints.files import DiskWriteError
+            raise _failed(self.path, self._error, " in the background (trainer.async_save)")
 
-            reason = _why(self._error)
-            error = DiskWriteError(
-                f"could not write checkpoint {self.path} in the background (trainer.async_save): {reason}. "
-                "The previous checkpoint is kept.",
-                "Free disk space (or point run_dir at a larger, writable disk), then continue with --resume auto.",
-                retryable=False,
-            )
-            error.same_on_every_rank = True  # every rank's save failed with the same causes: rank 0 says it
-            raise error
+
+def _failed(path: Path, error: BaseException, how: str) -> Exception:
+    """The DiskWriteError (exit 1) of a sharded save that failed, on every rank alike: rank 0 says it."""
+    from mgpucli.engine.checkpoints.files import DiskWriteError
+
+    failed = DiskWriteError(
+        f"could not write checkpoint {path}{how}: {_why(error)}. The previous checkpoint is kept.",
+        "Free disk space (or point run_dir at a larger, writable disk), then continue with --resume auto.",
+        retryable=False,
+    )
+    failed.same_on_every_rank = True  # dcp gives every rank every rank's causes
+    return failed
 
 
 def _prune(ckpts: Path, keep: int) -> None:
