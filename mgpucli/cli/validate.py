@@ -12,10 +12,13 @@ from typing import Any
 import typer
 
 from mgpucli.errors import MgpuError
+from mgpucli.run_layout import LAST_SHARDED
 
 
 def validate(
-    checkpoint: str = typer.Argument(..., help="An mgpu checkpoint, or a plain state_dict with --recipe."),
+    checkpoint: str = typer.Argument(
+        ..., help=f"An mgpu checkpoint (a file, or a sharded one's directory such as {LAST_SHARDED}), or a plain "
+                  "state_dict with --recipe."),
     overrides: list[str] | None = typer.Argument(
         None, help="Recipe overrides, e.g. data.batch_size=256 or data.val.num_samples=500.", show_default=False
     ),
