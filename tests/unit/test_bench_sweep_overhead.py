@@ -18,13 +18,14 @@ def test_both_sides_run_the_same_trials_one_at_a_time():
 
 def test_the_rounds_per_trial_differences_give_the_verdict():
     def rounds(diffs):
-        return [{"A": Side("A", 15.0), "B": Side("B", 15.0 + 3 * d)} for d in diffs]
+        return [{"A": Side("A", 15.0), "B": Side("B", 17.5 + 3 * d, start_s=2.5)} for d in diffs]
 
     fast = summarise(rounds([0.3, 0.4, 0.2, 0.5, 0.3, 0.35]), 3)
-    assert fast["verdict"] == "ok" and abs(fast["per_trial_s"][0] - 0.3) < 1e-9
+    assert fast["verdict"] == "ok" and abs(fast["per_trial_s"][0] - 0.3) < 1e-9  # the start is not per trial
+    assert abs(fast["whole_per_trial_s"][0] - (2.5 / 3 + 0.3)) < 1e-9
     assert summarise(rounds([2.0] * 6), 3)["verdict"] == "MISSED"
     broken = rounds([0.3] * 6)
-    broken[2]["B"] = Side("B", 4.0, "mgpu sweep: exit 1")
+    broken[2]["B"] = Side("B", 4.0, "mgpu sweep: exit 1")  # no start_s: not counted
     s = summarise(broken, 3)
     assert len(s["per_trial_s"]) == 5 and s["errors"] == ["mgpu sweep: exit 1"]
     assert any(f"< {TARGET_S:g} s | ok" in line for line in table(fast, 3))
