@@ -148,7 +148,7 @@ def load_ckpt(path: Path) -> dict:
     import torch
 
     if Path(path).is_dir():
-        from mgpucli.engine.checkpoints.sharded import to_full_file
+        from mgpucli.engine.checkpoints.sharded_readers import to_full_file
 
         with tempfile.TemporaryDirectory(prefix="mgpu-test-ckpt-") as tmp:
             to_full_file(path, Path(tmp) / "converted.pt")

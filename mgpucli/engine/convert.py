@@ -1,9 +1,9 @@
 """``mgpu convert CHECKPOINT OUT``: a sharded checkpoint (``last.dcp``) as one full checkpoint file.
 
 The shards are read by torch's own ``torch.distributed.checkpoint`` format utilities
-(:func:`mgpucli.engine.checkpoints.sharded.to_full_file`), in this one process, which holds the whole state once: the
-file is what ``trainer.checkpoint_format=full`` writes, and ``mgpu validate``, ``mgpu export``, ``--resume`` and
-``torch.load(OUT, weights_only=True)`` read it.
+(:func:`mgpucli.engine.checkpoints.sharded_readers.to_full_file`), in this one process, which holds the whole state
+once: the file is what ``trainer.checkpoint_format=full`` writes, and ``mgpu validate``, ``mgpu export``,
+``--resume`` and ``torch.load(OUT, weights_only=True)`` read it.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ def _check(checkpoint: str, out: str) -> tuple[Path, Path]:
 
 
 def convert(checkpoint: str, out: str) -> Converted:
-    from mgpucli.engine.checkpoints.sharded import to_full_file
+    from mgpucli.engine.checkpoints.sharded_readers import to_full_file
 
     source, target = _check(checkpoint, out)
     meta = to_full_file(source, target)

@@ -44,7 +44,7 @@ def read_checkpoint(path: str, weights: str = "model",
     if weights not in WEIGHTS:
         raise UsageError(f"weights {weights!r}: choose model or ema.")
     if str(path).strip() and Path(path).is_dir():  # "" would be the current directory: read_file says it is empty
-        from mgpucli.engine.checkpoints.sharded import read_meta
+        from mgpucli.engine.checkpoints.sharded_readers import read_meta
 
         meta = read_meta(path)
         return None, _mgpu_info(meta, path, weights, has_ema="ema" in meta.get("extra", ()), fmt="mgpu-sharded")
@@ -54,7 +54,7 @@ def read_checkpoint(path: str, weights: str = "model",
 def fill_weights(model: torch.nn.Module, state: dict[str, Any] | None, path: str, weights: str = "model") -> None:
     """Load what :func:`read_checkpoint` returned into ``model``, after checking that every key and shape fits."""
     if state is None:
-        from mgpucli.engine.checkpoints.sharded import load_weights
+        from mgpucli.engine.checkpoints.sharded_readers import load_weights
 
         load_weights(model, path, weights)
     else:

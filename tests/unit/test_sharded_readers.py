@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from mgpucli.engine.checkpoints.files import read_file, save_atomic
-from mgpucli.engine.checkpoints.sharded import load_weights, to_full_file
+from mgpucli.engine.checkpoints.sharded_readers import load_weights, to_full_file
 from mgpucli.engine.checkpoints.state import build_payload
 from mgpucli.errors import CheckpointError
 from tests.inproc import cli

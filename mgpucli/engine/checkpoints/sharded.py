@@ -8,8 +8,8 @@ crash mid-save never leaves a half checkpoint under a final name. With ``trainer
 written by dcp's thread and rank 0 does the same once that write has ended (:class:`AsyncSave`); a failed write,
 either way, is a DiskWriteError and the previous checkpoint stays the run's.
 
-Outside training, :func:`load_weights` reads the weights alone into an unsharded model (``mgpu validate``,
-``mgpu export``) and :func:`to_full_file` makes one full checkpoint file of the shards (``mgpu convert``).
+Outside training, :mod:`mgpucli.engine.checkpoints.sharded_readers` reads them (``mgpu validate``, ``mgpu export``,
+``mgpu convert``).
 """
 
 from __future__ import annotations
@@ -32,7 +32,6 @@ from mgpucli.errors import CheckpointError
 from mgpucli.run_layout import (
     BEST_SHARDED,
     CHECKPOINTS,
-    EXAMPLE_LAST_FULL,
     LAST_SHARDED,
     SHARDED_META,
     step_glob,
@@ -194,6 +193,14 @@ def load_sharded(model: torch.nn.Module, optimizer: torch.optim.Optimizer, path:
     return meta
 
 
+def read_alone(state: dict[str, Any], path: str | Path) -> None:
+    """Read the checkpoint's tensors named in ``state`` into it, in place, in this process alone (no process group:
+    the readers outside training, :mod:`mgpucli.engine.checkpoints.sharded_readers`)."""
+    import torch.distributed.checkpoint as dcp
+
+    dcp.load(state, checkpoint_id=str(path), no_dist=True)
+
+
 def _why(error: BaseException) -> str:
     """A failed save's cause in one line: each failing rank's own error (``torch.distributed.checkpoint``'s
     CheckpointException carries them, with tracebacks no user needs), "the disk is full" for ENOSPC."""
@@ -206,75 +213,3 @@ def _why(error: BaseException) -> str:
         text = "the disk is full" if full else " ".join(str(cause).split())[:200] or type(cause).__name__
         said.append(text if rank is None else f"rank {rank}: {text}")
     return "; ".join(said)
-
-
-# ------------------------------------------------------------------ readers: validate, export, convert
-def require_sharded(path: str | Path) -> Path:
-    """``path`` as a sharded checkpoint's directory; a CheckpointError naming what it is instead."""
-    path = Path(path)
-    if not is_sharded(path):
-        raise CheckpointError(f"{path} is a directory without {META}: not a sharded mgpu checkpoint.",
-                              f"Give a run's RUN_DIR/{CHECKPOINTS}/{LAST_SHARDED} (or a {step_glob(sharded=True)} "
-                              f"directory), or a checkpoint file such as {EXAMPLE_LAST_FULL}.")
-    return path
-
-
-def read_meta(path: str | Path) -> dict[str, Any]:
-    """A sharded checkpoint's non-tensor state (step, recipe, ...): its ``meta.pt``, no shard read."""
-    return read_file(require_sharded(path) / META)
-
-
-def saved_shapes(path: str | Path, weights: str = "model") -> dict[str, tuple[int, ...]]:
-    """The shape of every tensor of ``weights`` (``model`` or ``ema``) the checkpoint holds, from its metadata."""
-    import torch.distributed.checkpoint as dcp
-
-    metadata = dcp.FileSystemReader(str(require_sharded(path))).read_metadata().state_dict_metadata
-    prefix = f"{weights}."
-    return {key[len(prefix):]: tuple(entry.size) for key, entry in metadata.items()
-            if key.startswith(prefix) and hasattr(entry, "size")}
-
-
-def load_weights(model: torch.nn.Module, path: str | Path, weights: str = "model") -> None:
-    """Read the whole weights (``model``, or ``ema``: the model's with every parameter's average in its place) into
-    an unsharded ``model``, in this process alone, no process group used: memory bounded by the weights, the
-    optimizer state never read. A model the checkpoint does not fit is a CheckpointError listing the keys, as for a
-    full checkpoint."""
-    import torch.distributed.checkpoint as dcp
-
-    from mgpucli.engine.checkpoints.files import check_model_fit
-
-    expected = model.state_dict()
-    saved = {k: torch.empty(shape, device="meta") for k, shape in saved_shapes(path, "model").items()}
-    check_model_fit(expected, saved, str(path))
-    parts = [("model", expected)]
-    if weights == "ema":
-        averaged = saved_shapes(path, "ema")
-        parts.append(("ema", {k: t for k, t in expected.items() if k in averaged}))
-    for name, part in parts:
-        state = {name: dict(part)}
-        dcp.load(state, checkpoint_id=str(path), no_dist=True)
-        model.load_state_dict(state[name], strict=False)  # dcp loads in place; this keeps any tensor it replaced
-
-
-def to_full_file(path: str | Path, out: str | Path) -> dict[str, Any]:
-    """Write the sharded checkpoint at ``path`` as one full mgpu checkpoint file ``out`` (what
-    ``trainer.checkpoint_format=full`` writes: ``mgpu validate``, ``mgpu export``, ``--resume`` and
-    ``torch.load(weights_only=True)`` read it). torch's own ``dcp_to_torch_save`` reads the shards; the whole state
-    is in this process's memory once. Returns the checkpoint's meta."""
-    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
-
-    meta = read_meta(path)
-    out = Path(out)
-    tmp = out.with_name(f".{out.name}.shards-{os.getpid()}")
-    try:
-        dcp_to_torch_save(str(path), str(tmp))
-        tensors = read_file(tmp)
-    finally:
-        tmp.unlink(missing_ok=True)
-    model = tensors["model"]
-    full = {k: v for k, v in meta.items() if k != "extra"}
-    full.update(model=model, optimizer=tensors["optimizer"])
-    if "ema" in tensors:
-        full["ema"] = {key: tensors["ema"].get(key, value) for key, value in model.items()}
-    save_atomic(full, out, step=meta.get("step"))
-    return meta
