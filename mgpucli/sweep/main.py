@@ -102,9 +102,24 @@ def prepare(opts: SweepOptions, visible_gpus: int | None = None) -> Prepared:
     record = recorded or records.new(name, opts.recipe, asked.checked, sweep_dir, compared.metric, compared.mode)
     if asked.space is not None and recorded is None:  # a search's trials are asked as slots free
         record.trials, record.axes, record.search = [], asked.axes, "optuna"
+    if recorded is not None and (recorded.metric, recorded.mode) != (compared.metric, compared.mode):
+        _compare_again(recorded, compared.metric, compared.mode)
     record.metric, record.mode, record.budget = compared.metric, compared.mode, opts.trials
     command = TrialCommand(opts.recipe, asked.common, slots.cpu_threads)  # --cpu: the launch sets trainer.device
     return Prepared(record, sweep_dir, slots, command, recorded is not None, asked.space)
+
+
+def _compare_again(record: SweepRecord, metric: str, mode: str) -> None:
+    """A grid continued with another --metric: every trial's best of the new one (a search's study cannot change
+    what it optimises: refused)."""
+    if record.search != "grid":
+        raise UsageError(f"--metric {metric}: this search's study optimises {record.metric} ({record.mode}).",
+                         f"Continue it with --metric {record.metric}, or search {metric} under another --name.")
+    from mgpucli.sweep.summary import record_outcome
+
+    for trial in record.trials:
+        if os.path.isdir(trial.run_dir):
+            record_outcome(trial, metric, mode)
 
 
 def _visible_gpus() -> int:
@@ -151,10 +166,10 @@ def run(prepared: Prepared, view_for, fail_fast: bool = False) -> int:
     from mgpucli.sweep.summary import record_outcome
 
     record = prepared.record
-    if not records.to_run(record) and len(record.trials) >= (record.budget or 0):
-        return EXIT_OK
     with held(prepared.sweep_dir):
-        record.save(prepared.sweep_dir)
+        record.save(prepared.sweep_dir)  # a continued sweep's record as this command compares it (--metric)
+        if not records.to_run(record) and len(record.trials) >= (record.budget or 0):
+            return EXIT_OK
         view = view_for(record, prepared.slots.note)
         source = None
         if prepared.space is not None:

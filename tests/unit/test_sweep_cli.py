@@ -59,3 +59,22 @@ def test_a_finished_sweep_run_again_starts_nothing_and_shows_its_summary(tmp_pat
     assert r.returncode == 0, r.output
     assert "continuing (2 finished)" in r.stderr
     assert "best: trial 1-hidden=32 (model.hidden=[32]), accuracy 0.6" in r.stderr
+
+
+def test_a_grid_continued_with_another_metric_compares_every_trial_by_it(tmp_path):
+    import json
+
+    sweep_dir = tmp_path / "runs/m"
+    rec = records.new("m", "quickstart", expand(["optim.lr=0.1,0.01"]), "runs/m", "accuracy", "max")
+    for trial, loss in zip(rec.trials, (0.5, 0.2), strict=True):
+        (tmp_path / trial.run_dir).mkdir(parents=True)
+        (tmp_path / trial.run_dir / "metrics.jsonl").write_text(
+            json.dumps({"split": "val", "step": 5, "loss": loss, "accuracy": 0.9}) + "\n")
+        trial.end(0, 1.0)
+        trial.best, trial.best_step = 0.9, 5
+    rec.save(str(sweep_dir))
+    r = cli("sweep", "--cpu", "--name", "m", "quickstart", "optim.lr=0.1,0.01", "--metric", "loss", cwd=tmp_path)
+    assert r.returncode == 0, r.output
+    assert "best: trial 1-lr=0.01 (optim.lr=0.01), loss 0.2 at step 5" in r.stderr
+    saved = records.load(str(sweep_dir))
+    assert (saved.metric, saved.mode, [t.best for t in saved.trials]) == ("loss", "min", [0.5, 0.2])
