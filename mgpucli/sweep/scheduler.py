@@ -112,6 +112,11 @@ def run_trials(record: SweepRecord, slots: Slots, command: TrialCommand, sweep_d
                 if fail_fast and run.trial.state == FAILED and not stops.requested:
                     stops.fail_fast = True
                     stops.pass_on(signal.SIGTERM)
+    except BaseException:  # the sweep itself failed (a bug, the study's storage): no trial runs on without it
+        stops.pass_on(signal.SIGTERM)
+        for run in running:
+            run.proc.wait()
+        raise
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
