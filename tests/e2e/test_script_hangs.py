@@ -121,7 +121,10 @@ def test_a_script_that_spawns_its_own_ranks_is_stopped_with_both_fixes(work: Pat
                               work, tag, timeout=60)
     err = launch.err_path.read_text()
     assert code == 1, launch.output
-    assert "batches: 2" in launch.output  # its DataLoader's worker processes ran
+    # its DataLoader's worker processes ran: rank 0's own log (torch's tee of it, in the output, can split a line
+    # that was written in two pieces: print's "batches:" and " 2", read between the two on a loaded machine)
+    (log,) = (work / "run" / "logs").glob("*/attempt_0/0/stdout.log")
+    assert "batches: 2" in log.read_text(), launch.output
     assert "NestedLaunchError: the script starts its own distributed processes (torch.multiprocessing.spawn) in " \
            "rank 0 of the 2 that mgpu launch already started" in err, err
     assert "--multiprocessing-distributed" in err and "mgpu launch --nproc 1" in err, err
