@@ -36,7 +36,7 @@ _FAIL_FAST = typer.Option(False, "--fail-fast", help="Stop every trial (at a che
 _SEARCH = typer.Option("grid", "--search", metavar="grid|optuna",
                        help="grid: every combination of the values. optuna: --trials N trials whose values Optuna's "
                        "sampler picks in 'interval(lo,hi)', 'tag(log, interval(lo,hi))', range(...) or a,b,c, its "
-                       "pruner stopping a trial whose validation falls behind (pip install 'mgpu[sweep]').")
+                       "pruner stopping a trial whose validation falls behind (pip install 'mgpu\\[sweep]').")
 _TRIALS = typer.Option(None, "--trials", metavar="N", show_default=False,
                        help="With --search optuna: how many trials to run in all.")
 

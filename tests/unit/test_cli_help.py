@@ -19,13 +19,20 @@ TYPE_LABELS = re.compile(r"<(bool|str|int|float|list\[\w+\])>|\{[a-z_]+\}")  # t
 
 
 @pytest.mark.parametrize("command", [[], ["train"], ["validate"], ["launch"], ["doctor"], ["recipes"],
-                                     ["recipes", "show"], ["recipes", "copy"], ["runs"]])
+                                     ["recipes", "show"], ["recipes", "copy"], ["runs"],
+                                     ["sweep"], ["convert"]])
 def test_help_shows_plain_flags_and_named_values(tmp_path, command):
     r = cli(*command, "--help", cwd=tmp_path, env={"COLUMNS": "160", "TERM": "dumb"})
     assert r.returncode == 0, r.output
     assert not TYPE_LABELS.search(r.output), r.output
     flag = re.search(r"--help\s+-h\s+(\S+)", r.output)
     assert flag and flag[1] == "Show", r.output  # nothing between the flag and its help
+
+
+def test_sweep_help_names_its_extra_as_pip_takes_it(tmp_path):
+    r = cli("sweep", "--help", cwd=tmp_path, env={"COLUMNS": "300", "TERM": "dumb"})
+    said = " ".join(r.stdout.replace("│", " ").split())  # the help's lines joined
+    assert "pip install 'mgpu[sweep]'" in said, r.stdout  # not read as rich markup
 
 
 def test_launch_help_names_what_each_option_takes(tmp_path):
