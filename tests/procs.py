@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -14,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mgpucli import proctree
+from mgpucli.launch.ports import free_port  # noqa: F401  (the launcher's own pick, for tests that pass a port)
 
 REPO = Path(__file__).resolve().parents[1]
 RECIPES = REPO / "recipes"
@@ -31,12 +31,6 @@ def wait_until(predicate, timeout: float, every: float = 0.1):
             return value
         time.sleep(every)
     return predicate()
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass

@@ -10,10 +10,12 @@ busy one with exit 2.
 from __future__ import annotations
 
 import errno
+import random
 import socket
 import time
 from collections.abc import Callable
 
+from mgpucli import procfs
 from mgpucli.errors import UsageError
 
 
@@ -46,8 +48,32 @@ def port_problem(port: int) -> str | None:
     return _bind_problem(socket.AF_INET, "0.0.0.0", port) or _bind_problem(socket.AF_INET6, "::", port)
 
 
-def free_port() -> int:
-    """A port nothing listens on now (the kernel's pick), for a store that starts soon after."""
+# Ports below the kernel's ephemeral range: a port there is never handed out by anyone's ``bind(("", 0))`` or taken as
+# the local end of an outgoing connection, so one picked now stays free until a store listens on it (a kernel pick
+# from inside the range can go to another process in between: gloo's pairs, a data loader's connections, another
+# launcher's pick). torch's own default, 29500, lies in this band too.
+_PICK_FROM = 20000
+_PICK_TRIES = 64
+
+
+def ephemeral_range() -> tuple[int, int]:
+    """The kernel's range for ports it picks itself (Linux's ``ip_local_port_range``; its default where unreadable)."""
+    text = procfs.text("sys", "net", "ipv4", "ip_local_port_range")
+    try:
+        low, high = map(int, (text or "").split())
+    except ValueError:
+        return 32768, 60999
+    return low, high
+
+
+def free_port(pick: Callable[[int, int], int] = random.randrange) -> int:
+    """A port nothing listens on now, for a store that starts soon after: a free one below the ephemeral range,
+    where nothing but another explicit pick can take it meanwhile; the kernel's pick when none there is free."""
+    below = ephemeral_range()[0]
+    for _ in range(_PICK_TRIES if below > _PICK_FROM else 0):
+        port = pick(_PICK_FROM, below)
+        if port_problem(port) is None:
+            return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("", 0))
         return int(sock.getsockname()[1])

@@ -14,7 +14,7 @@ from mgpucli.errors import UsageError
 from mgpucli.launch.failure_summary import summarize
 from mgpucli.launch.main import record_header
 from mgpucli.launch.plan import LaunchOptions, Machine, RecipeFacts, build_plan
-from mgpucli.launch.ports import port_problem, require_free_port
+from mgpucli.launch.ports import ephemeral_range, free_port, port_problem, require_free_port
 from mgpucli.run_records.first_failure import (
     TEARDOWN_CATEGORY,
     all_refused,
@@ -175,6 +175,25 @@ def test_port_check_sees_a_listener():
             require_free_port(port, "--master-port")
         assert f"--master-port {port}" in str(info.value)
     assert port_problem(port) is None
+
+
+def test_a_picked_port_is_free_and_below_the_kernels_own_picks_skipping_a_busy_one():
+    low = ephemeral_range()[0]
+    assert 1024 < low <= 65535
+    assert all(20000 <= free_port() < low and port_problem(free_port()) is None for _ in range(5))
+    with socket.socket() as sock:
+        sock.bind(("0.0.0.0", 0))
+        sock.listen(1)
+        busy = sock.getsockname()[1]
+        free = free_port()
+        offered = iter([busy, free])
+        assert free_port(lambda lo, hi: next(offered)) == free  # the listener's port is passed over
+
+
+def test_with_nothing_free_below_the_range_the_kernel_picks(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr("mgpucli.launch.ports.port_problem", lambda port: "already in use")
+    port = free_port()
+    assert port >= ephemeral_range()[0]
 
 
 def test_preempted_only_when_every_recorded_rank_stopped_with_a_checkpoint(tmp_path: Path):
