@@ -116,47 +116,36 @@ LOST_LINE = re.compile(r"mgpu launch: node 1 lost at step 40; continuing on 1 no
                        r"[\d.]+ s without training\.")
 
 
-def test_a_lost_node_costs_no_step_and_the_survivor_finishes_on_one_node(tmp_path: Path, tag: str, uninterrupted):
-    job, node0, node1 = _start_lost_job(tmp_path, tag)
-    try:
-        killed = job.lose_node_1_in_step_40(node0, node1)
-        assert node0.wait(timeout=240) == 0, node0.output
-    finally:
-        job.cleanup()
-    assert LOST_LINE.search(node0.output), node0.output
-    assert re.search(r"mgpu: rank \d lost its connection to another rank; kept step 39, the last step every rank "
-                     r"completed", node0.output), node0.output
-    print(f"from the kill to training again: {_seconds_to_training(job.run_dir, killed):.1f} s")
-    change = _node_record(job.run_dir, 0)["attempts"][1]["membership"]
-    assert (change["lost"], change["completed"], change["resumed_after"], change["steps_lost"]) == \
-        (["node 1"], 39, 39, 0)
-    final = load_ckpt(job.run_dir / "checkpoints/last.pt")
-    assert final["step"] == 64 and [(s["first_step"], s["world_size"], s["nodes"]) for s in final["segments"]] == \
-        [(1, 2, 2), (40, 1, 1)]
-    assert_weights_close(uninterrupted, final["model"], QUICK_TOL)
-    _trained_once_each(job.seen, LOST_IN)
-    events = [json.loads(line) for line in (job.run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert [(e["step"], e["nodes"], e["grad_accum"]) for e in events if e.get("event") == "segment"] == \
-        [(0, 2, 1), (39, 1, 2)]
-
-
-def test_a_node_that_comes_back_is_admitted_and_the_job_grows_back(tmp_path: Path, tag: str, uninterrupted):
+def test_a_lost_node_costs_no_step_and_one_that_comes_back_is_admitted_and_the_job_grows_back(tmp_path: Path, tag: str,
+                                                                                                  uninterrupted):
+    """Node 1 is lost in step 40: node 0 goes on alone from step 39 with no step lost (and holds at step 50); node 1
+    comes back and is admitted: the job ends on 2 nodes with the uninterrupted run's weights, each sample trained
+    once. (A survivor that finishes alone: test_under_fsdp_....)"""
     job, node0, node1 = _start_lost_job(tmp_path, tag, node0_env={"MGPU_FAULT": HELD, "MGPU_FAULT_SLEEP": "300"})
     try:
-        job.lose_node_1_in_step_40(node0, node1)
+        killed = job.lose_node_1_in_step_40(node0, node1)
         assert wait_until(lambda: LOST_LINE.search(node0.output), 120), node0.output
         again = job.start(1, "node1-again")
         assert node0.wait(timeout=240) == 0, node0.output
         assert again.wait(timeout=60) == 0, again.output
     finally:
         job.cleanup()
+    assert re.search(r"mgpu: rank \d lost its connection to another rank; kept step 39, the last step every rank "
+                     r"completed", node0.output), node0.output
+    print(f"from the kill to training again: {_seconds_to_training(job.run_dir, killed):.1f} s")
+    change = _node_record(job.run_dir, 0)["attempts"][1]["membership"]
+    assert (change["lost"], change["completed"], change["resumed_after"], change["steps_lost"]) == \
+        (["node 1"], 39, 39, 0)
     assert ("mgpu launch: node 1 joined; continuing on 2 nodes x 1 process(es) after step 51, the last step every rank "
             "completed: global batch 64 = 2 x 32 x grad_accum 1; 0 steps lost") in node0.output, node0.output
     final = load_ckpt(job.run_dir / "checkpoints/last.pt")
-    assert final["step"] == 64 and [(s["first_step"], s["nodes"]) for s in final["segments"]] == \
-        [(1, 2), (40, 1), (52, 2)]
+    assert final["step"] == 64 and [(s["first_step"], s["world_size"], s["nodes"]) for s in final["segments"]] == \
+        [(1, 2, 2), (40, 1, 1), (52, 2, 2)]
     assert_weights_close(uninterrupted, final["model"], QUICK_TOL)
     _trained_once_each(job.seen, LOST_IN)
+    events = [json.loads(line) for line in (job.run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [(e["step"], e["nodes"], e["grad_accum"]) for e in events if e.get("event") == "segment"] == \
+        [(0, 2, 1), (39, 1, 2), (51, 2, 1)]
     said = _doctor(job.run_dir)
     assert ("trained: steps 1-39 on 2 nodes x 1 process(es) (global batch 64 = 2 x 32 x grad_accum 1), steps 40-51 on "
             "1 node x 1 process(es) (global batch 64 = 1 x 32 x grad_accum 2), steps 52-64 on 2 nodes x 1 process(es) "

@@ -94,9 +94,10 @@ def test_causal_lm_token_metrics_are_exact_on_any_process_count_and_accumulation
     exact = validate(text_dir, "lm-one/checkpoints/last.pt", "--split", "train")["metrics"]
     for name in runs:
         assert _train_loss_of_epoch(text_dir / f"lm-{name}") == pytest.approx(exact["loss"], rel=1e-5), name
+    # the validation on 1 process is the 2-process run's own, bitwise (the 2-process `mgpu validate` of a
+    # Transformers checkpoint: test_sequence_classification_...)
     one = validate(text_dir, "lm-one/checkpoints/last.pt")["metrics"]
-    two = validate(text_dir, "lm-one/checkpoints/last.pt", "--cpu", "--nproc", "2")["metrics"]
-    assert one == two and one["perplexity"] == pytest.approx(torch.tensor(one["loss"]).exp().item())
+    assert one["perplexity"] == pytest.approx(torch.tensor(one["loss"]).exp().item())
     vals = [m for m in metrics(text_dir / "lm-two") if m["split"] == "val"]
     assert vals[-1]["loss"] == one["loss"] and vals[-1]["samples"] == 70
 
@@ -161,7 +162,7 @@ def test_the_fit_probe_measures_a_transformers_recipe(text_dir):
 @pytest.mark.parametrize("head", ["token_classification", "masked_lm"])
 def test_token_classification_and_masked_lm_validate_exactly(text_dir, head):
     """Word tags aligned to sub-words (-100 on later pieces), and masked LM with a row's masks fixed by the seed:
-    the validation is the same on 1 and 2 processes and equal to the run's."""
+    the validation of the checkpoint on 1 process equals the 2-process run's own."""
     from tests.hf_files import tagged_jsonl
 
     if head == "token_classification":
@@ -178,6 +179,5 @@ def test_token_classification_and_masked_lm_validate_exactly(text_dir, head):
     assert r.returncode == 0, r.output
     run_val = [m for m in metrics(text_dir / head) if m["split"] == "val"][-1]
     one = validate(text_dir, f"{head}/checkpoints/last.pt")["metrics"]
-    two = validate(text_dir, f"{head}/checkpoints/last.pt", "--cpu", "--nproc", "2")["metrics"]
-    assert one == two and one["loss"] == run_val["loss"] and one["accuracy"] == run_val["accuracy"]
+    assert one["loss"] == run_val["loss"] and one["accuracy"] == run_val["accuracy"]
     assert run_val["tokens"] > 0

@@ -48,11 +48,6 @@ def doctor(run_dir: Path) -> str:
     return done.stdout + done.stderr
 
 
-def _seconds(left: tuple[str, str]) -> int:
-    """``("9", "51")`` (minutes, seconds) -> 591."""
-    return int(left[0]) * 60 + int(left[1])
-
-
 def test_nodes_whose_recipes_differ_meet_and_both_stop_with_exit_2_naming_the_key(tmp_path: Path, tag: str):
     port = free_port()
     args = ["--cpu", "--nproc", "1", "quickstart", "name=k8s", "trainer.epochs=1"]
@@ -138,7 +133,8 @@ LOST = re.compile(r"mgpu launch: node 1 lost at step \d+; waiting for it to rejo
 
 
 def test_a_node_lost_in_training_is_named_and_waited_for_aloud_until_sigterm(tmp_path: Path, tag: str):
-    """Static and c10d side by side: one ~30 s wait for the second line serves both."""
+    """Static and c10d side by side. The survivor names the lost node within 15 s and is still waiting, listening
+    for its signal; the line's cadence (every 30 s, counting down) is Meeting's: tests/unit/test_nodes.py."""
     pairs: dict[str, tuple[Launch, Launch]] = {}
     doomed: list[int] = []
     try:
@@ -155,9 +151,7 @@ def test_a_node_lost_in_training_is_named_and_waited_for_aloud_until_sigterm(tmp
         for survivor, _ in pairs.values():
             assert wait_until(lambda s=survivor: LOST.search(s.output), 15), survivor.output  # named within 15 s
         for survivor, _ in pairs.values():
-            assert wait_until(lambda s=survivor: len(LOST.findall(s.output)) >= 2, 50), survivor.output
-            first, second = [_seconds(m) for m in re.findall(r"lost at step .*?(\d+)m(\d+)s left", survivor.output)][:2]
-            assert first - second >= 25  # by the launcher's own count: the next line ~30 s later, not at once
+            assert survivor.proc.poll() is None, survivor.output  # still waiting for node 1
             os.kill(survivor.pid, signal.SIGTERM)
             assert survivor.wait(timeout=10) == 143, survivor.output
     finally:

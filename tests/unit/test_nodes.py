@@ -112,7 +112,11 @@ def test_after_a_restart_the_lost_node_is_named_at_once_with_the_step():
                     "here (node 0 (a)); 9m59s left (--join-timeout 600)."]
     clock.now += 5
     wait.tick()
-    assert len(said) == 1  # then every 30 s
+    assert len(said) == 1  # then every 30 s, counting down
+    clock.now += 25
+    wait.tick()
+    assert len(said) == 2 and said[1].startswith("mgpu launch: node 1 (b) lost at step 266;") and \
+        said[1].endswith("9m29s left (--join-timeout 600)."), said
     alive = View(True, (Seen(ME, True, 1, True), Seen(lost, False, 0, True)))
     wait, _, _ = meeting(alive, entry=1, met=[ME, lost])
     assert wait.standing().lost == []  # still renewing its record: not back yet, not lost
