@@ -4,11 +4,14 @@ and `mgpu doctor RUN_DIR --stacks` on a running job. Real launches, 2 CPU worker
 from __future__ import annotations
 
 import json
+import os
+import re
+import signal
 from pathlib import Path
 
 import pytest
 
-from tests.e2e.test_launch import Launch, run_launch, run_side_by_side, wait_for_training
+from tests.e2e.test_launch import Launch, rank0_log, run_launch, run_side_by_side, wait_for_training, wait_until
 from tests.procs import REPO, mgpu
 
 BLOCKING = '''
@@ -82,6 +85,11 @@ def test_a_scripts_stuck_rank_is_shown_at_its_line(timed_out):
     assert f"rank 1 was at {STUCK_SCRIPT}:13 in <module>: time.sleep(3600)  # stuck here" in err, err
 
 
+def _steps(log: Path | str) -> list[str]:
+    """The training steps rank 0 logged (its stderr.log, or that log's text)."""
+    return re.findall(r"step \d+ epoch", log if isinstance(log, str) else log.read_text(errors="replace"))
+
+
 def test_doctor_stacks_shows_every_rank_of_a_running_job_which_goes_on(tmp_path: Path, tag: str):
     launch = Launch(["--cpu", "--nproc", "2", "quickstart", "trainer.epochs=60", "trainer.cpu_threads=1"], tmp_path,
                     tag)
@@ -94,7 +102,11 @@ def test_doctor_stacks_shows_every_rank_of_a_running_job_which_goes_on(tmp_path:
         for rank in (0, 1):  # where in mgpu's loop each rank was, even when caught in a library or an import
             line = next(line for line in shown.stderr.splitlines() if line.startswith(f"rank {rank} was "))
             assert "/mgpucli/" in line, shown.stderr
-        assert launch.wait(timeout=240) == 0, launch.output  # the job trained on, to its end
+        logged = rank0_log(run_dir).read_text(errors="replace")
+        assert wait_until(lambda: len(_steps(rank0_log(run_dir))) > len(_steps(logged)) or launch.proc.poll() is not
+                          None, 60), launch.output  # the job trains on: a step logged after the stacks were shown
+        os.kill(launch.pid, signal.SIGTERM)  # then stops, as a preemption would
+        assert launch.wait(timeout=60) == 75, launch.output
     finally:
         launch.cleanup()
     after = mgpu("doctor", str(run_dir), "--stacks", cwd=tmp_path, timeout=60)

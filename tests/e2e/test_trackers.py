@@ -27,6 +27,7 @@ from tests.e2e.test_launch import (
     wait_until,
 )
 from tests.e2e.test_trainer_features import rank_progress
+from tests.inproc import COMPOSE_CHILD, cli
 from tests.procs import assert_usage_error, mgpu
 
 pytest.importorskip("wandb")
@@ -219,21 +220,22 @@ def _blocker(tmp_path: Path) -> dict[str, str]:
 def test_a_tracker_that_is_not_installed_is_exit_2_before_any_worker(
         tmp_path: Path, tag: str):
     env = {**offline_env(tmp_path), **_blocker(tmp_path)}
-    for tracker in TRACKER_MODULES:
-        code, launch = run_launch(["--cpu", "--nproc", "2", "quickstart", f"trainer.loggers=[{tracker}]"], tmp_path,
-                                  tag, env, timeout=60, name=f"launch-{tracker}")
-        assert code == 2, launch.output
-        assert "Traceback" not in launch.output and launch.output.count("problem(s) in recipe") == 1
-        assert f"trainer.loggers: {tracker}: {tracker} is not installed" in launch.output
-        assert f"pip install 'mgpu[{tracker}]'" in launch.output
-        assert not (tmp_path / "runs").exists()  # nothing started, nothing written
+    code, launch = run_launch(["--cpu", "--nproc", "2", "quickstart", "trainer.loggers=[wandb]"], tmp_path, tag, env,
+                              timeout=60)
+    assert code == 2, launch.output
+    assert "Traceback" not in launch.output and launch.output.count("problem(s) in recipe") == 1
+    assert "trainer.loggers: wandb: wandb is not installed" in launch.output
+    assert "pip install 'mgpu[wandb]'" in launch.output
+    assert not (tmp_path / "runs").exists()  # nothing started, nothing written
+    # the same recipe check, through the real console script, for each tracker (the test process has both)
     r = mgpu("launch", "--cpu", "--nproc", "2", "quickstart", "trainer.loggers=[wandb,mlflow]", "--check",
              cwd=tmp_path, env=env, timeout=60)
     assert_usage_error(r, "trainer.loggers: wandb:", "trainer.loggers: mlflow:", "pip install 'mgpu[wandb]'",
                        "pip install 'mgpu[mlflow]'")
     r = mgpu("train", "quickstart", "trainer.loggers=[wandb]", cwd=tmp_path, env=env, timeout=60)
     assert_usage_error(r, "trainer.loggers: wandb:", "pip install 'mgpu[wandb]'")
-    r = mgpu("launch", "--cpu", "--nproc", "2", "quickstart", "trainer.loggers=[wandbb]", cwd=tmp_path, timeout=60)
+    r = cli("launch", "--cpu", "--nproc", "2", "quickstart", "trainer.loggers=[wandbb]", cwd=tmp_path,
+            allowed=(COMPOSE_CHILD,))
     assert_usage_error(r, "trainer.loggers: 'wandbb' is not a logger mgpu knows (did you mean 'wandb'?")
     assert not (tmp_path / "runs").exists()
 
