@@ -34,6 +34,8 @@ def metrics(run_dir: Path) -> list[dict]:
 
 
 def validate(folder: Path, checkpoint: str, *args: str) -> dict:
+    """``mgpu validate CHECKPOINT --json`` in a process of its own: datasets, which it imports, fixes its cache
+    folder from the environment at its import (the 2-process `mgpu validate`: test_validate.py, test_fsdp.py)."""
     r = mgpu("validate", checkpoint, "trainer.cpu_threads=1", "--json", *args, cwd=folder, env=offline_env(folder))
     assert r.returncode == 0, r.output
     return json.loads(r.stdout)
@@ -52,10 +54,8 @@ def test_sequence_classification_trains_validates_exactly_and_resumes_bitwise(te
     assert len(list((text_dir / "hf-seq").rglob("mgpu-tokenized-*.arrow"))) == 2
     vals = [m for m in metrics(text_dir / "seq-full") if m["split"] == "val"]
     assert len(vals) == 2 and vals[-1]["samples"] == 72 and {"loss", "accuracy", "f1"} <= set(vals[-1])
-    # exact validation: the run's own, and the checkpoint's on 1 and on 2 processes, bitwise the same
+    # exact validation: the 2-process run's own and the checkpoint's on 1 process, bitwise the same
     one = validate(text_dir, "seq-full/checkpoints/last.pt")
-    two = validate(text_dir, "seq-full/checkpoints/last.pt", "--cpu", "--nproc", "2")
-    assert one["metrics"] == two["metrics"]
     assert {k: vals[-1][k] for k in ("loss", "accuracy", "f1")} == {k: one["metrics"][k] for k in
                                                                      ("loss", "accuracy", "f1")}
     _export_gives_the_checkpoints_logits(text_dir, "seq-full", monkeypatch)
@@ -94,8 +94,7 @@ def test_causal_lm_token_metrics_are_exact_on_any_process_count_and_accumulation
     exact = validate(text_dir, "lm-one/checkpoints/last.pt", "--split", "train")["metrics"]
     for name in runs:
         assert _train_loss_of_epoch(text_dir / f"lm-{name}") == pytest.approx(exact["loss"], rel=1e-5), name
-    # the validation on 1 process is the 2-process run's own, bitwise (the 2-process `mgpu validate` of a
-    # Transformers checkpoint: test_sequence_classification_...)
+    # the validation on 1 process is the 2-process run's own, bitwise
     one = validate(text_dir, "lm-one/checkpoints/last.pt")["metrics"]
     assert one["perplexity"] == pytest.approx(torch.tensor(one["loss"]).exp().item())
     vals = [m for m in metrics(text_dir / "lm-two") if m["split"] == "val"]
