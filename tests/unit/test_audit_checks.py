@@ -164,7 +164,7 @@ def test_a_model_trained_apart_on_each_rank_is_found_at_the_first_comparison(ran
     s0, s1 = ranks(2)
     checks = [_divergence(s0), _divergence(s1)]
     models = []
-    for rank in (1, 0):  # rank 1 steps first: rank 0 completes each comparison
+    for rank in (1, 0):
         torch.manual_seed(rank)  # different weights: nothing synchronises them
         model = torch.nn.Linear(4, 1)
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -172,10 +172,11 @@ def test_a_model_trained_apart_on_each_rank_is_found_at_the_first_comparison(ran
         models.append((model, opt))
     s0.finish(clean=True)
     s1.finish(clean=True)  # the last to finish compares the end: it need not say it again
-    (f,) = found(s0)
+    # each session compares on its own thread: whichever rank's comparison of step 1 comes last reports it, once
+    (f,) = found(s0) + found(s1)
     assert f.kind == "params_diverged" and "not wrapped in DistributedDataParallel" in f.title
     assert f.details == {"optimizer": 0, "step": 1, "groups": [[0], [1]], "ddp": False}
-    assert "DDP(model" in f.fix and found(s1) == []
+    assert "DDP(model" in f.fix
 
 
 def test_the_same_training_on_every_rank_is_no_finding_and_different_step_counts_are(ranks, no_backoff):
