@@ -3,7 +3,8 @@
 Each reader returns None (or nothing) where the process is gone or there is no /proc: a process can end between
 two reads, so no caller treats a missing file as an error. The process tree (:mod:`mgpucli.proctree`), the
 launcher's watch on its workers (:mod:`mgpucli.launch.exit_watch`), a worker's teardown
-(:mod:`mgpucli.launch.teardown`), the post-mortem's live checks and the doctor's host probes read through here.
+(:mod:`mgpucli.launch.teardown`), the post-mortem's live checks, the doctor's host probes and the port picker
+(:mod:`mgpucli.launch.ports`) read through here.
 """
 
 from __future__ import annotations
