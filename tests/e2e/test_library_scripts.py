@@ -177,10 +177,10 @@ def test_accelerate_without_its_cpu_flag_runs_each_rank_alone_and_is_found_with_
     out, audit = launched(work, tag, ["accelerate_loop.py"])
     (group,) = audit["summary"]  # the same weights on every rank (same seed, same data): nothing else differs
     line = line_of(work / "accelerate_loop.py", "model, optimizer, train_loader, eval_loader = accelerator.prepare(")
-    # both loaders, found by comparing the ranks: the comparison's last rank reports each, so which of the two heads
-    # the summary (the lowest reporting rank's) depends on the ranks' timing
-    samples = sorted(f["details"]["samples"] for f in audit["findings"] if f["kind"] == "loader_not_distributed")
-    assert group["kind"] == "loader_not_distributed" and samples == [17, 64], audit["findings"]
+    # the train loader, found by comparing the ranks; the eval loader's comparison (17 samples) may be found too, and
+    # each is reported by the rank that completes it, so which heads the summary depends on the ranks' timing
+    samples = {f["details"]["samples"] for f in audit["findings"] if f["kind"] == "loader_not_distributed"}
+    assert group["kind"] == "loader_not_distributed" and 64 in samples and samples <= {17, 64}, audit["findings"]
     assert "every rank iterates all" in group["title"]
     assert_in_library_terms(group, f"accelerate_loop.py:{line}", "Accelerator(cpu=True, ...)",
                             "ACCELERATE_USE_CPU=true")
